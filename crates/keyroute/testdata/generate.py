@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Regenerates keyroute's golden vectors from an independent implementation of the placement contract.
+
+Nothing here calls keyroute: the hashes come from Python's `xxhash` (the C reference library) and
+`hashlib`, CRC16 from `binascii.crc_hqx`, and the strategies are re-implemented from their documented
+definitions (crates/keyroute/src/{hash,rendezvous,ring,maglev}.rs). Jump hash vectors come from the
+paper's C++ reference code (jump.cc, compiled by this script). If keyroute and this file disagree, one
+of them does not follow the contract.
+
+Usage: pip install xxhash && python3 crates/keyroute/testdata/generate.py
+"""
+import binascii, bisect, hashlib, os, struct, subprocess, sys, tempfile
+import xxhash
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MASK = (1 << 64) - 1
+NODE_SEED = 0x6B65_7972_6F75_7465
+M = 0xD6E8_FEB8_6659_FD93
+
+
+def xxh3(b, seed=0):
+    return xxhash.xxh3_64_intdigest(b, seed)
+
+
+def md5_64(b):
+    return int.from_bytes(hashlib.md5(b).digest()[:8], "big")
+
+
+def mix64(x):
+    x ^= x >> 32
+    x = (x * M) & MASK
+    x ^= x >> 29
+    x = (x * M) & MASK
+    x ^= x >> 32
+    return x
+
+
+def ln_portable(x):
+    """keyroute's portable natural log: the same IEEE operations in the same order."""
+    bits = struct.unpack("<Q", struct.pack("<d", x))[0]
+    exponent = (bits >> 52) & 0x7FF
+    mant = bits & ((1 << 52) - 1)
+    if exponent == 0:
+        shift = (64 - mant.bit_length()) - 11
+        mant = (mant << shift) & ((1 << 52) - 1)
+        exponent = 1 - shift
+    e = exponent - 1023
+    m = struct.unpack("<d", struct.pack("<Q", mant | (1023 << 52)))[0]
+    if m > 1.4142135623730951:
+        m *= 0.5
+        e += 1
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    poly = 1.0 / 21.0
+    for k in [19.0, 17.0, 15.0, 13.0, 11.0, 9.0, 7.0, 5.0, 3.0]:
+        poly = poly * s2 + 1.0 / k
+    poly = poly * s2 + 1.0
+    LN2_HI = 6.9314718036912381649e-1
+    LN2_LO = 1.9082149292705877000e-10
+    ef = float(e)
+    return ef * LN2_HI + (2.0 * s * poly + ef * LN2_LO)
+
+
+def exp_key(score):
+    u = (float(score >> 11) + 0.5) * (1.0 / float(1 << 53))
+    return -ln_portable(u)
+
+
+def parse_nodes(spec):
+    nodes = []
+    for tok in spec.split(","):
+        name, weight, zone = tok, 1, None
+        while ":" in name:
+            head, attr = name.rsplit(":", 1)
+            if attr.startswith("weight="):
+                weight = int(attr[7:])
+            elif attr.startswith("zone="):
+                zone = attr[5:]
+            else:
+                break
+            name = head
+        nodes.append((name, weight, zone))
+    return nodes
+
+
+def name_ranks(nodes):
+    order = sorted(range(len(nodes)), key=lambda i: nodes[i][0].encode())
+    ranks = [0] * len(nodes)
+    for r, i in enumerate(order):
+        ranks[i] = r
+    return ranks
+
+
+def rendezvous_ranking(nodes, h):
+    ranks = name_ranks(nodes)
+    seeds = [xxh3(n[0].encode(), NODE_SEED) for n in nodes]
+    groups = {}
+    for i, (_, w, _) in enumerate(nodes):
+        if w > 0:
+            groups.setdefault(w, []).append(i)
+    for w in groups:
+        groups[w].sort(key=lambda i: (-mix64(h ^ seeds[i]), ranks[i]))
+    if len(groups) == 1:
+        return next(iter(groups.values()))
+    out = []
+    while any(groups.values()):
+        best = None
+        for w, q in groups.items():
+            if not q:
+                continue
+            i = q[0]
+            s = mix64(h ^ seeds[i])
+            k = exp_key(s) * (1.0 / float(w))
+            cand = (k, -s, ranks[i], w)
+            if best is None or cand < best:
+                best = cand
+        out.append(groups[best[3]].pop(0))
+    return out
+
+
+def ring_points(nodes, vnodes, scheme):
+    ranks = name_ranks(nodes)
+    pts = []
+    for i, (name, w, _) in enumerate(nodes):
+        for v in range(vnodes * w):
+            label = f"{name}#{v}".encode()
+            p = xxh3(label) if scheme == "xxh3" else md5_64(label) ^ (1 << 63)
+            pts.append((p, ranks[i], i))
+    pts.sort()
+    return pts
+
+
+def ring_ranking(nodes, pts, h):
+    if not pts:
+        return []
+    at = bisect.bisect_left(pts, (h, -1, -1))
+    out, seen = [], set()
+    live = sum(1 for n in nodes if n[1] > 0)
+    for k in range(len(pts)):
+        i = pts[(at + k) % len(pts)][2]
+        if i not in seen:
+            seen.add(i)
+            out.append(i)
+            if len(out) == live:
+                break
+    return out
+
+
+def maglev_table(nodes, size):
+    live = sorted([i for i, n in enumerate(nodes) if n[1] > 0], key=lambda i: nodes[i][0].encode())
+    if not live:
+        return []
+    wmax = max(nodes[i][1] for i in live)
+    turns = []
+    for i in live:
+        name = nodes[i][0].encode()
+        turns.append([i, xxh3(name, 0xA) % size, xxh3(name, 0xB) % (size - 1) + 1, 0.0, nodes[i][1] / wmax])
+    table = [None] * size
+    filled = 0
+    while True:
+        for t in turns:
+            t[3] += t[4]
+            while t[3] >= 1.0:
+                t[3] -= 1.0
+                while table[t[1]] is not None:
+                    t[1] += t[2]
+                    if t[1] >= size:
+                        t[1] -= size
+                table[t[1]] = t[0]
+                filled += 1
+                if filled == size:
+                    return table
+
+
+def jump_values(pairs):
+    src = os.path.join(HERE, "jump.cc")
+    with tempfile.TemporaryDirectory() as d:
+        exe = os.path.join(d, "jump")
+        subprocess.run(["g++", "-O2", "-o", exe, src], check=True)
+        inp = "".join(f"{k} {b}\n" for k, b in pairs)
+        out = subprocess.run([exe], input=inp, capture_output=True, text=True, check=True).stdout.split()
+    return [int(x) for x in out]
+
+
+SETS = [
+    "a,b,c",
+    "w1,w2,w3,w4,w5,w6,w7,w8",
+    "x,y:weight=2,z:weight=5,q:weight=0,r:weight=2",
+    "ñodo,节点,node-3:zone=eu,10.0.0.1:8080",
+]
+KEYS = [b"", b"a", b"cat.jpg", b"dog.jpg", b"owl.jpg", "clé-ü-節".encode(), b"k" * 1000] + [
+    f"user:{i}".encode() for i in range(60)
+]
+
+
+def main():
+    with open(os.path.join(HERE, "hash.tsv"), "w") as f:
+        f.write("# key_hex\txxh3_64\txxh3_64(seed=NODE_SEED)\tmd5_64\tmix64(xxh3_64)\n")
+        for k in KEYS:
+            h = xxh3(k)
+            f.write(f"{k.hex()}\t{h:016x}\t{xxh3(k, NODE_SEED):016x}\t{md5_64(k):016x}\t{mix64(h):016x}\n")
+    with open(os.path.join(HERE, "slots.tsv"), "w") as f:
+        f.write("# key_hex\tcrc16_xmodem(hashed part)\tslot\n")
+        for k in KEYS + [b"somekey", b"{user1}.following", b"key", b"foo{}{bar}", b"foo{{bar}}zap", b"foo{bar}{zap}"]:
+            part = k
+            o = k.find(b"{")
+            if o >= 0:
+                c = k.find(b"}", o + 1)
+                if c > o + 1:
+                    part = k[o + 1 : c]
+            crc = binascii.crc_hqx(part, 0)
+            f.write(f"{k.hex()}\t{crc:04x}\t{crc % 16384}\n")
+    with open(os.path.join(HERE, "placement.tsv"), "w") as f:
+        f.write("# strategy\tnode spec\tkey_hex\tranking (node names, owner first)\n")
+        for spec in SETS:
+            nodes = parse_nodes(spec)
+            names = [n[0] for n in nodes]
+            xring = ring_points(nodes, 160, "xxh3")
+            jring = ring_points(nodes, 100, "java-md5")
+            mag = maglev_table(nodes, 65537)
+            for k in KEYS:
+                h = xxh3(k)
+                rows = [
+                    ("rendezvous", rendezvous_ranking(nodes, h)),
+                    ("ring", ring_ranking(nodes, xring, h)),
+                    ("ring-java-md5-100", ring_ranking(nodes, jring, md5_64(k) ^ (1 << 63))),
+                    ("maglev", [mag[(h * 65537) >> 64]] if mag else []),
+                ]
+                for strat, r in rows:
+                    f.write(f"{strat}\t{spec}\t{k.hex()}\t{','.join(names[i] for i in r)}\n")
+    pairs = [(0, 1), (1, 2), (256, 1024), (MASK, 1), (MASK, 7)]
+    pairs += [(xxh3(f"key-{i}".encode()), b) for i in range(40) for b in (1, 2, 3, 10, 100, 1000, 65536, 2**31 - 1)]
+    vals = jump_values(pairs)
+    with open(os.path.join(HERE, "jump.tsv"), "w") as f:
+        f.write("# key (u64, decimal)\tbuckets\tJumpConsistentHash(key, buckets) by the paper's C++ code\n")
+        for (k, b), v in zip(pairs, vals):
+            f.write(f"{k}\t{b}\t{v}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
