@@ -273,8 +273,9 @@ pub(crate) fn ln_portable(x: f64) -> f64 {
     }
     poly = poly * s2 + 1.0;
     // ln 2 split in a high part exact in few bits and a low part, for accuracy when e is large.
-    const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_700_0e-10;
+    // fdlibm's split: ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10.
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
     let ef = e as f64;
     ef * LN2_HI + (2.0 * s * poly + ef * LN2_LO)
 }

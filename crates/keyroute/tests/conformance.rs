@@ -507,9 +507,9 @@ fn bounded_loads_never_exceed_capacity_while_any_node_has_room() {
                 }
                 loads[choice.node] += 1;
                 active.push(choice.node);
-                for i in 0..set.len() {
+                for (i, &load) in loads.iter().enumerate() {
                     let bound = rule.capacity(total, weight(i), set.total_weight());
-                    assert!(loads[i] <= bound, "node {i} at {} above capacity {bound}", loads[i]);
+                    assert!(load <= bound, "node {i} at {load} above capacity {bound}");
                 }
                 if rng.below(2) == 0 && !active.is_empty() {
                     let gone = active.swap_remove(rng.below(active.len() as u64) as usize);
@@ -528,7 +528,7 @@ fn hot_keys_under_bounded_loads_spill_to_the_runner_up_first() {
     let h = t.key_hash(b"hot.jpg");
     let ranking: Vec<usize> = t.ranked_hash(h).collect();
     // Everyone else holds 10 requests; the hot key keeps arriving.
-    let mut loads = vec![10u64; 8];
+    let mut loads = [10u64; 8];
     let mut placed: HashMap<usize, u32> = HashMap::new();
     for _ in 0..10 {
         let c = rule.pick(t.ranked_hash(h), &set, &loads[..], |_| true).expect("node");
