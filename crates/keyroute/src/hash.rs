@@ -80,6 +80,9 @@ pub fn node_seed(name: &str) -> u64 {
     xxh3_64_with_seed(name.as_bytes(), NODE_SEED)
 }
 
+/// The multiplier of [`mix64`].
+pub const MIX_MULTIPLIER: u64 = 0xd6e8_feb8_6659_fd93;
+
 /// A bijective 64-bit mixer: `x ^= x >> 32; x *= M; x ^= x >> 29; x *= M; x ^= x >> 32` with
 /// `M = 0xd6e8_feb8_6659_fd93`.
 ///
@@ -87,7 +90,7 @@ pub fn node_seed(name: &str) -> u64 {
 /// the function has no branches, so a loop of it over many seeds vectorises.
 #[inline(always)]
 pub const fn mix64(mut x: u64) -> u64 {
-    const M: u64 = 0xd6e8_feb8_6659_fd93;
+    const M: u64 = MIX_MULTIPLIER;
     x ^= x >> 32;
     x = x.wrapping_mul(M);
     x ^= x >> 29;

@@ -69,6 +69,7 @@ pub struct Rendezvous {
     index: Box<[u32]>,
     rank: Box<[u32]>,
     groups: Box<[Group]>,
+    simd: kernel::Level,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -93,8 +94,6 @@ impl Cand {
         self.score > other.score || (self.score == other.score && self.rank < other.rank)
     }
 }
-
-const CHUNK: usize = 64;
 
 impl Rendezvous {
     /// Builds the table with the default key hash.
@@ -121,86 +120,127 @@ impl Rendezvous {
             groups.push(Group { start: start as u32, end: end as u32, inv_weight: 1.0 / f64::from(w) });
             start = end;
         }
-        Rendezvous { nodes, hasher, seeds, index: live.into(), rank, groups: groups.into() }
-    }
-
-    /// The best candidate of positions `start..end` strictly after `floor` in group order.
-    #[inline]
-    fn group_best(&self, h: u64, start: usize, end: usize, floor: Option<Cand>) -> Option<Cand> {
-        let mut best: Option<Cand> = None;
-        let mut buf = [0u64; CHUNK];
-        let mut at = start;
-        while at < end {
-            let len = (end - at).min(CHUNK);
-            let seeds = &self.seeds[at..at + len];
-            let scores = &mut buf[..len];
-            let max = kernel::scores_max(h, seeds, scores, floor.map(|f| f.score));
-            // `max` is the highest score strictly below the floor's (or any, without a floor);
-            // candidates equal to the floor's score with a later name rank are checked apart.
-            if let Some(f) = floor {
-                for (j, &s) in scores.iter().enumerate() {
-                    if s == f.score {
-                        let c = Cand { score: s, rank: self.rank[at + j], pos: (at + j) as u32 };
-                        if f.before(&c) && best.is_none_or(|b| c.before(&b)) {
-                            best = Some(c);
-                        }
-                    }
-                }
-            }
-            if let Some(max) = max {
-                if best.is_none_or(|b| max >= b.score) {
-                    for (j, &s) in scores.iter().enumerate() {
-                        if s == max {
-                            let c = Cand { score: s, rank: self.rank[at + j], pos: (at + j) as u32 };
-                            if best.is_none_or(|b| c.before(&b)) {
-                                best = Some(c);
-                            }
-                        }
-                    }
-                }
-            }
-            at += len;
+        Rendezvous {
+            nodes,
+            hasher,
+            seeds,
+            index: live.into(),
+            rank,
+            groups: groups.into(),
+            simd: kernel::Level::detect(),
         }
-        best
-    }
-
-    /// The next node in the ranking after the nodes in `taken` (all earlier in the ranking).
-    fn next_after(&self, h: u64, taken: &[u32]) -> Option<u32> {
-        let mut best: Option<(f64, Cand)> = None;
-        for g in self.groups.iter() {
-            // The group's floor is its last member already taken (they come in group order).
-            let floor = taken
-                .iter()
-                .filter(|&&p| (g.start..g.end).contains(&p))
-                .map(|&p| Cand { score: hash::score(h, self.seeds[p as usize]), rank: self.rank[p as usize], pos: p })
-                .reduce(|a, b| if a.before(&b) { b } else { a });
-            let Some(c) = self.group_best(h, g.start as usize, g.end as usize, floor) else { continue };
-            if self.groups.len() == 1 {
-                return Some(c.pos);
-            }
-            let key = exp_key(c.score) * g.inv_weight;
-            let better = match &best {
-                None => true,
-                Some((bk, bc)) => key < *bk || (key == *bk && c.before(bc)),
-            };
-            if better {
-                best = Some((key, c));
-            }
-        }
-        best.map(|(_, c)| c.pos)
     }
 
     /// The number of live nodes.
     pub fn live_count(&self) -> usize {
         self.seeds.len()
     }
+
+    /// The best candidate of group `g` strictly after `floor` in group order.
+    #[inline]
+    fn group_best(&self, h: u64, g: &Group, floor: Option<Cand>) -> Option<Cand> {
+        let (start, end) = (g.start as usize, g.end as usize);
+        let seeds = &self.seeds[start..end];
+        // The vector pass has a fixed cost of a few dozen cycles; below 16 nodes the scalar loop
+        // is faster (measured: see BENCHMARKS.md).
+        #[cfg(target_arch = "x86_64")]
+        if self.simd == kernel::Level::Avx512 && seeds.len() >= 16 {
+            let (below, floor_here) = floor.map_or((u64::MAX, false), |f| (f.score, true));
+            // SAFETY: `Level::detect` chose Avx512 only after checking the CPU's features.
+            match unsafe { kernel::avx512::best_below(h, seeds, below, floor_here) } {
+                kernel::Fast::Nothing => return None,
+                kernel::Fast::Best { score, at } => {
+                    return Some(Cand { score, rank: self.rank[start + at], pos: (start + at) as u32 });
+                }
+                // Equal scores somewhere: the exact scalar pass below settles them.
+                kernel::Fast::Ambiguous => {}
+            }
+        }
+        kernel::best_scalar(h, seeds, &self.rank[start..end], floor.map(|f| (f.score, f.rank)))
+            .map(|(score, rank, at)| Cand { score, rank, pos: (start + at) as u32 })
+    }
+
+    /// The next position in the key's ranking after the positions in `taken` (all earlier in it).
+    fn next_after(&self, h: u64, taken: &[u32]) -> Option<u32> {
+        let score_of = |p: usize| hash::score(h, self.seeds[p]);
+        let mut best: Option<Clock> = None;
+        for g in self.groups.iter() {
+            // The group's floor is its last member taken (members are taken in group order).
+            let floor = taken
+                .iter()
+                .filter(|&&p| (g.start..g.end).contains(&p))
+                .map(|&p| Cand { score: score_of(p as usize), rank: self.rank[p as usize], pos: p })
+                .reduce(|a, b| if a.before(&b) { b } else { a });
+            let Some(c) = self.group_best(h, g, floor) else { continue };
+            if self.groups.len() == 1 {
+                return Some(c.pos);
+            }
+            let mut clock = Clock::new(c, g.inv_weight);
+            match &mut best {
+                None => best = Some(clock),
+                Some(b) => {
+                    if clock.before(b) {
+                        *b = clock;
+                    }
+                }
+            }
+        }
+        best.map(|b| b.cand.pos)
+    }
+}
+
+/// A group winner's exponential clock `-ln(u) / w`, bounded cheaply and computed exactly only when
+/// the bounds cannot decide a comparison: with `t = 1 - u`, `t <= -ln(u) <= t / u`, and winners
+/// have `u` close to 1, where the bounds are tight. Picks rarely compute a logarithm at all.
+#[derive(Clone, Copy, Debug)]
+struct Clock {
+    cand: Cand,
+    inv_weight: f64,
+    lo: f64,
+    hi: f64,
+    exact: Option<f64>,
+}
+
+impl Clock {
+    fn new(cand: Cand, inv_weight: f64) -> Self {
+        let u = unit(cand.score);
+        let t = 1.0 - u;
+        // Margins far above the rounding error of these few operations and of `ln_portable`.
+        Clock {
+            cand,
+            inv_weight,
+            lo: t * inv_weight * (1.0 - 1e-9),
+            hi: t / u * inv_weight * (1.0 + 1e-9),
+            exact: None,
+        }
+    }
+
+    fn exact(&mut self) -> f64 {
+        *self.exact.get_or_insert_with(|| exp_key(self.cand.score) * self.inv_weight)
+    }
+
+    /// Whether this clock rings first: a smaller key, or on a tie a higher score, then a smaller name.
+    fn before(&mut self, other: &mut Clock) -> bool {
+        if self.hi < other.lo {
+            return true;
+        }
+        if other.hi < self.lo {
+            return false;
+        }
+        let (a, b) = (self.exact(), other.exact());
+        a < b || (a == b && self.cand.before(&other.cand))
+    }
 }
 
 /// `-ln(u)` for the uniform value of a score: the exponential clock of the logarithmic method.
 #[inline]
 fn exp_key(score: u64) -> f64 {
-    let u = ((score >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
-    -ln_portable(u)
+    -ln_portable(unit(score))
+}
+
+#[inline(always)]
+fn unit(score: u64) -> f64 {
+    ((score >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
 }
 
 impl Placement for Rendezvous {
@@ -215,13 +255,18 @@ impl Placement for Rendezvous {
 
     #[inline]
     fn pick_hash(&self, hash: u64) -> Option<usize> {
+        if let [g] = &*self.groups {
+            // One weight: the highest score wins.
+            return self.group_best(hash, g, None).map(|c| self.index[c.pos as usize] as usize);
+        }
         self.next_after(hash, &[]).map(|p| self.index[p as usize] as usize)
     }
 }
 
 /// The lazy ranked list of a key on a [`Rendezvous`] table: distinct nodes, best first.
 ///
-/// Holds the positions already yielded inline (no allocation for the first 8).
+/// Each further node costs one selection pass over the scores (no sort); positions already yielded
+/// are held inline, so there is no allocation for the first 8.
 #[derive(Clone, Debug)]
 pub struct RendezvousRanked<'a> {
     table: &'a Rendezvous,
@@ -230,16 +275,23 @@ pub struct RendezvousRanked<'a> {
     skip: Option<u32>,
 }
 
+impl RendezvousRanked<'_> {
+    fn next_position(&mut self) -> Option<u32> {
+        if self.taken.len() >= self.table.seeds.len() {
+            return None;
+        }
+        let p = self.table.next_after(self.hash, self.taken.as_slice())?;
+        self.taken.push(p);
+        Some(p)
+    }
+}
+
 impl Iterator for RendezvousRanked<'_> {
     type Item = usize;
 
     fn next(&mut self) -> Option<usize> {
         loop {
-            if self.taken.len() >= self.table.seeds.len() {
-                return None;
-            }
-            let p = self.table.next_after(self.hash, self.taken.as_slice())?;
-            self.taken.push(p);
+            let p = self.next_position()?;
             let node = self.table.index[p as usize];
             if Some(node) != self.skip {
                 return Some(node as usize);
@@ -257,15 +309,19 @@ impl Ranking for Rendezvous {
     type Ranked<'a> = RendezvousRanked<'a>;
 
     fn ranked_hash(&self, hash: u64) -> RendezvousRanked<'_> {
-        RendezvousRanked { table: self, hash, taken: Taken::default(), skip: None }
+        self.ranked_inner(hash, None)
     }
 }
 
 impl Rendezvous {
+    fn ranked_inner(&self, hash: u64, skip: Option<u32>) -> RendezvousRanked<'_> {
+        RendezvousRanked { table: self, hash, taken: Taken::default(), skip }
+    }
+
     /// The rendezvous ranking of a key with one node left out: the fallback ranking that strategies
     /// without a ranking of their own use after their pick (see [`Fallback`]).
     pub(crate) fn ranked_without(&self, hash: u64, skip: usize) -> RendezvousRanked<'_> {
-        RendezvousRanked { table: self, hash, taken: Taken::default(), skip: u32::try_from(skip).ok() }
+        self.ranked_inner(hash, u32::try_from(skip).ok())
     }
 }
 
@@ -328,50 +384,193 @@ impl Taken {
     }
 }
 
-/// The scoring loop, compiled for the best vector unit the CPU has (chosen at run time). All paths
-/// compute the same integers.
+/// The selection loop: the best score in a range, in one pass, with no buffer. A portable scalar
+/// version (the reference), and an AVX-512 version (eight nodes a step) chosen once, when a table
+/// is built, if the CPU has it. Both give the same answer; the vector one hands equal scores (a
+/// 64-bit coincidence) to the scalar one.
 mod kernel {
     use crate::hash::score;
 
-    /// Writes each seed's score into `out` and returns the highest score strictly below `below`
-    /// (any score if `below` is `None`), or `None` if there is none.
-    #[inline(always)]
-    fn generic(h: u64, seeds: &[u64], out: &mut [u64], below: Option<u64>) -> Option<u64> {
-        for (o, &s) in out.iter_mut().zip(seeds) {
-            *o = score(h, s);
-        }
-        match below {
-            None => out.iter().copied().max(),
-            Some(b) => out.iter().copied().filter(|&s| s < b).max(),
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl")]
-    fn avx512(h: u64, seeds: &[u64], out: &mut [u64], below: Option<u64>) -> Option<u64> {
-        generic(h, seeds, out, below)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn avx2(h: u64, seeds: &[u64], out: &mut [u64], below: Option<u64>) -> Option<u64> {
-        generic(h, seeds, out, below)
-    }
-
-    #[inline]
-    pub(super) fn scores_max(h: u64, seeds: &[u64], out: &mut [u64], below: Option<u64>) -> Option<u64> {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Level {
+        Scalar,
         #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512dq") && std::arch::is_x86_feature_detected!("avx512vl") {
-                // SAFETY: the CPU supports the features `avx512` is compiled for (checked above).
-                return unsafe { avx512(h, seeds, out, below) };
+        Avx512,
+    }
+
+    impl Level {
+        pub(super) fn detect() -> Level {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512dq") {
+                    return Level::Avx512;
+                }
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU supports AVX2 (checked above).
-                return unsafe { avx2(h, seeds, out, below) };
+            Level::Scalar
+        }
+    }
+
+    /// The best `(score, rank, index)` among `seeds` strictly after `floor = (score, rank)` in the
+    /// order "higher score, then lower rank".
+    ///
+    /// Both orders are folded into one 96-bit key, `score << 32 | !rank` (higher is better), so the
+    /// loop is two compares and two selects, without unpredictable branches.
+    #[inline]
+    pub(super) fn best_scalar(
+        h: u64,
+        seeds: &[u64],
+        ranks: &[u32],
+        floor: Option<(u64, u32)>,
+    ) -> Option<(u64, u32, usize)> {
+        let key = |s: u64, r: u32| (u128::from(s) << 32) | u128::from(!r);
+        let below = floor.map_or(u128::MAX, |(s, r)| key(s, r));
+        let mut best = 0u128; // below every key: `!rank` is never 0 for a rank below u32::MAX
+        let mut at = usize::MAX;
+        for (j, (&seed, &r)) in seeds.iter().zip(ranks).enumerate() {
+            let k = key(score(h, seed), r);
+            let take = (k < below) & (k > best);
+            best = if take { k } else { best };
+            at = if take { j } else { at };
+        }
+        (at != usize::MAX).then_some(((best >> 32) as u64, !(best as u32), at))
+    }
+
+    /// What the vector pass found.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Fast {
+        /// No score below the floor.
+        Nothing,
+        /// The single best score below the floor and its index.
+        Best { score: u64, at: usize },
+        /// Equal scores were seen; use the scalar pass.
+        Ambiguous,
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) mod avx512 {
+        use std::arch::x86_64::*;
+
+        use super::Fast;
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512dq")]
+        fn mix(x: __m512i, m: __m512i) -> __m512i {
+            let x = _mm512_xor_si512(x, _mm512_srli_epi64::<32>(x));
+            let x = _mm512_mullo_epi64(x, m);
+            let x = _mm512_xor_si512(x, _mm512_srli_epi64::<29>(x));
+            let x = _mm512_mullo_epi64(x, m);
+            _mm512_xor_si512(x, _mm512_srli_epi64::<32>(x))
+        }
+
+        /// The highest score strictly below `below` among `seeds`, eight at a time. `floor_here`
+        /// says that one seed (the floor's own node) scores exactly `below`; any other score equal
+        /// to `below`, any tie for the best, or a best of 0 is reported as ambiguous.
+        ///
+        /// # Safety
+        ///
+        /// The CPU must support AVX-512F and AVX-512DQ.
+        #[target_feature(enable = "avx512f,avx512dq,popcnt")]
+        pub(in super::super) unsafe fn best_below(h: u64, seeds: &[u64], below: u64, floor_here: bool) -> Fast {
+            let hv = _mm512_set1_epi64(h as i64);
+            let mv = _mm512_set1_epi64(crate::hash::MIX_MULTIPLIER as i64);
+            let bv = _mm512_set1_epi64(below as i64);
+            // Two independent accumulators (even and odd blocks of eight) to shorten the
+            // loop-carried dependency; merged at the end, earlier index first on equal scores.
+            let mut best = [_mm512_setzero_si512(); 2];
+            let mut best_idx = [_mm512_set1_epi64(-1); 2];
+            let mut tie: __mmask8 = 0;
+            let mut at_floor = 0u32;
+            let mut step = |block: usize, live: __mmask8, x: __m512i, k: usize| {
+                let idx =
+                    _mm512_add_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi64((block * 8) as i64));
+                let s = mix(_mm512_xor_si512(x, hv), mv);
+                at_floor += _mm512_mask_cmpeq_epu64_mask(live, s, bv).count_ones();
+                let cand = _mm512_mask_cmplt_epu64_mask(live, s, bv);
+                tie |= _mm512_mask_cmpeq_epu64_mask(cand, s, best[k]);
+                let gt = _mm512_mask_cmpgt_epu64_mask(cand, s, best[k]);
+                best[k] = _mm512_mask_mov_epi64(best[k], gt, s);
+                best_idx[k] = _mm512_mask_mov_epi64(best_idx[k], gt, idx);
+            };
+            let full = seeds.len() / 8;
+            let ptr = seeds.as_ptr();
+            for block in 0..full {
+                // SAFETY: block * 8 + 8 <= seeds.len().
+                let x = unsafe { _mm512_loadu_si512(ptr.add(block * 8).cast()) };
+                step(block, 0xff, x, block & 1);
+            }
+            let left = seeds.len() - full * 8;
+            if left > 0 {
+                let live: __mmask8 = (1u8 << left) - 1;
+                // SAFETY: the mask only reads the `left` lanes inside `seeds`.
+                let x = unsafe { _mm512_maskz_loadu_epi64(live, ptr.add(full * 8).cast()) };
+                step(full, live, x, full & 1);
+            }
+            // Merge: lane-wise, the higher score wins; on equal scores, report ambiguity.
+            tie |= _mm512_mask_cmpeq_epu64_mask(
+                _mm512_cmpneq_epi64_mask(best_idx[0], _mm512_set1_epi64(-1))
+                    & _mm512_cmpneq_epi64_mask(best_idx[1], _mm512_set1_epi64(-1)),
+                best[0],
+                best[1],
+            );
+            let take1 = _mm512_cmpgt_epu64_mask(best[1], best[0])
+                | (_mm512_cmpeq_epi64_mask(best_idx[0], _mm512_set1_epi64(-1))
+                    & _mm512_cmpneq_epi64_mask(best_idx[1], _mm512_set1_epi64(-1)));
+            let best_v = _mm512_mask_mov_epi64(best[0], take1, best[1]);
+            let best_i = _mm512_mask_mov_epi64(best_idx[0], take1, best_idx[1]);
+            if tie != 0 || at_floor > u32::from(floor_here) {
+                return Fast::Ambiguous;
+            }
+            let valid = _mm512_cmpneq_epi64_mask(best_i, _mm512_set1_epi64(-1));
+            if valid == 0 {
+                return Fast::Nothing;
+            }
+            let max = _mm512_mask_reduce_max_epu64(valid, best_v);
+            let lanes = _mm512_mask_cmpeq_epu64_mask(valid, best_v, _mm512_set1_epi64(max as i64));
+            if lanes.count_ones() != 1 {
+                return Fast::Ambiguous;
+            }
+            let mut out = [0i64; 8];
+            // SAFETY: `out` has room for eight lanes.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), best_i) };
+            Fast::Best { score: max, at: out[lanes.trailing_zeros() as usize] as usize }
+        }
+    }
+
+    #[cfg(all(test, target_arch = "x86_64"))]
+    mod tests {
+        use super::*;
+        use crate::hash::{RandomSource, SplitMix64};
+
+        #[test]
+        fn the_vector_pass_agrees_with_the_scalar_one() {
+            if Level::detect() != Level::Avx512 {
+                return; // nothing to compare on this CPU
+            }
+            let mut rng = SplitMix64::new(8);
+            for round in 0..3000 {
+                let n = 1 + rng.below(70) as usize;
+                let mut seeds: Vec<u64> = (0..n).map(|_| rng.next_u64()).collect();
+                if round % 5 == 0 && n > 2 {
+                    seeds[n - 1] = seeds[0]; // an exact tie
+                }
+                let ranks: Vec<u32> = (0..n as u32).collect();
+                let h = rng.next_u64();
+                let floor = if round % 3 == 0 {
+                    None
+                } else {
+                    let j = rng.below(n as u64) as usize;
+                    Some((score(h, seeds[j]), ranks[j]))
+                };
+                let exact = best_scalar(h, &seeds, &ranks, floor);
+                let (below, here) = floor.map_or((u64::MAX, false), |f| (f.0, true));
+                // SAFETY: detected above.
+                match unsafe { avx512::best_below(h, &seeds, below, here) } {
+                    Fast::Nothing => assert_eq!(exact, None),
+                    Fast::Best { score, at } => assert_eq!(exact, Some((score, ranks[at], at))),
+                    Fast::Ambiguous => assert!(round % 5 == 0 || floor.is_none_or(|f| f.0 == 0), "spurious ambiguity"),
+                }
             }
         }
-        generic(h, seeds, out, below)
     }
 }
 

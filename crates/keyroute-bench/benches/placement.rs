@@ -1,0 +1,232 @@
+//! Placement speed: keyroute against the most-used peer crates at the same configuration, in one run.
+//!
+//! Names are hierarchical: `lookup/<strategy>/n=<nodes>` (pre-hashed key), `lookup-keyed/...`
+//! (hashing a 10-byte key included), `ranked/<strategy>-top3/n=80`, `build/<strategy>/...`.
+//! Peers appear as `<strategy>/<crate>` in the same group. Every loop asserts on its result.
+//!
+//! `cargo bench -p keyroute-bench --bench placement` (see BENCHMARKS.md for the figures).
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use keyroute::hash::{RandomSource, SplitMix64};
+use keyroute::{HashRing, JumpHash, Maglev, Node, NodeSet, Placement, Ranking, Rendezvous, SlotTable};
+
+const SIZES: [usize; 3] = [8, 80, 1000];
+
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("10.0.{}.{}:8080", i / 256, i % 256)).collect()
+}
+
+fn node_set(n: usize, weighted: bool) -> NodeSet {
+    NodeSet::try_new(names(n).iter().enumerate().map(|(i, name)| {
+        let w = if weighted { 1 + (i % 4) as u32 } else { 1 };
+        Node::new_unchecked(name).with_weight(w)
+    }))
+    .expect("unique")
+}
+
+fn addrs(n: usize) -> Vec<SocketAddr> {
+    (0..n).map(|i| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, (i / 256) as u8, (i % 256) as u8)), 8080)).collect()
+}
+
+/// 4096 keys like `user:1234567` and their XXH3 hashes.
+fn keys() -> (Vec<String>, Vec<u64>) {
+    let mut rng = SplitMix64::new(2024);
+    let keys: Vec<String> = (0..4096).map(|_| format!("user:{:07}", rng.below(10_000_000))).collect();
+    let hashes = keys.iter().map(|k| keyroute::hash::xxh3_64(k.as_bytes())).collect();
+    (keys, hashes)
+}
+
+#[derive(Hash, PartialEq, Eq, Clone, Debug)]
+struct VNode {
+    node: usize,
+    replica: u32,
+}
+
+#[derive(Hash, PartialEq, Eq, Clone, Debug)]
+struct Peer(usize);
+impl hrw_hash::HrwNode for Peer {}
+
+fn lookup(c: &mut Criterion) {
+    let (keys, hashes) = keys();
+    let mask = keys.len() - 1;
+    let mut g = c.benchmark_group("lookup");
+    for n in SIZES {
+        let set = node_set(n, false);
+        let ring = HashRing::new(set.clone()).expect("ring");
+        let hrw = Rendezvous::new(set.clone());
+        let mag = Maglev::new(set.clone()).expect("maglev");
+        let jump = JumpHash::new(set.clone()).expect("jump");
+        let slots = SlotTable::new(set.clone());
+        let mut i = 0usize;
+        let mut bench = |name: &str, f: &dyn Fn(u64) -> Option<usize>| {
+            g.bench_function(BenchmarkId::new(name, format!("n={n}")), |b| {
+                b.iter(|| {
+                    i = (i + 1) & mask;
+                    let r = f(black_box(hashes[i]));
+                    assert!(r.is_some());
+                    r
+                })
+            });
+        };
+        bench("ring", &|h| ring.pick_hash(h));
+        bench("rendezvous", &|h| hrw.pick_hash(h));
+        bench("maglev", &|h| mag.pick_hash(h));
+        bench("jump", &|h| jump.pick_hash(h));
+        bench("slots", &|h| slots.pick_hash(h));
+        if n == 80 {
+            let weighted = Rendezvous::new(node_set(n, true));
+            bench("rendezvous-weighted", &|h| weighted.pick_hash(h));
+        }
+    }
+    g.finish();
+}
+
+fn lookup_keyed(c: &mut Criterion) {
+    let (keys, _) = keys();
+    let mask = keys.len() - 1;
+    let mut g = c.benchmark_group("lookup-keyed");
+    for n in SIZES {
+        let set = node_set(n, false);
+        let mut i = 0usize;
+        let mut bench = |name: &str, f: &dyn Fn(&str) -> bool| {
+            g.bench_function(BenchmarkId::new(name, format!("n={n}")), |b| {
+                b.iter(|| {
+                    i = (i + 1) & mask;
+                    assert!(f(black_box(&keys[i])));
+                })
+            });
+        };
+        // Rings: 160 points per node.
+        let ring = HashRing::new(set.clone()).expect("ring");
+        bench("ring/keyroute", &|k| ring.pick(k.as_bytes()).is_some());
+        let buckets: Vec<pingora_ketama::Bucket> =
+            addrs(n).into_iter().map(|a| pingora_ketama::Bucket::new(a, 1)).collect();
+        let ketama = pingora_ketama::Continuum::new(&buckets);
+        bench("ring/pingora-ketama", &|k| ketama.node(k.as_bytes()).is_some());
+        let mut hashring: hashring::HashRing<VNode> = hashring::HashRing::new();
+        for node in 0..n {
+            for replica in 0..160 {
+                hashring.add(VNode { node, replica });
+            }
+        }
+        bench("ring/hashring", &|k| hashring.get(&k).is_some());
+        // Rendezvous.
+        let hrw = Rendezvous::new(set.clone());
+        bench("rendezvous/keyroute", &|k| hrw.pick(k.as_bytes()).is_some());
+        let peer = hrw_hash::HrwNodes::new((0..n).map(Peer));
+        bench("rendezvous/hrw-hash", &|k| peer.sorted(&k).next().is_some());
+        let mut rz: rendezvous_hash::RendezvousNodes<rendezvous_hash::IdNode<usize>, _> =
+            rendezvous_hash::RendezvousNodes::default();
+        for node in 0..n {
+            rz.insert(rendezvous_hash::IdNode::new(node));
+        }
+        bench("rendezvous/rendezvous_hash", &|k| rz.calc_candidates(&k).next().is_some());
+        // Maglev, M = 65537.
+        let mag = Maglev::new(set.clone()).expect("maglev");
+        bench("maglev/keyroute", &|k| mag.pick(k.as_bytes()).is_some());
+        let peer_mag = maglev::Maglev::new((0..n).collect::<Vec<usize>>());
+        bench("maglev/maglev", &|k| maglev::ConsistentHasher::get(&peer_mag, &k).is_some());
+        // Jump.
+        let jump = JumpHash::new(set.clone()).expect("jump");
+        bench("jump/keyroute", &|k| jump.pick(k.as_bytes()).is_some());
+        let jh = jumphash::JumpHasher::new();
+        bench("jump/jumphash", &|k| jh.slot(&k, n as u32) < n as u32);
+    }
+    g.finish();
+}
+
+fn ranked(c: &mut Criterion) {
+    let (keys, hashes) = keys();
+    let mask = keys.len() - 1;
+    let mut g = c.benchmark_group("ranked");
+    let n = 80;
+    let set = node_set(n, false);
+    let hrw = Rendezvous::new(set.clone());
+    let weighted = Rendezvous::new(node_set(n, true));
+    let ring = HashRing::new(set.clone()).expect("ring");
+    let peer = hrw_hash::HrwNodes::new((0..n).map(Peer));
+    let mut rz: rendezvous_hash::RendezvousNodes<rendezvous_hash::IdNode<usize>, _> =
+        rendezvous_hash::RendezvousNodes::default();
+    for node in 0..n {
+        rz.insert(rendezvous_hash::IdNode::new(node));
+    }
+    let mut hashring: hashring::HashRing<usize> = hashring::HashRing::new();
+    for node in 0..n {
+        hashring.add(node);
+    }
+    let mut i = 0usize;
+    let mut bench = |name: &str, f: &dyn Fn(usize) -> usize| {
+        g.bench_function(BenchmarkId::new(name, format!("n={n}")), |b| {
+            b.iter(|| {
+                i = (i + 1) & mask;
+                assert_eq!(f(black_box(i)), 3);
+            })
+        });
+    };
+    bench("rendezvous-top3", &|i| hrw.ranked_hash(hashes[i]).take(3).count());
+    bench("rendezvous-weighted-top3", &|i| weighted.ranked_hash(hashes[i]).take(3).count());
+    bench("ring-top3", &|i| ring.ranked_hash(hashes[i]).take(3).count());
+    bench("rendezvous-top3-keyed/keyroute", &|i| hrw.ranked(keys[i].as_bytes()).take(3).count());
+    bench("rendezvous-top3-keyed/hrw-hash", &|i| peer.sorted(&keys[i]).take(3).count());
+    bench("rendezvous-top3-keyed/rendezvous_hash", &|i| rz.calc_candidates(&keys[i]).take(3).count());
+    bench("ring-top3-keyed/hashring", &|i| hashring.get_with_replicas(&keys[i], 2).map_or(0, |v| v.len()));
+    g.finish();
+}
+
+fn build(c: &mut Criterion) {
+    let mut g = c.benchmark_group("build");
+    g.sample_size(20);
+    let set = node_set(1000, false);
+    g.bench_function("ring/n=1000,v=160", |b| {
+        b.iter(|| {
+            let r = HashRing::new(black_box(set.clone())).expect("ring");
+            assert_eq!(r.point_count(), 160_000);
+        })
+    });
+    let buckets: Vec<pingora_ketama::Bucket> =
+        addrs(1000).into_iter().map(|a| pingora_ketama::Bucket::new(a, 1)).collect();
+    g.bench_function("ring/n=1000,v=160/pingora-ketama", |b| {
+        b.iter(|| {
+            let r = pingora_ketama::Continuum::new(black_box(&buckets));
+            assert!(r.node(b"k").is_some());
+        })
+    });
+    g.bench_function("maglev/n=1000,m=65537", |b| {
+        b.iter(|| {
+            let m = Maglev::new(black_box(set.clone())).expect("maglev");
+            assert_eq!(m.size(), 65_537);
+        })
+    });
+    g.bench_function("maglev/n=1000,m=65537/maglev", |b| {
+        b.iter(|| {
+            let m = maglev::Maglev::with_capacity((0..1000usize).collect::<Vec<_>>(), 65_537);
+            assert_eq!(maglev::ConsistentHasher::capacity(&m), 65_537);
+        })
+    });
+    g.bench_function("rendezvous/n=1000", |b| {
+        b.iter(|| {
+            let r = Rendezvous::new(black_box(set.clone()));
+            assert_eq!(r.live_count(), 1000);
+        })
+    });
+    let slots = SlotTable::new(node_set(100, false));
+    let grown = node_set(101, false);
+    g.bench_function("slots-rebalance/n=100->101", |b| {
+        b.iter(|| {
+            let (_, plan) = slots.rebalance(black_box(grown.clone()));
+            assert!(!plan.is_empty());
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(30);
+    targets = lookup, lookup_keyed, ranked, build
+}
+criterion_main!(benches);
