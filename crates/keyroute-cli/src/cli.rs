@@ -1,0 +1,266 @@
+//! The command line: raw flags as clap parses them, validated into the library's types before use.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use keyroute::hash::KeyHasher;
+use keyroute::{NodeSet, Options, RingScheme, Strategy};
+
+use crate::Usage;
+
+/// Which of N nodes gets this key: placement, simulation, a gateway, thumbnail workers, a demo.
+#[derive(Debug, Parser)]
+#[command(name = "keyroute", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Where each key goes: one line per key, `KEY<TAB>NODE` (then a tab and each further replica).
+    Place(PlaceArgs),
+    /// Simulations: what moves, what balances, what a fleet does under each strategy.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// Keys moved by a membership change, the from->to matrix, and (with --traffic) the requests lost.
+    Remap(RemapArgs),
+    /// Keys per node, peak/mean, min/mean and spread.
+    Balance(BalanceArgs),
+    /// Balls into bins with d random choices (Mitzenmacher's power of two choices).
+    Choices(ChoicesArgs),
+    /// The thumbnail fleet: gateways, workers with caches, Zipf traffic, one scenario per run.
+    Fleet(Box<FleetArgs>),
+}
+
+/// The strategy and its knobs, shared by every command that places keys.
+#[derive(Debug, Args, Clone)]
+pub struct StrategyArgs {
+    /// The strategy: modulo, ring, rendezvous, jump, maglev, slots, bounded-ring, bounded-rendezvous,
+    /// round-robin, weighted-round-robin, p2c, least-loaded, affinity.
+    #[arg(long, short = 's', default_value = "rendezvous")]
+    pub strategy: String,
+    /// Ring points per unit of weight.
+    #[arg(long, default_value_t = keyroute::ring::DEFAULT_VNODES)]
+    pub vnodes: u32,
+    /// Ring point scheme: xxh3 (default) or java-md5 (the consistent-hashing note's Java sketch).
+    #[arg(long, default_value = "xxh3")]
+    pub scheme: String,
+    /// Key hash: xxh3, xxh3:SEED or md5.
+    #[arg(long, default_value = "xxh3")]
+    pub hash: String,
+    /// Maglev table size (a prime).
+    #[arg(long, default_value_t = keyroute::maglev::DEFAULT_TABLE_SIZE)]
+    pub maglev_size: u32,
+    /// Bounded loads: capacity is (1 + epsilon) times the mean load.
+    #[arg(long, default_value_t = 0.25)]
+    pub epsilon: f64,
+    /// Choices for p2c, and owners considered by affinity.
+    #[arg(long, default_value_t = 2)]
+    pub choices: usize,
+}
+
+impl StrategyArgs {
+    pub fn strategy(&self) -> Result<Strategy, Usage> {
+        self.strategy.parse().map_err(|e: keyroute::Error| Usage(format!("--strategy: {e}")))
+    }
+
+    pub fn options(&self) -> Result<Options, Usage> {
+        let hasher: KeyHasher = self.hash.parse().map_err(|e: keyroute::Error| Usage(format!("--hash: {e}")))?;
+        let scheme: RingScheme = self.scheme.parse().map_err(|e: keyroute::Error| Usage(format!("--scheme: {e}")))?;
+        if self.vnodes == 0 {
+            return Err(Usage("--vnodes: must be at least 1".into()));
+        }
+        if !(self.epsilon.is_finite() && self.epsilon >= 0.0) {
+            return Err(Usage(format!("--epsilon: must be finite and >= 0, got {}", self.epsilon)));
+        }
+        if self.choices == 0 {
+            return Err(Usage("--choices: must be at least 1".into()));
+        }
+        Ok(Options {
+            hasher,
+            vnodes: self.vnodes,
+            scheme,
+            maglev_size: self.maglev_size,
+            epsilon: self.epsilon,
+            choices: self.choices,
+        })
+    }
+}
+
+pub fn parse_nodes(flag: &str, spec: &str) -> Result<NodeSet, Usage> {
+    NodeSet::parse(spec).map_err(|e| Usage(format!("{flag}: {e}")))
+}
+
+#[derive(Debug, Args)]
+pub struct PlaceArgs {
+    #[command(flatten)]
+    pub strategy: StrategyArgs,
+    /// Nodes: NAME[:weight=W][:zone=Z],... (for example a,b:weight=2,c:zone=eu).
+    #[arg(long, short = 'n')]
+    pub nodes: String,
+    /// How many distinct nodes to list per key (the preference list).
+    #[arg(long, short = 'r', default_value_t = 1)]
+    pub replicas: usize,
+    /// Spread replicas over distinct zones first (nodes without a zone are each their own).
+    #[arg(long)]
+    pub zone_aware: bool,
+    /// One JSON object per line instead of tab-separated text.
+    #[arg(long)]
+    pub json: bool,
+    /// Keys to place; without any, keys are read from standard input, one per line.
+    pub keys: Vec<String>,
+}
+
+/// Where the keys of an analysis come from.
+#[derive(Debug, Args, Clone)]
+pub struct KeyArgs {
+    /// Generate this many keys from --key-format (default 100000, or the traffic log's keys).
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// Template of generated keys; `{}` is replaced by 0, 1, 2, ...
+    #[arg(long, default_value = "key:{}")]
+    pub key_format: String,
+    /// Read keys from a file instead, one per line.
+    #[arg(long)]
+    pub keys_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct RemapArgs {
+    #[command(flatten)]
+    pub strategy: StrategyArgs,
+    /// The nodes before the change.
+    #[arg(long)]
+    pub before: String,
+    /// The nodes after the change.
+    #[arg(long)]
+    pub after: String,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+    /// A traffic log, one key per request: also report the share of requests whose key moved.
+    #[arg(long)]
+    pub traffic: Option<PathBuf>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BalanceArgs {
+    #[command(flatten)]
+    pub strategy: StrategyArgs,
+    /// The nodes.
+    #[arg(long, short = 'n')]
+    pub nodes: String,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ChoicesArgs {
+    /// Bins (workers).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub bins: u64,
+    /// Balls (requests).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub balls: u64,
+    /// Numbers of choices to compare, comma separated.
+    #[arg(long, default_value = "1,2,3", value_delimiter = ',')]
+    pub choices: Vec<u32>,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Runs per choice count.
+    #[arg(long, default_value_t = 1)]
+    pub runs: u32,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// Scenario: steady, scale-out, slow-worker, hot-key, stale-gateways, or all.
+    #[arg(long, default_value = "steady")]
+    pub scenario: String,
+    /// Strategies to compare, comma separated (default: the eight the first document discusses).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        alias = "strategy",
+        default_value = "round-robin,modulo,ring,rendezvous,bounded-rendezvous,p2c,least-loaded,affinity"
+    )]
+    pub strategies: Vec<String>,
+    #[command(flatten)]
+    pub knobs: FleetKnobs,
+    /// Bounded loads: capacity is (1 + epsilon) times the mean load.
+    #[arg(long, default_value_t = 0.25)]
+    pub epsilon: f64,
+    /// Ring points per node.
+    #[arg(long, default_value_t = keyroute::ring::DEFAULT_VNODES)]
+    pub vnodes: u32,
+    /// Print each worker's share, hit rate and queue.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+    /// Write an HTML report with charts to this file.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// JSON output (every report, without the time series).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Overrides of a scenario's defaults (see `keyroute_sim::scenario`).
+#[derive(Debug, Args, Clone, Default)]
+pub struct FleetKnobs {
+    /// Workers at the start.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Gateways.
+    #[arg(long)]
+    pub gateways: Option<usize>,
+    /// How stale each gateway's view of the loads is, in ms (0 = exact).
+    #[arg(long)]
+    pub refresh_ms: Option<f64>,
+    /// Requests each worker serves at once.
+    #[arg(long)]
+    pub concurrency: Option<u32>,
+    /// Service time of a cache hit, ms.
+    #[arg(long)]
+    pub hit_ms: Option<f64>,
+    /// Service time of a cache miss (a resize), ms.
+    #[arg(long)]
+    pub miss_ms: Option<f64>,
+    /// Thumbnails each worker caches.
+    #[arg(long)]
+    pub cache_entries: Option<usize>,
+    /// Distinct thumbnails.
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// Zipf exponent of popularity.
+    #[arg(long)]
+    pub zipf: Option<f64>,
+    /// Arrivals per second.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Requests to simulate.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// hot-key: the hot image's share of all requests.
+    #[arg(long)]
+    pub hot_share: Option<f64>,
+    /// slow-worker: how many times slower worker 1 is.
+    #[arg(long)]
+    pub slow_factor: Option<f64>,
+}

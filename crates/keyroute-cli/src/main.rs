@@ -1,0 +1,56 @@
+//! `keyroute`: thin glue over the libraries. Parse, validate, dispatch; errors map to exit codes
+//! (64 for usage and configuration errors, 2 for runtime errors).
+
+mod cli;
+mod place;
+mod sim;
+
+use std::fmt;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command, SimCommand};
+
+/// A usage or configuration error: the user can fix it by changing the command or the config.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl fmt::Display for Usage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+const EXIT_USAGE: u8 = 64;
+const EXIT_RUNTIME: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Place(args) => place::run(&args),
+        Command::Sim(SimCommand::Remap(args)) => sim::remap(&args),
+        Command::Sim(SimCommand::Balance(args)) => sim::balance(&args),
+        Command::Sim(SimCommand::Choices(args)) => sim::choices(&args),
+        Command::Sim(SimCommand::Fleet(args)) => sim::fleet(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) {
+                return ExitCode::SUCCESS; // `keyroute place ... | head` is not an error
+            }
+            eprintln!("keyroute: {e:#}");
+            ExitCode::from(if e.downcast_ref::<Usage>().is_some() { EXIT_USAGE } else { EXIT_RUNTIME })
+        }
+    }
+}

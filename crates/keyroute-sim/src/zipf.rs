@@ -1,0 +1,98 @@
+//! Zipf-distributed key popularity.
+//!
+//! Key `k` (rank `k`, from 0) is requested with probability proportional to `1 / (k + 1)^s`. With
+//! `s` around 1, a few keys take a large share of traffic and a long tail is requested rarely: the
+//! shape of real cache workloads (Breslau et al., *Web caching and Zipf-like distributions*, 1999).
+//! Sampling inverts the cumulative distribution by binary search over a precomputed table:
+//! `O(log K)` per draw, deterministic for a given [`RandomSource`].
+
+use keyroute::hash::RandomSource;
+
+/// A Zipf(s) distribution over `0..keys`.
+#[derive(Clone, Debug)]
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    /// The distribution over `keys` ranks with exponent `s >= 0` (0 is uniform).
+    ///
+    /// # Panics
+    ///
+    /// Never: `keys` of 0 is treated as 1, and a negative or non-finite `s` as 0.
+    pub fn new(keys: usize, s: f64) -> Self {
+        let keys = keys.max(1);
+        let s = if s.is_finite() && s > 0.0 { s } else { 0.0 };
+        let mut cdf = Vec::with_capacity(keys);
+        let mut total = 0.0;
+        for k in 0..keys {
+            total += 1.0 / ((k + 1) as f64).powf(s);
+            cdf.push(total);
+        }
+        for c in &mut cdf {
+            *c /= total;
+        }
+        Zipf { cdf }
+    }
+
+    /// The number of keys.
+    pub fn len(&self) -> usize {
+        self.cdf.len()
+    }
+
+    /// Whether there are no keys (never: at least one).
+    pub fn is_empty(&self) -> bool {
+        self.cdf.is_empty()
+    }
+
+    /// The probability of rank `k`.
+    pub fn probability(&self, k: usize) -> f64 {
+        match k {
+            0 => self.cdf.first().copied().unwrap_or(0.0),
+            _ if k < self.cdf.len() => self.cdf[k] - self.cdf[k - 1],
+            _ => 0.0,
+        }
+    }
+
+    /// The share of requests going to the `k` most popular keys.
+    pub fn head_mass(&self, k: usize) -> f64 {
+        if k == 0 { 0.0 } else { self.cdf[(k - 1).min(self.cdf.len() - 1)] }
+    }
+
+    /// Draws a rank.
+    pub fn sample<R: RandomSource + ?Sized>(&self, rng: &mut R) -> usize {
+        let u = rng.unit_open();
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keyroute::hash::SplitMix64;
+
+    #[test]
+    fn frequencies_follow_the_law() {
+        let z = Zipf::new(1000, 1.0);
+        let mut rng = SplitMix64::new(1);
+        let mut counts = vec![0u32; 1000];
+        for _ in 0..200_000 {
+            counts[z.sample(&mut rng)] += 1;
+        }
+        // Rank 0 is twice as popular as rank 1, and ten times rank 9.
+        let ratio = f64::from(counts[0]) / f64::from(counts[1]);
+        assert!((ratio - 2.0).abs() < 0.15, "{ratio}");
+        let expected = z.probability(0) * 200_000.0;
+        assert!((f64::from(counts[0]) - expected).abs() < 0.03 * expected);
+    }
+
+    #[test]
+    fn degenerate_parameters_are_safe() {
+        let z = Zipf::new(0, f64::NAN);
+        let mut rng = SplitMix64::new(1);
+        assert_eq!(z.sample(&mut rng), 0);
+        assert_eq!(z.len(), 1);
+        let u = Zipf::new(4, 0.0);
+        assert!((u.probability(3) - 0.25).abs() < 1e-12);
+    }
+}
