@@ -1,0 +1,249 @@
+//! The `keyroute` binary, run as a user runs it: the invocations the README and scripts rely on.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn keyroute(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keyroute")).args(args).output().expect("runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn balance_reproduces_the_java_sketch_counts() {
+    let o = keyroute(&[
+        "sim",
+        "balance",
+        "--strategy",
+        "ring",
+        "--scheme",
+        "java-md5",
+        "--vnodes",
+        "100",
+        "--nodes",
+        "A,B,C",
+        "--keys",
+        "10000",
+        "--key-format",
+        "user:{}",
+    ]);
+    assert!(o.status.success());
+    let text = stdout(&o);
+    for (node, keys) in [("A", "3232"), ("B", "3370"), ("C", "3398")] {
+        assert!(text.lines().any(|l| l.split_whitespace().take(3).eq([node, "1", keys])), "{text}");
+    }
+}
+
+#[test]
+fn remap_reproduces_2448_keys_all_to_d() {
+    let o = keyroute(&[
+        "sim",
+        "remap",
+        "--strategy",
+        "ring",
+        "--scheme",
+        "java-md5",
+        "--vnodes",
+        "100",
+        "--before",
+        "A,B,C",
+        "--after",
+        "A,B,C,D",
+        "--keys",
+        "10000",
+        "--key-format",
+        "user:{}",
+        "--json",
+    ]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["moved"], 2448);
+    assert!(v["matrix"].as_array().expect("array").iter().all(|m| m["to"] == "D"));
+    let o = keyroute(&[
+        "sim",
+        "remap",
+        "--strategy",
+        "modulo",
+        "--before",
+        "A,B,C",
+        "--after",
+        "A,B,C,D",
+        "--keys",
+        "10000",
+        "--key-format",
+        "user:{}",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let share = v["moved_share"].as_f64().expect("number");
+    assert!((0.72..=0.78).contains(&share), "{share}");
+}
+
+#[test]
+fn remap_with_traffic_reports_the_requests_lost() {
+    let dir = std::env::temp_dir().join(format!("keyroute-cli-traffic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let log = dir.join("traffic.log");
+    // One hot key requested 1000 times and 200 cold ones once.
+    let mut text = "hot\n".repeat(1000);
+    for i in 0..200 {
+        text.push_str(&format!("cold-{i}\n"));
+    }
+    std::fs::write(&log, text).expect("write");
+    let o = keyroute(&[
+        "sim",
+        "remap",
+        "-s",
+        "rendezvous",
+        "--before",
+        "a,b,c",
+        "--after",
+        "a,b,c,d",
+        "--traffic",
+        log.to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["keys"], 201);
+    assert_eq!(v["traffic"]["requests"], 1200);
+    // Each moved cold key loses one request; the hot key, if it moved, a thousand.
+    let (requests, keys) = (v["traffic"]["moved"].as_u64().expect("n"), v["moved"].as_u64().expect("n"));
+    assert!(requests == keys || requests == keys - 1 + 1000, "{v}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn choices_reproduces_mitzenmacher_at_a_million() {
+    let o = keyroute(&["sim", "choices", "--bins", "1000000", "--balls", "1000000", "--choices", "1,2", "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let one = v["results"][0]["max_load"][0].as_u64().expect("n");
+    let two = v["results"][1]["max_load"][0].as_u64().expect("n");
+    assert!((8..=10).contains(&one), "{one}");
+    assert!((3..=4).contains(&two), "{two}");
+}
+
+#[test]
+fn place_prints_key_tab_node_lines_with_replicas() {
+    let o = keyroute(&["place", "--strategy", "rendezvous", "--nodes", "a,b,c", "--replicas", "2", "k1", "k2"]);
+    assert!(o.status.success());
+    let text = stdout(&o);
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!((lines[0][0], lines[1][0]), ("k1", "k2"));
+    for l in &lines {
+        assert_eq!(l.len(), 3);
+        assert_ne!(l[1], l[2]);
+        assert!(["a", "b", "c"].contains(&l[1]) && ["a", "b", "c"].contains(&l[2]));
+    }
+}
+
+#[test]
+fn place_streams_stdin_in_order_and_agrees_with_arguments() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keyroute"))
+        .args(["place", "-s", "ring", "-n", "x,y:weight=2,z", "-r", "3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut input = String::new();
+    for i in 0..20_000 {
+        input.push_str(&format!("key-{i}\r\n"));
+    }
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().expect("output");
+    writer.join().expect("join").expect("write");
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 20_000);
+    assert!(lines[7].starts_with("key-7\t"));
+    let single = stdout(&keyroute(&["place", "-s", "ring", "-n", "x,y:weight=2,z", "-r", "3", "key-7"]));
+    assert_eq!(single.trim_end(), lines[7]);
+}
+
+#[test]
+fn place_json_and_zone_awareness() {
+    let o = keyroute(&[
+        "place",
+        "-s",
+        "rendezvous",
+        "-n",
+        "a:zone=1,b:zone=1,c:zone=2",
+        "-r",
+        "2",
+        "--zone-aware",
+        "--json",
+        "k",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let nodes: Vec<&str> = v["nodes"].as_array().expect("array").iter().filter_map(|n| n.as_str()).collect();
+    assert_eq!(nodes.len(), 2);
+    assert!(nodes.contains(&"c"), "zone 2 must be used: {nodes:?}");
+}
+
+#[test]
+fn usage_errors_exit_64_and_say_what_is_wrong() {
+    for (args, needle) in [
+        (vec!["place", "--strategy", "fastest", "-n", "a", "k"], "valid: modulo, ring"),
+        (vec!["place", "-n", "a,b:weight=two", "k"], "token 2 ('b:weight=two')"),
+        (vec!["place", "-s", "p2c", "-n", "a", "k"], "does not place by key"),
+        (vec!["sim", "balance", "-s", "jump", "-n", "a:weight=3", "--keys", "10"], "jump hash cannot weight"),
+        (vec!["sim", "fleet", "--scenario", "nope"], "unknown scenario 'nope'"),
+        (vec!["sim", "fleet", "--rate", "0"], "rate must be > 0"),
+        (vec!["sim", "choices", "--choices", "0"], "choices must be"),
+        (vec!["place", "--replicas", "0", "-n", "a", "k"], "--replicas"),
+        (vec!["nonsense"], "unrecognized subcommand"),
+    ] {
+        let o = keyroute(&args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let o = keyroute(&["sim", "remap", "--before", "a", "--after", "a,b", "--keys-file", "/nonexistent/keys"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/keys"));
+}
+
+#[test]
+fn every_command_has_help() {
+    for args in [
+        vec!["--help"],
+        vec!["place", "--help"],
+        vec!["sim", "--help"],
+        vec!["sim", "fleet", "--help"],
+        vec!["sim", "remap", "--help"],
+    ] {
+        let o = keyroute(&args);
+        assert!(o.status.success(), "{args:?}");
+        assert!(stdout(&o).contains("Usage"), "{args:?}");
+    }
+}
+
+#[test]
+fn fleet_runs_a_small_scenario_and_writes_a_report() {
+    let dir = std::env::temp_dir().join(format!("keyroute-cli-fleet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let report = dir.join("r.html");
+    let o = keyroute(&[
+        "sim",
+        "fleet",
+        "--scenario",
+        "scale-out",
+        "--strategies",
+        "modulo,rendezvous",
+        "--requests",
+        "20000",
+        "--report",
+        report.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    assert!(text.contains("rendezvous") && text.contains("modulo"), "{text}");
+    let html = std::fs::read_to_string(&report).expect("report");
+    assert!(html.contains("<svg") && html.contains("latency CDF"));
+    std::fs::remove_dir_all(&dir).ok();
+}
