@@ -23,6 +23,57 @@ pub enum Command {
     /// Simulations: what moves, what balances, what a fleet does under each strategy.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// Run the gateway: an HTTP reverse proxy that places requests on workers by key.
+    Serve(ServeArgs),
+    /// Run a thumbnail worker: resizes images and caches them on local disk.
+    Worker(WorkerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The configuration file (TOML; see examples/keyroute.toml).
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+    /// Validate the configuration and exit (0 if valid, 64 if not).
+    #[arg(long)]
+    pub check: bool,
+    /// Reload the configuration when the file changes (SIGHUP always reloads).
+    #[arg(long)]
+    pub watch: bool,
+    /// Worker threads (default: one per core; 1 runs everything on one thread).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Log filter (RUST_LOG syntax), e.g. info or keyroute_gateway=debug.
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:9001")]
+    pub listen: std::net::SocketAddr,
+    /// The directory of source images.
+    #[arg(long)]
+    pub images: PathBuf,
+    /// The directory for cached thumbnails (created if missing).
+    #[arg(long)]
+    pub cache_dir: PathBuf,
+    /// The cache's size limit in bytes (least recently used thumbnails are evicted).
+    #[arg(long, default_value_t = keyroute_worker::DEFAULT_CACHE_BYTES)]
+    pub cache_bytes: u64,
+    /// The worker's name (sent as X-Worker).
+    #[arg(long, default_value = "worker")]
+    pub name: String,
+    /// Make every cache miss this many times slower (experiments).
+    #[arg(long, default_value_t = 1.0)]
+    pub slowdown: f64,
+    /// First generate this many procedural source images into --images.
+    #[arg(long)]
+    pub generate: Option<usize>,
+    /// Log filter.
+    #[arg(long, default_value = "info")]
+    pub log: String,
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,6 +3,7 @@
 
 mod cli;
 mod place;
+mod serve;
 mod sim;
 
 use std::fmt;
@@ -42,6 +43,8 @@ fn main() -> ExitCode {
         Command::Sim(SimCommand::Balance(args)) => sim::balance(&args),
         Command::Sim(SimCommand::Choices(args)) => sim::choices(&args),
         Command::Sim(SimCommand::Fleet(args)) => sim::fleet(&args),
+        Command::Serve(args) => serve::serve(&args),
+        Command::Worker(args) => serve::worker(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -42,6 +42,11 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     Ok(())
 }
 
+fn print_text(text: &str) -> Result<()> {
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(())
+}
+
 pub fn remap(args: &RemapArgs) -> Result<()> {
     let strategy = args.strategy.strategy()?;
     let options = args.strategy.options()?;
@@ -49,7 +54,7 @@ pub fn remap(args: &RemapArgs) -> Result<()> {
     let after = parse_nodes("--after", &args.after)?;
     let keys = key_set(&args.keys, args.traffic.as_deref())?;
     let r = keyroute_sim::remap(strategy, &options, &before, &after, &keys).map_err(sim_error)?;
-    if args.json { print_json(&r) } else { Ok(print!("{}", report::remap_text(&r))) }
+    if args.json { print_json(&r) } else { print_text(&report::remap_text(&r)) }
 }
 
 pub fn balance(args: &BalanceArgs) -> Result<()> {
@@ -58,12 +63,12 @@ pub fn balance(args: &BalanceArgs) -> Result<()> {
     let nodes = parse_nodes("--nodes", &args.nodes)?;
     let keys = key_set(&args.keys, None)?;
     let r = keyroute_sim::balance(strategy, &options, &nodes, &keys).map_err(sim_error)?;
-    if args.json { print_json(&r) } else { Ok(print!("{}", report::balance_text(&r))) }
+    if args.json { print_json(&r) } else { print_text(&report::balance_text(&r)) }
 }
 
 pub fn choices(args: &ChoicesArgs) -> Result<()> {
     let r = keyroute_sim::choices(args.bins, args.balls, &args.choices, args.seed, args.runs).map_err(sim_error)?;
-    if args.json { print_json(&r) } else { Ok(print!("{}", report::choices_text(&r))) }
+    if args.json { print_json(&r) } else { print_text(&report::choices_text(&r)) }
 }
 
 /// A scenario's configuration for one strategy, with the user's overrides.

@@ -154,10 +154,10 @@ impl FleetConfig {
                 return bad("a change's time must be in [0, 1]");
             }
             match c.change {
-                Change::SlowWorker { worker, factor } => {
-                    if worker >= self.workers || !(factor.is_finite() && factor >= 1.0) {
-                        return bad("slow-worker needs an existing worker and a factor >= 1");
-                    }
+                Change::SlowWorker { worker, factor }
+                    if worker >= self.workers || !(factor.is_finite() && factor >= 1.0) =>
+                {
+                    return bad("slow-worker needs an existing worker and a factor >= 1");
                 }
                 Change::HotKey { share } if !(share > 0.0 && share < 1.0) => {
                     return bad("hot-key share must be in (0, 1)");
@@ -415,11 +415,11 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                                     g.snapshot.push(0);
                                     g.own_since.push(0);
                                 }
-                            } else if next_members.len() > 1 {
-                                if let Some(gone) = next_members.pop() {
-                                    workers[gone].member = false;
-                                    workers[gone].left = Some(now);
-                                }
+                            } else if next_members.len() > 1
+                                && let Some(gone) = next_members.pop()
+                            {
+                                workers[gone].member = false;
+                                workers[gone].left = Some(now);
                             }
                             let set = node_set(&next_members, &workers)?;
                             let next: Vec<Policy> =
@@ -452,7 +452,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                     }
                 }
                 arrived += 1;
-                if arrived % 65_536 == 0 {
+                if arrived.is_multiple_of(65_536) {
                     progress(arrived);
                 }
                 let key =

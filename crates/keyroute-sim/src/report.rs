@@ -262,13 +262,7 @@ fn line_chart(title: &str, x_title: &str, y_title: &str, series: &[(String, Vec<
 }
 
 fn short(v: f64) -> String {
-    if v.abs() >= 1000.0 {
-        format!("{:.0}", v)
-    } else if v.abs() >= 10.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
+    if v.abs() >= 10.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
 
 /// A self-contained HTML page: for each scenario, its table, the latency CDF of every strategy,

@@ -1,0 +1,145 @@
+//! `keyroute serve` and `keyroute worker`: process glue (runtime, logging, signals) around the
+//! gateway and worker libraries.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use keyroute_gateway::{Config, Gateway, GatewayHandle};
+
+use crate::Usage;
+use crate::cli::{ServeArgs, WorkerArgs};
+
+pub fn init_logging(filter: &str) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| Usage(format!("--log: {e}")))?;
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    Ok(())
+}
+
+pub fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let rt = match threads {
+        Some(0) => return Err(Usage("--threads: must be at least 1".into()).into()),
+        Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    };
+    rt.context("starting the async runtime")
+}
+
+pub fn serve(args: &ServeArgs) -> Result<()> {
+    let config = Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    if args.check {
+        println!(
+            "{}: ok ({} listener(s), {} pool(s), {} worker(s))",
+            args.config.display(),
+            config.listeners.len(),
+            config.pools.len(),
+            config.pools.iter().map(|p| p.workers.len()).sum::<usize>()
+        );
+        return Ok(());
+    }
+    init_logging(&args.log)?;
+    let rt = runtime(args.threads)?;
+    rt.block_on(async {
+        let gateway = Gateway::bind(config).await.context("starting the gateway")?;
+        for addr in gateway.local_addrs() {
+            tracing::info!(%addr, "listening");
+        }
+        tracing::info!(addr = %gateway.admin_addr(), "admin API listening");
+        let handle = gateway.handle();
+        spawn_reloaders(handle, args.config.clone(), args.watch);
+        gateway.run(shutdown_signal()).await.context("serving")?;
+        Ok(())
+    })
+}
+
+fn reload(handle: &GatewayHandle, path: &Path, why: &str) {
+    match handle.reload_file(path) {
+        Ok(()) => tracing::info!(file = %path.display(), trigger = why, "reloaded"),
+        Err(e) => {
+            tracing::error!(file = %path.display(), trigger = why, error = %e, "reload refused; the old configuration serves on")
+        }
+    }
+}
+
+fn spawn_reloaders(handle: GatewayHandle, path: std::path::PathBuf, watch: bool) {
+    #[cfg(unix)]
+    {
+        let (handle, path) = (handle.clone(), path.clone());
+        tokio::spawn(async move {
+            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+            while hup.recv().await.is_some() {
+                reload(&handle, &path, "SIGHUP");
+            }
+        });
+    }
+    if watch {
+        tokio::spawn(async move {
+            let stamp = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            let mut last = stamp(&path);
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let now = stamp(&path);
+                if now != last {
+                    last = now;
+                    reload(&handle, &path, "file changed");
+                }
+            }
+        });
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = term => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown signal received");
+}
+
+pub fn worker(args: &WorkerArgs) -> Result<()> {
+    init_logging(&args.log)?;
+    if let Some(n) = args.generate {
+        let names = keyroute_worker::generate_images(&args.images, n, 1024, 768, 1)
+            .with_context(|| format!("generating images into {}", args.images.display()))?;
+        tracing::info!(count = names.len(), dir = %args.images.display(), "generated source images");
+    }
+    let config = keyroute_worker::WorkerConfig {
+        name: args.name.clone(),
+        images: args.images.clone(),
+        cache_dir: args.cache_dir.clone(),
+        cache_bytes: args.cache_bytes,
+        slowdown: args.slowdown,
+        ..keyroute_worker::WorkerConfig::default()
+    };
+    let rt = runtime(None)?;
+    rt.block_on(async {
+        let worker = keyroute_worker::Worker::bind(args.listen, config).await.map_err(|e| match e {
+            keyroute_worker::WorkerError::Config { .. } | keyroute_worker::WorkerError::ImagesDir { .. } => {
+                anyhow::Error::new(Usage(e.to_string()))
+            }
+            other => anyhow::Error::new(other),
+        })?;
+        tracing::info!(addr = %worker.local_addr(), name = %args.name, "worker listening");
+        worker.run(shutdown_signal()).await.context("serving")?;
+        Ok(())
+    })
+}

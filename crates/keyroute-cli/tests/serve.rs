@@ -1,0 +1,145 @@
+//! `keyroute serve` and `keyroute worker` as processes: logs tell the bound ports, signals reload
+//! and stop them.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_keyroute"))
+}
+
+/// Spawns a process and waits (up to 20 s) for log lines containing each needle; returns the
+/// `addr=` value of each.
+fn spawn_and_wait(cmd: &mut Command, needles: &[&str]) -> (Child, Vec<SocketAddr>, mpsc::Receiver<String>) {
+    let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut addrs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for needle in needles {
+        loop {
+            let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("log line in time");
+            if line.contains(needle) {
+                let addr = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()).expect("addr=");
+                addrs.push(addr.parse().expect("socket address"));
+                break;
+            }
+        }
+    }
+    (child, addrs, rx)
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").expect("write");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).expect("read");
+    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("headers end");
+    let head = String::from_utf8_lossy(&buf[..split]).into_owned();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
+    (status, head.to_ascii_lowercase(), buf[split + 4..].to_vec())
+}
+
+fn kill(child: &Child, signal: &str) {
+    let ok = Command::new("kill").args([signal, &child.id().to_string()]).status().expect("kill").success();
+    assert!(ok);
+}
+
+#[test]
+fn check_validates_and_names_the_line() {
+    let dir = std::env::temp_dir().join(format!("keyroute-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/keyroute.toml");
+    let o = bin().args(["serve", "--config", example, "--check"]).output().expect("run");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bad = dir.join("bad.toml");
+    let text = std::fs::read_to_string(example).expect("example").replace("rise = 2", "rise = 2\nrize = 3");
+    std::fs::write(&bad, text).expect("write");
+    let o = bin().args(["serve", "--config", bad.to_str().expect("utf8"), "--check"]).output().expect("run");
+    assert_eq!(o.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.toml:") && err.contains("pool.health.rize") && err.contains("unknown field"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn gateway_and_workers_as_processes_with_reload_and_shutdown() {
+    let dir = std::env::temp_dir().join(format!("keyroute-serve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let images = dir.join("images");
+    let mut workers = Vec::new();
+    let mut worker_addrs = Vec::new();
+    for i in 0..2 {
+        let cache = dir.join(format!("cache-{i}"));
+        let mut cmd = bin();
+        cmd.args(["worker", "--listen", "127.0.0.1:0", "--name", &format!("w{i}"), "--images"])
+            .arg(&images)
+            .arg("--cache-dir")
+            .arg(&cache);
+        if i == 0 {
+            cmd.args(["--generate", "3"]);
+        } else {
+            // The first worker generates the images; wait for it before starting the second.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (child, addrs, _) = spawn_and_wait(&mut cmd, &["worker listening"]);
+        workers.push(child);
+        worker_addrs.push(addrs[0]);
+    }
+    let config = dir.join("gw.toml");
+    let write_config = |extra: &str| {
+        let mut text = format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[[pool]]\nname = \"thumbs\"\nstrategy = \"rendezvous\"\nkey = \"{{path}}?w={{query.w}}&h={{query.h}}\"\nworker_header = \"x-keyroute-worker\"\n{extra}\n"
+        );
+        for (i, a) in worker_addrs.iter().enumerate() {
+            text.push_str(&format!("[[pool.worker]]\nname = \"w{i}\"\naddress = \"{a}\"\n"));
+        }
+        std::fs::write(&config, text).expect("config");
+    };
+    write_config("");
+    let (mut gw, addrs, logs) = spawn_and_wait(
+        bin().args(["serve", "--threads", "1", "--config"]).arg(&config),
+        &["listening", "admin API listening"],
+    );
+    let (front, _admin) = (addrs[0], addrs[1]);
+    let (status, head, body) = http_get(front, "/thumb/img-001.jpg?w=100&h=100");
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("content-type: image/jpeg") && head.contains("x-cache: miss"), "{head}");
+    assert_eq!(&body[..2], b"\xff\xd8", "a JPEG");
+    let owner = head.lines().find_map(|l| l.strip_prefix("x-keyroute-worker: ")).expect("worker header").to_owned();
+    let (_, head, _) = http_get(front, "/thumb/img-001.jpg?w=100&h=100");
+    assert!(head.contains("x-cache: hit") && head.contains(&format!("x-keyroute-worker: {owner}")), "{head}");
+    // A bad reload is refused and logged; the gateway serves on.
+    write_config("colour = \"blue\"");
+    kill(&gw, "-HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = logs.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("reload log");
+        if line.contains("reload refused") {
+            assert!(line.contains("gw.toml:") && line.contains("colour"), "{line}");
+            break;
+        }
+    }
+    assert_eq!(http_get(front, "/thumb/img-002.jpg?w=64&h=64").0, 200);
+    // SIGTERM: a clean exit.
+    kill(&gw, "-TERM");
+    let status = gw.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+    for mut w in workers {
+        kill(&w, "-TERM");
+        assert!(w.wait().expect("wait").success());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,698 @@
+//! Configuration: a TOML file, parsed into raw structs that reject unknown fields, then validated
+//! into the types the gateway runs with. Every error names the file, the line and the field.
+//!
+//! See `examples/keyroute.toml` at the repository root for an annotated example of every field.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+use http::HeaderName;
+use keyroute::hash::KeyHasher;
+use keyroute::{Options, RingScheme, Strategy};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::key::KeyTemplate;
+
+/// A configuration error: where, which field, and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {field}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The configuration file.
+    pub file: String,
+    /// The 1-based line, when known.
+    pub line: Option<usize>,
+    /// The field, as a dotted path (`pool.thumbs.strategy`).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The admin API.
+    pub admin: AdminConfig,
+    /// Client-facing listeners, each with its routes.
+    pub listeners: Vec<ListenerConfig>,
+    /// Worker pools.
+    pub pools: Vec<PoolConfig>,
+    /// How long SIGTERM waits for in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+/// The admin listener.
+#[derive(Clone, Debug)]
+pub struct AdminConfig {
+    /// Where it listens (loopback by default).
+    pub listen: SocketAddr,
+    /// The bearer token; required when `listen` is not a loopback address.
+    pub token: Option<String>,
+}
+
+/// A client-facing listener.
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
+    /// Its name (for logs).
+    pub name: String,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Requests whose headers exceed this get 431.
+    pub max_header_bytes: usize,
+    /// Routes, tried in order.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// A route: requests matching host and path prefix go to a pool.
+#[derive(Clone, Debug)]
+pub struct RouteConfig {
+    /// The host to match (case-insensitive, port ignored); any host if `None`.
+    pub host: Option<String>,
+    /// The path prefix to match.
+    pub path_prefix: String,
+    /// The pool's index in [`Config::pools`].
+    pub pool: usize,
+}
+
+/// What to do with a request whose key template cannot be rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Route it by power of two choices instead.
+    P2c,
+    /// Answer 400 with the missing part named.
+    Reject,
+}
+
+/// A pool of workers and how requests are placed on them.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Its name.
+    pub name: String,
+    /// The placement strategy.
+    pub strategy: Strategy,
+    /// The strategy's options.
+    pub options: Options,
+    /// The key template.
+    pub key: KeyTemplate,
+    /// When the key is missing.
+    pub on_missing_key: MissingKey,
+    /// A response header naming the worker that served, if set.
+    pub worker_header: Option<HeaderName>,
+    /// Active health checks.
+    pub health: HealthConfig,
+    /// Passive ejection.
+    pub passive: PassiveConfig,
+    /// Retries.
+    pub retry: RetryConfig,
+    /// Upstream timeouts.
+    pub connect_timeout: Duration,
+    /// The workers.
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// Active HTTP health checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// The path probed with GET (`None` disables active checks).
+    pub path: Option<String>,
+    /// Between probes of one worker.
+    pub interval: Duration,
+    /// A probe slower than this fails.
+    pub timeout: Duration,
+    /// Consecutive successes that make an unhealthy worker healthy.
+    pub rise: u32,
+    /// Consecutive failures that make a healthy worker unhealthy.
+    pub fall: u32,
+}
+
+/// Passive ejection: consecutive connect errors or 5xx responses take a worker out for a while.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassiveConfig {
+    /// Consecutive failures that eject (0 disables).
+    pub consecutive_failures: u32,
+    /// The first ejection's length; each further ejection in a row doubles it.
+    pub base_ejection: Duration,
+    /// The longest ejection.
+    pub max_ejection: Duration,
+}
+
+/// Retries on the next worker of the key's ranking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryConfig {
+    /// Tries in all (1 = no retry).
+    pub attempts: u32,
+    /// Time to the response headers of one try.
+    pub per_try_timeout: Duration,
+    /// Time to the response headers over all tries.
+    pub deadline: Duration,
+}
+
+/// One worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Its name: its identity for placement.
+    pub name: String,
+    /// Where it listens.
+    pub address: SocketAddr,
+    /// Its weight (0 = drained).
+    pub weight: u32,
+    /// Its zone.
+    pub zone: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    admin: Option<RawAdmin>,
+    #[serde(default)]
+    listener: Vec<RawListener>,
+    #[serde(default)]
+    pool: Vec<RawPool>,
+    shutdown_grace_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: Option<Spanned<String>>,
+    token: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListener {
+    name: Option<String>,
+    listen: Spanned<String>,
+    max_header_bytes: Option<Spanned<usize>>,
+    #[serde(default)]
+    route: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    host: Option<String>,
+    path_prefix: Option<Spanned<String>>,
+    pool: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    name: Spanned<String>,
+    strategy: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    normalize: Option<Spanned<Vec<String>>>,
+    on_missing_key: Option<Spanned<String>>,
+    hash: Option<Spanned<String>>,
+    scheme: Option<Spanned<String>>,
+    vnodes: Option<Spanned<u32>>,
+    maglev_size: Option<Spanned<u32>>,
+    epsilon: Option<Spanned<f64>>,
+    choices: Option<Spanned<usize>>,
+    worker_header: Option<Spanned<String>>,
+    connect_timeout_ms: Option<Spanned<u64>>,
+    health: Option<RawHealth>,
+    passive: Option<RawPassive>,
+    retry: Option<RawRetry>,
+    #[serde(default)]
+    worker: Vec<RawWorker>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    path: Option<Spanned<String>>,
+    interval_ms: Option<Spanned<u64>>,
+    timeout_ms: Option<Spanned<u64>>,
+    rise: Option<Spanned<u32>>,
+    fall: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPassive {
+    consecutive_failures: Option<u32>,
+    base_ejection_ms: Option<Spanned<u64>>,
+    max_ejection_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    attempts: Option<Spanned<u32>>,
+    per_try_timeout_ms: Option<Spanned<u64>>,
+    deadline_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorker {
+    name: Spanned<String>,
+    address: Spanned<String>,
+    weight: Option<Spanned<u32>>,
+    zone: Option<String>,
+}
+
+/// Errors carry the file and compute lines from byte offsets.
+struct Ctx<'a> {
+    file: String,
+    src: &'a str,
+}
+
+impl Ctx<'_> {
+    fn line(&self, offset: usize) -> usize {
+        self.src.as_bytes()[..offset.min(self.src.len())].iter().filter(|&&b| b == b'\n').count() + 1
+    }
+
+    fn err<T>(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Result<T, ConfigError> {
+        Err(ConfigError {
+            file: self.file.clone(),
+            line: span.map(|s| self.line(s.start)),
+            field: field.into(),
+            message: message.into(),
+        })
+    }
+}
+
+fn ms(v: Option<&Spanned<u64>>, default: u64) -> Duration {
+    Duration::from_millis(v.map_or(default, |s| *s.get_ref()))
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, is not valid TOML, has an unknown field, or a value is invalid.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            line: None,
+            field: "(file)".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(&src, &path.display().to_string())
+    }
+
+    /// Validates configuration text (`file` names it in errors).
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load`].
+    pub fn parse(src: &str, file: &str) -> Result<Config, ConfigError> {
+        let ctx = Ctx { file: file.to_owned(), src };
+        let raw: RawConfig = toml::from_str(src).map_err(|e| {
+            let line = e.span().map(|s| ctx.line(s.start));
+            // toml's message already quotes the offending key; keep its first line.
+            let message = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
+            let field = e.span().map(|s| field_at(src, s.start)).unwrap_or_else(|| "(toml)".into());
+            ConfigError { file: file.to_owned(), line, field, message }
+        })?;
+        validate(&ctx, raw)
+    }
+}
+
+/// The dotted field at a byte offset: the enclosing `[table]` or `[[array]]` header, and the key on
+/// that line (`pool.worker.weight`).
+fn field_at(src: &str, offset: usize) -> String {
+    let offset = offset.min(src.len());
+    let start = src[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let end = src[offset..].find('\n').map_or(src.len(), |i| offset + i);
+    let line = &src[start..end];
+    let key = line.split_once('=').map(|(k, _)| k.trim().trim_matches('"')).filter(|k| !k.is_empty());
+    let table = src[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    match (table, key) {
+        (Some(t), Some(k)) => format!("{t}.{k}"),
+        (None, Some(k)) => k.to_owned(),
+        (Some(t), None) => t,
+        (None, None) => "(toml)".into(),
+    }
+}
+
+fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
+    let admin = match raw.admin {
+        None => AdminConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9901)), token: None },
+        Some(a) => {
+            let listen = match &a.listen {
+                None => SocketAddr::from(([127, 0, 0, 1], 9901)),
+                Some(l) => parse_addr(ctx, l, "admin.listen")?,
+            };
+            let token = a.token.as_ref().map(|t| t.get_ref().clone());
+            if let Some(t) = &a.token
+                && t.get_ref().len() < 16
+            {
+                return ctx.err(Some(t.span()), "admin.token", "must be at least 16 characters");
+            }
+            if !listen.ip().is_loopback() && token.is_none() {
+                return ctx.err(
+                    a.listen.as_ref().map(Spanned::span),
+                    "admin.listen",
+                    format!("{listen} is not a loopback address, so admin.token is required"),
+                );
+            }
+            AdminConfig { listen, token }
+        }
+    };
+    let mut pools = Vec::new();
+    for p in &raw.pool {
+        let name = p.name.get_ref().clone();
+        if name.is_empty() {
+            return ctx.err(Some(p.name.span()), "pool.name", "must not be empty");
+        }
+        if pools.iter().any(|q: &PoolConfig| q.name == name) {
+            return ctx.err(Some(p.name.span()), "pool.name", format!("duplicate pool '{name}'"));
+        }
+        pools.push(validate_pool(ctx, p, &name)?);
+    }
+    let mut listeners = Vec::new();
+    if raw.listener.is_empty() {
+        return ctx.err(None, "listener", "at least one [[listener]] is required");
+    }
+    for (i, l) in raw.listener.iter().enumerate() {
+        let name = l.name.clone().unwrap_or_else(|| format!("listener-{}", i + 1));
+        let field = |f: &str| format!("listener.{name}.{f}");
+        let listen = parse_addr(ctx, &l.listen, &field("listen"))?;
+        let max_header_bytes = match &l.max_header_bytes {
+            None => 16 * 1024,
+            Some(m) if (8192..=1 << 20).contains(m.get_ref()) => *m.get_ref(),
+            Some(m) => return ctx.err(Some(m.span()), field("max_header_bytes"), "must be in 8192..=1048576"),
+        };
+        let mut routes = Vec::new();
+        for r in &l.route {
+            let Some(pool) = pools.iter().position(|p| p.name == *r.pool.get_ref()) else {
+                let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+                return ctx.err(
+                    Some(r.pool.span()),
+                    field("route.pool"),
+                    format!("no pool named '{}' (pools: {})", r.pool.get_ref(), known.join(", ")),
+                );
+            };
+            let path_prefix = r.path_prefix.as_ref().map_or("/".to_owned(), |p| p.get_ref().clone());
+            if !path_prefix.starts_with('/') {
+                let span = r.path_prefix.as_ref().map(Spanned::span);
+                return ctx.err(span, field("route.path_prefix"), "must start with '/'");
+            }
+            routes.push(RouteConfig { host: r.host.as_ref().map(|h| h.to_ascii_lowercase()), path_prefix, pool });
+        }
+        if routes.is_empty() {
+            if pools.len() == 1 {
+                routes.push(RouteConfig { host: None, path_prefix: "/".into(), pool: 0 });
+            } else {
+                return ctx.err(
+                    Some(l.listen.span()),
+                    field("route"),
+                    "a listener needs routes when there are several pools",
+                );
+            }
+        }
+        listeners.push(ListenerConfig { name, listen, max_header_bytes, routes });
+    }
+    Ok(Config { admin, listeners, pools, shutdown_grace: ms(raw.shutdown_grace_ms.as_ref(), 10_000) })
+}
+
+fn parse_addr(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<SocketAddr, ConfigError> {
+    let text = s.get_ref();
+    if let Ok(a) = text.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    match text.to_socket_addrs().map(|mut it| it.next()) {
+        Ok(Some(a)) => Ok(a),
+        _ => ctx.err(Some(s.span()), field, format!("'{text}' is not an address (host:port)")),
+    }
+}
+
+fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
+    let strategy = match &p.strategy {
+        None => Strategy::Rendezvous,
+        Some(s) => match s.get_ref().parse::<Strategy>() {
+            Ok(st) => st,
+            Err(e) => return ctx.err(Some(s.span()), field("strategy"), e.to_string()),
+        },
+    };
+    let mut options = Options::default();
+    if let Some(h) = &p.hash {
+        options.hasher = match h.get_ref().parse::<KeyHasher>() {
+            Ok(h) => h,
+            Err(e) => return ctx.err(Some(h.span()), field("hash"), e.to_string()),
+        };
+    }
+    if let Some(s) = &p.scheme {
+        options.scheme = match s.get_ref().parse::<RingScheme>() {
+            Ok(s) => s,
+            Err(e) => return ctx.err(Some(s.span()), field("scheme"), e.to_string()),
+        };
+    }
+    if let Some(v) = &p.vnodes {
+        if *v.get_ref() == 0 || *v.get_ref() > 10_000 {
+            return ctx.err(Some(v.span()), field("vnodes"), "must be in 1..=10000");
+        }
+        options.vnodes = *v.get_ref();
+    }
+    if let Some(m) = &p.maglev_size {
+        options.maglev_size = *m.get_ref();
+    }
+    if let Some(e) = &p.epsilon {
+        if !(e.get_ref().is_finite() && *e.get_ref() >= 0.0) {
+            return ctx.err(Some(e.span()), field("epsilon"), "must be finite and >= 0");
+        }
+        options.epsilon = *e.get_ref();
+    }
+    if let Some(c) = &p.choices {
+        if *c.get_ref() == 0 || *c.get_ref() > 16 {
+            return ctx.err(Some(c.span()), field("choices"), "must be in 1..=16");
+        }
+        options.choices = *c.get_ref();
+    }
+    let normalize = p.normalize.as_ref().map(|n| n.get_ref().clone()).unwrap_or_default();
+    let key_text = p.key.as_ref().map_or("{uri}".to_owned(), |k| k.get_ref().clone());
+    let key = match KeyTemplate::parse(&key_text, &normalize) {
+        Ok(k) => k,
+        Err(e) => {
+            let (span, f) = if e.contains("normalisation") {
+                (p.normalize.as_ref().map(Spanned::span), field("normalize"))
+            } else {
+                (p.key.as_ref().map(Spanned::span), field("key"))
+            };
+            return ctx.err(span, f, e);
+        }
+    };
+    let on_missing_key = match p.on_missing_key.as_ref().map(|s| s.get_ref().as_str()) {
+        None | Some("p2c") => MissingKey::P2c,
+        Some("reject") => MissingKey::Reject,
+        Some(other) => {
+            return ctx.err(
+                p.on_missing_key.as_ref().map(Spanned::span),
+                field("on_missing_key"),
+                format!("'{other}' is not one of: p2c, reject"),
+            );
+        }
+    };
+    let worker_header = match &p.worker_header {
+        None => None,
+        Some(h) => match HeaderName::try_from(h.get_ref().as_str()) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return ctx.err(
+                    Some(h.span()),
+                    field("worker_header"),
+                    format!("'{}' is not a header name", h.get_ref()),
+                );
+            }
+        },
+    };
+    let health = match &p.health {
+        None => HealthConfig {
+            path: None,
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+        },
+        Some(h) => {
+            let path = h.path.as_ref().map(|p| p.get_ref().clone());
+            if let (Some(p), Some(s)) = (&path, &h.path)
+                && !p.starts_with('/')
+            {
+                return ctx.err(Some(s.span()), field("health.path"), "must start with '/'");
+            }
+            let rise = h.rise.as_ref().map_or(2, |r| *r.get_ref());
+            let fall = h.fall.as_ref().map_or(3, |f| *f.get_ref());
+            if rise == 0 {
+                return ctx.err(h.rise.as_ref().map(Spanned::span), field("health.rise"), "must be at least 1");
+            }
+            if fall == 0 {
+                return ctx.err(h.fall.as_ref().map(Spanned::span), field("health.fall"), "must be at least 1");
+            }
+            let interval = ms(h.interval_ms.as_ref(), 2000);
+            if interval < Duration::from_millis(10) {
+                return ctx.err(
+                    h.interval_ms.as_ref().map(Spanned::span),
+                    field("health.interval_ms"),
+                    "must be at least 10",
+                );
+            }
+            HealthConfig {
+                path: path.or(Some("/healthz".into())),
+                interval,
+                timeout: ms(h.timeout_ms.as_ref(), 1000),
+                rise,
+                fall,
+            }
+        }
+    };
+    let passive = match &p.passive {
+        None => PassiveConfig {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(10),
+            max_ejection: Duration::from_secs(300),
+        },
+        Some(x) => PassiveConfig {
+            consecutive_failures: x.consecutive_failures.unwrap_or(5),
+            base_ejection: ms(x.base_ejection_ms.as_ref(), 10_000),
+            max_ejection: ms(x.max_ejection_ms.as_ref(), 300_000),
+        },
+    };
+    let retry = match &p.retry {
+        None => {
+            RetryConfig { attempts: 3, per_try_timeout: Duration::from_secs(30), deadline: Duration::from_secs(60) }
+        }
+        Some(r) => {
+            let attempts = r.attempts.as_ref().map_or(3, |a| *a.get_ref());
+            if attempts == 0 || attempts > 10 {
+                return ctx.err(r.attempts.as_ref().map(Spanned::span), field("retry.attempts"), "must be in 1..=10");
+            }
+            RetryConfig {
+                attempts,
+                per_try_timeout: ms(r.per_try_timeout_ms.as_ref(), 30_000),
+                deadline: ms(r.deadline_ms.as_ref(), 60_000),
+            }
+        }
+    };
+    let mut workers: Vec<WorkerConfig> = Vec::new();
+    for w in &p.worker {
+        let wname = w.name.get_ref().clone();
+        if wname.is_empty() {
+            return ctx.err(Some(w.name.span()), field("worker.name"), "must not be empty");
+        }
+        if workers.iter().any(|x| x.name == wname) {
+            return ctx.err(Some(w.name.span()), field("worker.name"), format!("duplicate worker '{wname}'"));
+        }
+        let address = parse_addr(ctx, &w.address, &field(&format!("worker.{wname}.address")))?;
+        workers.push(WorkerConfig {
+            name: wname,
+            address,
+            weight: w.weight.as_ref().map_or(1, |x| *x.get_ref()),
+            zone: w.zone.clone().filter(|z| !z.is_empty()),
+        });
+    }
+    // Build the strategy once so that its errors (jump with weights, a Maglev size that is not a
+    // prime...) surface now, with the pool named, instead of at the first request.
+    let nodes = crate::pool::node_set(&workers).map_err(|e| ConfigError {
+        file: ctx.file.clone(),
+        line: Some(ctx.line(p.name.span().start)),
+        field: field("worker"),
+        message: e.to_string(),
+    })?;
+    if let Err(e) = keyroute::Policy::build(strategy, nodes, &options) {
+        return ctx.err(
+            p.strategy.as_ref().map(Spanned::span).or(Some(p.name.span())),
+            field("strategy"),
+            e.to_string(),
+        );
+    }
+    Ok(PoolConfig {
+        name: name.to_owned(),
+        strategy,
+        options,
+        key,
+        on_missing_key,
+        worker_header,
+        health,
+        passive,
+        retry,
+        connect_timeout: ms(p.connect_timeout_ms.as_ref(), 2_000),
+        workers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[listener]]
+listen = "127.0.0.1:0"
+
+[[pool]]
+name = "thumbs"
+strategy = "rendezvous"
+key = "{path}?w={query.w}"
+
+[[pool.worker]]
+name = "w1"
+address = "127.0.0.1:9001"
+
+[[pool.worker]]
+name = "w2"
+address = "127.0.0.1:9002"
+weight = 2
+"#;
+
+    #[test]
+    fn a_good_config_validates() {
+        let c = Config::parse(GOOD, "k.toml").expect("valid");
+        assert_eq!(c.pools[0].workers.len(), 2);
+        assert_eq!(c.listeners[0].routes[0].pool, 0);
+        assert!(c.admin.listen.ip().is_loopback());
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        for (edit, line, field, needle) in [
+            (
+                GOOD.replace("strategy = \"rendezvous\"", "strategy = \"fastest\""),
+                7,
+                "pool.thumbs.strategy",
+                "unknown strategy",
+            ),
+            (GOOD.replace("weight = 2", "weight = 2\ncolour = \"red\""), 18, "pool.worker.colour", "unknown field"),
+            (GOOD.replace("127.0.0.1:9002", "nowhere"), 16, "pool.thumbs.worker.w2.address", "not an address"),
+            (GOOD.replace("{path}?w={query.w}", "{path}?w={query.w"), 8, "pool.thumbs.key", "unclosed"),
+            (GOOD.replace("name = \"w2\"", "name = \"w1\""), 15, "pool.thumbs.worker.name", "duplicate worker"),
+            (GOOD.replace("weight = 2", "weight = -2"), 17, "pool.worker.weight", ""),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err("invalid");
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}");
+            assert!(err.message.contains(needle), "{err}");
+            assert!(err.to_string().starts_with(&format!("k.toml:{line}: {field}: ")), "{err}");
+        }
+    }
+
+    #[test]
+    fn jump_with_weights_is_refused_at_load() {
+        let err = Config::parse(&GOOD.replace("\"rendezvous\"", "\"jump\""), "k.toml").expect_err("weights");
+        assert!(err.message.contains("jump hash cannot weight"), "{err}");
+    }
+
+    #[test]
+    fn a_public_admin_listener_needs_a_token() {
+        let with_admin = format!("[admin]\nlisten = \"0.0.0.0:9901\"\n{GOOD}");
+        let err = Config::parse(&with_admin, "k.toml").expect_err("token");
+        assert_eq!(err.field, "admin.listen");
+        let ok = format!("[admin]\nlisten = \"0.0.0.0:9901\"\ntoken = \"0123456789abcdef\"\n{GOOD}");
+        assert!(Config::parse(&ok, "k.toml").is_ok());
+    }
+}

@@ -1,0 +1,339 @@
+//! Forwarding one request: route, key, decide, send, retry on the next-ranked worker, stream back.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use keyroute::Spill;
+use tokio::time::Instant;
+
+use crate::config::MissingKey;
+use crate::metrics::Outcome;
+use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
+
+/// The body type the gateway sends and returns.
+pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+
+/// The upstream HTTP/1.1 client: keep-alive pooled connections per worker.
+pub type Client = hyper_util::client::legacy::Client<HttpConnector, ProxyBody>;
+
+/// A client with this connect timeout.
+pub fn client(connect_timeout: Duration) -> Client {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+fn empty() -> ProxyBody {
+    Empty::<Bytes>::new().map_err(|never: Infallible| match never {}).boxed_unsync()
+}
+
+/// A small JSON error response.
+pub fn json_error(status: StatusCode, error: &str, detail: serde_json::Value) -> Response<ProxyBody> {
+    let mut body = serde_json::json!({ "error": error, "status": status.as_u16() });
+    if let (Some(map), serde_json::Value::Object(extra)) = (body.as_object_mut(), detail) {
+        map.extend(extra);
+    }
+    let bytes = Bytes::from(body.to_string() + "\n");
+    let mut resp = Response::new(Full::new(bytes).map_err(|never: Infallible| match never {}).boxed_unsync());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1) are not forwarded.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&listed) {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// Adds `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Forwarded`.
+fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
+    let ip = client.ip().to_string();
+    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip.clone(),
+    };
+    if let Ok(v) = HeaderValue::try_from(xff) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned);
+    if let Some(h) = &host
+        && let Ok(v) = HeaderValue::try_from(h.as_str())
+    {
+        headers.insert("x-forwarded-host", v);
+    }
+    let node = if client.is_ipv6() { format!("\"[{ip}]\"") } else { ip };
+    let mut fwd = format!("for={node};proto=http");
+    if let Some(h) = host.filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"')) {
+        fwd.push_str(&format!(";host=\"{h}\""));
+    }
+    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {fwd}"),
+        None => fwd,
+    };
+    if let Ok(v) = HeaderValue::try_from(value) {
+        headers.insert(header::FORWARDED, v);
+    }
+}
+
+/// A response body that holds its worker's in-flight count until it ends.
+struct Guarded {
+    inner: Incoming,
+    guard: Option<InFlight>,
+}
+
+impl Body for Guarded {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(poll, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.guard = None;
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn idempotent(m: &Method) -> bool {
+    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+}
+
+/// Why the last try failed.
+enum Failure {
+    Connect(String),
+    Timeout,
+    Other(String),
+}
+
+/// Proxies a request to `pool`. Never fails: every error becomes a response.
+pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
+    let snap = pool.snapshot();
+    let started = Instant::now();
+    let (mut parts, body) = req.into_parts();
+
+    // The key.
+    let mut key = String::new();
+    let hash = if snap.policy.strategy().uses_key() {
+        match snap.config.key.render(&parts, client.ip(), &mut key) {
+            Ok(()) => {
+                let h = snap.policy.key_hash(key.as_bytes());
+                pool.record_key(h);
+                Some(h)
+            }
+            Err(missing) => {
+                pool.metrics.missing_key.fetch_add(1, Relaxed);
+                if snap.config.on_missing_key == MissingKey::Reject {
+                    tracing::debug!(pool = %pool.name, part = %missing.0, "key part missing");
+                    return json_error(
+                        StatusCode::BAD_REQUEST,
+                        "missing key part",
+                        serde_json::json!({ "pool": pool.name, "missing": missing.0, "template": snap.config.key.as_str() }),
+                    );
+                }
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    // The upstream request's fixed parts.
+    strip_hop_by_hop(&mut parts.headers);
+    add_forwarded(&mut parts.headers, client);
+    let path = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    let replayable = body.is_end_stream();
+    let retry = &snap.config.retry;
+    let attempts = if replayable { retry.attempts } else { 1 };
+    let deadline = started + retry.deadline;
+    let mut body = Some(body.boxed_unsync());
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last: Option<Failure> = None;
+
+    for attempt in 0..attempts {
+        let Some(decision) = snap.decide(hash, &tried) else {
+            break;
+        };
+        let worker = Arc::clone(&snap.workers[decision.node]);
+        pool.metrics.outcome(match (attempt, hash.is_some() && decision.owner.is_some(), decision.spill) {
+            (a, _, _) if a > 0 => Outcome::Retry,
+            (_, false, _) => Outcome::Unkeyed,
+            (_, true, None) => Outcome::Owner,
+            (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
+            (_, true, Some(_)) => Outcome::Overloaded,
+        });
+        let now = Instant::now();
+        if now >= deadline {
+            last = Some(Failure::Timeout);
+            break;
+        }
+        let per_try = retry.per_try_timeout.min(deadline - now);
+        let mut upstream = Request::new(body.take().unwrap_or_else(empty));
+        *upstream.method_mut() = parts.method.clone();
+        *upstream.uri_mut() = match Uri::try_from(format!("http://{}{}", worker.address, path)) {
+            Ok(u) => u,
+            Err(e) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    "bad request target",
+                    serde_json::json!({ "reason": e.to_string() }),
+                );
+            }
+        };
+        *upstream.headers_mut() = parts.headers.clone();
+        let guard = InFlight::new(Arc::clone(&worker));
+        let sent = Instant::now();
+        let result = tokio::time::timeout(per_try, pool.client.request(upstream)).await;
+        let latency = sent.elapsed();
+        match result {
+            Ok(Ok(resp)) => {
+                let status = resp.status();
+                worker.metrics.record(Some(status.as_u16()), latency);
+                if worker.observe_request(!status.is_server_error()).is_some() {
+                    tracing::warn!(pool = %pool.name, worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive 5xx");
+                }
+                return respond(&snap, &worker, resp, guard, &key, decision.node, attempt);
+            }
+            Ok(Err(e)) => {
+                let connect = e.is_connect();
+                worker.metrics.record(None, latency);
+                if connect {
+                    worker.metrics.connect_errors.fetch_add(1, Relaxed);
+                }
+                if worker.observe_request(false).is_some() {
+                    tracing::warn!(pool = %pool.name, worker = %worker.name, "worker ejected after consecutive failures");
+                }
+                let reason = source_chain(&e);
+                tracing::warn!(pool = %pool.name, worker = %worker.name, attempt, connect, error = %reason, "upstream request failed");
+                last = Some(if connect { Failure::Connect(reason) } else { Failure::Other(reason) });
+                // A request that may have reached the worker is retried only if idempotent.
+                if !connect && !idempotent(&parts.method) {
+                    break;
+                }
+            }
+            Err(_) => {
+                worker.metrics.record(None, latency);
+                worker.observe_request(false);
+                tracing::warn!(pool = %pool.name, worker = %worker.name, attempt, timeout_ms = per_try.as_millis() as u64, "upstream timed out");
+                last = Some(Failure::Timeout);
+                if !idempotent(&parts.method) {
+                    break;
+                }
+            }
+        }
+        worker.metrics.retries.fetch_add(u64::from(attempt + 1 < attempts), Relaxed);
+        tried.push(decision.node);
+        drop(guard);
+    }
+    match last {
+        None => {
+            pool.metrics.no_worker.fetch_add(1, Relaxed);
+            let states: Vec<serde_json::Value> =
+                snap.workers.iter().map(|w| serde_json::json!({ "name": w.name, "state": w.state() })).collect();
+            tracing::warn!(pool = %pool.name, workers = snap.workers.len(), "no available worker");
+            json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no available worker",
+                serde_json::json!({
+                    "pool": pool.name,
+                    "reason": if snap.workers.is_empty() { "the pool has no workers" } else { "every worker is unhealthy, ejected or draining" },
+                    "workers": states,
+                }),
+            )
+        }
+        Some(Failure::Timeout) => json_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream timed out",
+            serde_json::json!({ "pool": pool.name, "tries": tried.len().max(1) }),
+        ),
+        Some(Failure::Connect(reason)) => json_error(
+            StatusCode::BAD_GATEWAY,
+            "cannot connect to a worker",
+            serde_json::json!({ "pool": pool.name, "tries": tried.len(), "reason": reason }),
+        ),
+        Some(Failure::Other(reason)) => json_error(
+            StatusCode::BAD_GATEWAY,
+            "upstream request failed",
+            serde_json::json!({ "pool": pool.name, "tries": tried.len(), "reason": reason }),
+        ),
+    }
+}
+
+fn respond(
+    snap: &Snapshot,
+    worker: &Arc<WorkerState>,
+    resp: Response<Incoming>,
+    guard: InFlight,
+    key: &str,
+    node: usize,
+    attempt: u32,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(h) = &snap.config.worker_header
+        && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
+    {
+        parts.headers.insert(h.clone(), v);
+    }
+    tracing::trace!(worker = %worker.name, node, attempt, key, status = parts.status.as_u16(), "proxied");
+    Response::from_parts(parts, Guarded { inner: body, guard: Some(guard) }.boxed_unsync())
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
