@@ -27,6 +27,37 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run a thumbnail worker: resizes images and caches them on local disk.
     Worker(WorkerArgs),
+    /// The thumbnail service on this machine: 8 workers and the gateway, each strategy in turn.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// A short run (about 20 s): the steady scenario for every strategy and the killed worker for two.
+    #[arg(long)]
+    pub quick: bool,
+    /// Seconds of load per strategy and scenario (default 4, or 1.5 with --quick).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Requests per second (open loop).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Strategies, comma separated (default: round-robin, modulo, ring, rendezvous,
+    /// bounded-rendezvous, p2c, affinity).
+    #[arg(long, value_delimiter = ',')]
+    pub strategies: Vec<String>,
+    /// Scenarios, comma separated (default: steady, scale-out, slow-worker, hot-image, killed-worker).
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<String>,
+    /// Write the HTML report here.
+    #[arg(long, default_value = "keyroute-demo.html")]
+    pub report: Option<PathBuf>,
+    /// JSON on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the generated images and caches (their directory is printed).
+    #[arg(long)]
+    pub keep: bool,
 }
 
 #[derive(Debug, Args)]

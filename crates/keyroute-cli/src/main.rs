@@ -2,6 +2,7 @@
 //! (64 for usage and configuration errors, 2 for runtime errors).
 
 mod cli;
+mod demo;
 mod place;
 mod serve;
 mod sim;
@@ -45,6 +46,7 @@ fn main() -> ExitCode {
         Command::Sim(SimCommand::Fleet(args)) => sim::fleet(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Worker(args) => serve::worker(&args),
+        Command::Demo(args) => demo::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,359 @@
+#!/usr/bin/env bash
+# keyroute gateway vs nginx vs haproxy, on this machine, in one run.
+#
+# 8 trivial HTTP backends on loopback (one nginx instance, 1 worker, 8 listeners answering "ok");
+# the same wrk load (random ?k=1..100000 per request) through each proxy:
+#   keyroute  rendezvous on {query.k}, --threads 1
+#   nginx     hash $arg_k consistent, worker_processes 1
+#   haproxy   balance url_param k + hash-type consistent, nbthread 1
+# all with access logging off and upstream keep-alive, same threads/connections/duration,
+# alternated round by round. For each: req/s, p99, and the proxy's own CPU time per request
+# (user+sys of all its processes over the requests wrk completed).
+#
+# Usage:  bench/gateway.sh
+#         DURATION=10s CONNECTIONS=32 THREADS=1 ROUNDS=3 WARMUP=2s bench/gateway.sh
+# Ports (override if taken): BACKEND_PORT=18081 (..+7) KEYROUTE_PORT=18000 NGINX_PORT=18010
+#         HAPROXY_PORT=18020 ADMIN_PORT=19901
+# KEEP_TMP=1 keeps the temp dir (configs, logs, raw wrk output).
+# Installs nginx, haproxy and wrk with apt-get if missing (needs root). Starts every process
+# itself, in a temp dir, on 127.0.0.1, and kills them by PID on exit.
+# Writes the report to stdout and to bench/results/gateway-<timestamp>.md.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-32}
+THREADS=${THREADS:-1}
+ROUNDS=${ROUNDS:-3}
+WARMUP=${WARMUP:-2s}
+BACKEND_PORT=${BACKEND_PORT:-18081}
+KEYROUTE_PORT=${KEYROUTE_PORT:-18000}
+NGINX_PORT=${NGINX_PORT:-18010}
+HAPROXY_PORT=${HAPROXY_PORT:-18020}
+ADMIN_PORT=${ADMIN_PORT:-19901}
+NBACKENDS=8
+PROXIES=(keyroute nginx haproxy)
+CMDLINE="DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WARMUP=$WARMUP $0${*:+ $*}"
+
+log() { printf '[gateway.sh] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# Processes: every PID we start goes in PIDS; on exit each (and its children) is killed by PID.
+PIDS=()
+TMP=""
+
+children_of() { # PIDs whose parent is $1
+    local stat s
+    local -a f
+    for stat in /proc/[0-9]*/stat; do
+        { s=$(<"$stat"); } 2>/dev/null || continue
+        s=${s##*) }
+        read -r -a f <<<"$s"
+        if [[ "${f[1]}" == "$1" ]]; then # f[0] = state (field 3), f[1] = ppid (field 4)
+            s=${stat#/proc/}
+            echo "${s%/stat}"
+        fi
+    done
+}
+
+cleanup() {
+    local rc=$? pid all=() deadline
+    trap - EXIT INT TERM
+    set +e
+    for pid in "${PIDS[@]}"; do
+        kill -0 "$pid" 2>/dev/null || continue
+        all+=("$pid")
+        # shellcheck disable=SC2207
+        all+=($(children_of "$pid"))
+    done
+    if ((${#all[@]})); then
+        log "stopping PIDs ${all[*]}"
+        kill -TERM "${all[@]}" 2>/dev/null || true
+        deadline=$((SECONDS + 5))
+        while ((SECONDS < deadline)); do
+            local alive=0
+            for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+            ((alive)) || break
+            sleep 0.1
+        done
+        for pid in "${all[@]}"; do
+            kill -0 "$pid" 2>/dev/null && { log "PID $pid ignored SIGTERM; SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; }
+        done
+        for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    fi
+    if [[ -n "$TMP" && -d "$TMP" ]]; then
+        if [[ "${KEEP_TMP:-0}" == 1 || $rc -ne 0 ]]; then
+            log "temp dir kept: $TMP"
+        else
+            rm -rf "$TMP"
+        fi
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT
+trap 'log "terminated"; exit 143' TERM
+
+# ---------------------------------------------------------------------------------------------
+# Tools.
+missing=()
+for tool in nginx haproxy wrk curl python3; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if ((${#missing[@]})); then
+    [[ $(id -u) == 0 ]] || die "missing ${missing[*]}; run as root (or install them) so apt-get can install them"
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    pkgs=(nginx haproxy wrk)
+    for tool in curl python3; do [[ " ${missing[*]} " == *" $tool "* ]] && pkgs+=("$tool"); done
+    apt-get install -y "${pkgs[@]}"
+    for tool in nginx haproxy wrk curl python3; do command -v "$tool" >/dev/null || die "$tool still missing after apt-get install"; done
+fi
+if pgrep -x nginx >/dev/null 2>&1 || pgrep -x haproxy >/dev/null 2>&1; then
+    log "note: nginx/haproxy processes not started by this script are running (left alone):"
+    pgrep -a -x nginx >&2 || true
+    pgrep -a -x haproxy >&2 || true
+fi
+
+CLK_TCK=$(getconf CLK_TCK)
+
+log "building keyroute (cargo build --release -p keyroute-cli)"
+cargo build --release -p keyroute-cli
+KEYROUTE=$ROOT/target/release/keyroute
+[[ -x "$KEYROUTE" ]] || die "$KEYROUTE not built"
+
+# ---------------------------------------------------------------------------------------------
+# Ports must be free (something answering a TCP connect means taken).
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+BPORTS=()
+for ((i = 0; i < NBACKENDS; i++)); do BPORTS+=($((BACKEND_PORT + i))); done
+for port in "${BPORTS[@]}" "$KEYROUTE_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$ADMIN_PORT"; do
+    port_taken "$port" && die "port 127.0.0.1:$port is in use; pick other ports (see the header of $0)"
+done
+
+TMP=$(mktemp -d /tmp/keyroute-gateway-bench.XXXXXX)
+chmod 755 "$TMP"
+log "temp dir: $TMP"
+
+# ---------------------------------------------------------------------------------------------
+# Configs.
+nginx_common() { # $1 = instance name
+    local d="$TMP/$1"
+    mkdir -p "$d/logs" "$d/tmp"
+    cat <<EOF
+worker_processes 1;
+pid $d/nginx.pid;
+error_log $d/logs/error.log warn;
+events { worker_connections 4096; }
+EOF
+}
+nginx_http_common() { # $1 = instance name
+    local d="$TMP/$1"
+    cat <<EOF
+    access_log off;
+    keepalive_timeout 65;
+    keepalive_requests 1000000;
+    client_body_temp_path $d/tmp/body;
+    proxy_temp_path $d/tmp/proxy;
+    fastcgi_temp_path $d/tmp/fastcgi;
+    uwsgi_temp_path $d/tmp/uwsgi;
+    scgi_temp_path $d/tmp/scgi;
+EOF
+}
+
+{
+    nginx_common backends
+    echo "http {"
+    nginx_http_common backends
+    echo "    default_type text/plain;"
+    for port in "${BPORTS[@]}"; do
+        echo "    server { listen 127.0.0.1:$port; location / { return 200 \"ok\\n\"; } }"
+    done
+    echo "}"
+} >"$TMP/backends.conf"
+
+{
+    nginx_common nginx
+    echo "http {"
+    nginx_http_common nginx
+    echo "    upstream backends {"
+    echo "        hash \$arg_k consistent;"
+    for port in "${BPORTS[@]}"; do echo "        server 127.0.0.1:$port;"; done
+    echo "        keepalive 64;"
+    echo "        keepalive_requests 1000000;"
+    echo "    }"
+    echo "    server {"
+    echo "        listen 127.0.0.1:$NGINX_PORT;"
+    echo "        location / {"
+    echo "            proxy_pass http://backends;"
+    echo "            proxy_http_version 1.1;"
+    echo "            proxy_set_header Connection \"\";"
+    echo "        }"
+    echo "    }"
+    echo "}"
+} >"$TMP/nginx.conf"
+
+{
+    cat <<EOF
+global
+    nbthread 1
+    maxconn 4096
+
+defaults
+    mode http
+    option http-keep-alive
+    http-reuse always
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    timeout http-keep-alive 60s
+
+frontend fe
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend be
+
+backend be
+    balance url_param k
+    hash-type consistent
+EOF
+    for ((i = 0; i < NBACKENDS; i++)); do echo "    server b$((i + 1)) 127.0.0.1:${BPORTS[i]}"; done
+} >"$TMP/haproxy.cfg"
+
+{
+    cat <<EOF
+shutdown_grace_ms = 1000
+
+[admin]
+listen = "127.0.0.1:$ADMIN_PORT"
+
+[[listener]]
+listen = "127.0.0.1:$KEYROUTE_PORT"
+
+[[pool]]
+name = "bench"
+strategy = "rendezvous"
+key = "{query.k}"
+on_missing_key = "p2c"
+
+[pool.health]
+path = "/"
+interval_ms = 5000
+EOF
+    for ((i = 0; i < NBACKENDS; i++)); do
+        printf '\n[[pool.worker]]\nname = "b%d"\naddress = "127.0.0.1:%d"\n' $((i + 1)) "${BPORTS[i]}"
+    done
+} >"$TMP/keyroute.toml"
+
+log "checking configs"
+"$KEYROUTE" serve --config "$TMP/keyroute.toml" --check >&2
+NGINX_E=()
+nginx_help=$(nginx -h 2>&1 || true)
+[[ "$nginx_help" == *"-e filename"* ]] && NGINX_E=(-e "$TMP/nginx-startup-error.log")
+nginx "${NGINX_E[@]}" -t -q -p "$TMP/backends" -c "$TMP/backends.conf"
+nginx "${NGINX_E[@]}" -t -q -p "$TMP/nginx" -c "$TMP/nginx.conf"
+haproxy -c -q -f "$TMP/haproxy.cfg"
+
+# ---------------------------------------------------------------------------------------------
+# Start everything. Each runs in the foreground of its own background job, so $! is its PID.
+nginx "${NGINX_E[@]}" -p "$TMP/backends" -c "$TMP/backends.conf" -g 'daemon off;' \
+    >"$TMP/backends.out" 2>&1 &
+BACKENDS_PID=$!
+PIDS+=("$BACKENDS_PID")
+nginx "${NGINX_E[@]}" -p "$TMP/nginx" -c "$TMP/nginx.conf" -g 'daemon off;' >"$TMP/nginx.out" 2>&1 &
+declare -A PID
+PID[nginx]=$!
+PIDS+=("${PID[nginx]}")
+haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/haproxy.out" 2>&1 &
+PID[haproxy]=$!
+PIDS+=("${PID[haproxy]}")
+"$KEYROUTE" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.out" 2>&1 &
+PID[keyroute]=$!
+PIDS+=("${PID[keyroute]}")
+declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT)
+
+# Sanity: every backend and every proxy answers 200 to ?k=abc (waiting up to 10 s for startup).
+expect_200() { # $1 = label, $2 = port, $3 = PID that must stay alive
+    local code deadline=$((SECONDS + 10))
+    while :; do
+        kill -0 "$3" 2>/dev/null || die "$1 (PID $3) exited; see $TMP/$1.out"
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$2/?k=abc" || true)
+        [[ "$code" == 200 ]] && return 0
+        ((SECONDS < deadline)) || die "$1 on 127.0.0.1:$2 answered '$code' instead of 200; see $TMP/$1.out"
+        sleep 0.2
+    done
+}
+for port in "${BPORTS[@]}"; do expect_200 backends "$port" "$BACKENDS_PID"; done
+for p in "${PROXIES[@]}"; do expect_200 "$p" "${PORT[$p]}" "${PID[$p]}"; done
+log "backends and proxies answer 200"
+
+# ---------------------------------------------------------------------------------------------
+# CPU accounting: user+sys clock ticks (/proc/PID/stat fields 14 and 15) summed over the
+# proxy's main PID and its children (nginx's master and its worker).
+proxy_pids() { echo "$1" $(children_of "$1"); }
+cpu_ticks() { # PIDs...
+    local total=0 pid s
+    local -a f
+    for pid in "$@"; do
+        s=$(<"/proc/$pid/stat") || die "PID $pid vanished"
+        s=${s##*) }
+        read -r -a f <<<"$s"
+        total=$((total + f[11] + f[12])) # field n is f[n-3]: utime=14, stime=15
+    done
+    echo "$total"
+}
+
+LUA=$ROOT/bench/gateway/random-k.lua
+WRK=(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency -s "$LUA")
+RUNS=$TMP/runs.tsv
+: >"$RUNS"
+
+for p in "${PROXIES[@]}"; do
+    log "warm-up: $p ($WARMUP)"
+    wrk -t "$THREADS" -c "$CONNECTIONS" -d "$WARMUP" -s "$LUA" "http://127.0.0.1:${PORT[$p]}/" >"$TMP/warmup-$p.txt"
+done
+
+for ((round = 1; round <= ROUNDS; round++)); do
+    for p in "${PROXIES[@]}"; do
+        log "round $round/$ROUNDS: $p"
+        pids_before=$(proxy_pids "${PID[$p]}")
+        # shellcheck disable=SC2086
+        before=$(cpu_ticks $pids_before)
+        out=$TMP/wrk-$round-$p.txt
+        "${WRK[@]}" "http://127.0.0.1:${PORT[$p]}/" >"$out"
+        pids_after=$(proxy_pids "${PID[$p]}")
+        # shellcheck disable=SC2086
+        after=$(cpu_ticks $pids_after)
+        changed=0
+        [[ "$pids_before" == "$pids_after" ]] || { changed=1; log "warning: $p's processes changed during the run ($pids_before -> $pids_after)"; }
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$p" $((after - before)) "$CLK_TCK" "$out" "$changed" >>"$RUNS"
+        grep -E 'requests in|Requests/sec|^ +99%|Non-2xx|Socket errors' "$out" | sed 's/^/    /' >&2
+        echo "    proxy CPU: $((after - before)) ticks (CLK_TCK=$CLK_TCK)" >&2
+    done
+done
+
+for p in "${PROXIES[@]}"; do kill -0 "${PID[$p]}" 2>/dev/null || die "$p (PID ${PID[$p]}) died during the benchmark"; done
+
+# ---------------------------------------------------------------------------------------------
+# Report.
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$ROOT/bench/results"
+REPORT=$ROOT/bench/results/gateway-$STAMP.md
+META=$TMP/meta.md
+{
+    echo "# keyroute gateway vs nginx vs haproxy"
+    echo
+    echo "- command: \`$CMDLINE\`"
+    echo "- load (same for every proxy): \`${WRK[*]/#$ROOT\//} http://127.0.0.1:PORT/\`, requests \`GET /?k=N\`, N uniform in 1..100000; warm-up $WARMUP per proxy; $ROUNDS round(s), alternated keyroute, nginx, haproxy"
+    echo "- backends: $NBACKENDS listeners of one nginx instance (1 worker, \`return 200 \"ok\\n\"\`) on 127.0.0.1:${BPORTS[0]}-${BPORTS[NBACKENDS - 1]}"
+    echo "- keyroute: \`keyroute serve --threads 1 --log warn\`, rendezvous on \`{query.k}\`, health checks every 5 s (127.0.0.1:$KEYROUTE_PORT)"
+    echo "- nginx: worker_processes 1, \`hash \$arg_k consistent\`, keepalive 64, keepalive_requests 1000000, access_log off (127.0.0.1:$NGINX_PORT)"
+    echo "- haproxy: nbthread 1, \`balance url_param k\`, \`hash-type consistent\`, http-keep-alive, http-reuse always, no logging (127.0.0.1:$HAPROXY_PORT)"
+    echo "- CPU us/request: the proxy's user+sys time (all its processes; nginx = master + worker) during the wrk run, over the requests wrk completed"
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); nproc: $(nproc); kernel: $(uname -r)"
+    echo "- versions: keyroute $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || echo ' (+ uncommitted changes)'); $(nginx -v 2>&1 | sed 's/^nginx version: //'); $(haproxy -v 2>&1 | head -1 | sed 's/ - .*//'); $(wrk -v 2>&1 | head -1 | sed 's/ \[.*//;s/ Copyright.*//')"
+} >"$META"
+python3 "$ROOT/bench/gateway/report.py" "$RUNS" "$META" >"$REPORT"
+cat "$REPORT"
+log "report written to ${REPORT#$ROOT/}"

@@ -1,0 +1,470 @@
+//! `keyroute demo`: the first source document's thumbnail service, for real, on this machine.
+//!
+//! It generates source images, starts eight thumbnail workers and the gateway in this process on
+//! loopback ports, and drives a Zipf workload (open loop, bounded in time) through each strategy in
+//! turn, each starting with cold caches, in five scenarios: steady, scale-out (8 -> 9 mid-run), one
+//! slow worker, one hot image, one worker killed mid-run. Then it prints one table and writes an
+//! HTML report with charts.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use indicatif::{ProgressBar, ProgressStyle};
+use keyroute::Strategy;
+use keyroute::hash::{RandomSource, SplitMix64};
+use keyroute_gateway::{Config, Gateway};
+use keyroute_sim::report::{esc, line_chart};
+use keyroute_sim::{Histogram, Zipf};
+use keyroute_worker::{Worker, WorkerConfig};
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::Usage;
+use crate::cli::DemoArgs;
+
+/// The scenarios, in order.
+pub const SCENARIOS: [&str; 5] = ["steady", "scale-out", "slow-worker", "hot-image", "killed-worker"];
+/// The strategies compared by default.
+pub const STRATEGIES: [&str; 7] = ["round-robin", "modulo", "ring", "rendezvous", "bounded-rendezvous", "p2c", "affinity"];
+
+const WORKERS: usize = 8;
+const IMAGES: usize = 24;
+const SIZES: [(u32, u32); 4] = [(96, 72), (160, 120), (240, 180), (320, 240)];
+/// Each worker's disk cache: about a third of all thumbnails. With a key's requests all going to
+/// one worker, the fleet caches everything; with requests spread, each worker must cache it all.
+const CACHE_BYTES: u64 = 400_000;
+const SLOWDOWN: f64 = 6.0;
+const HOT_SHARE: f64 = 0.4;
+
+/// One scenario under one strategy.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseReport {
+    /// The scenario.
+    pub scenario: String,
+    /// The strategy.
+    pub strategy: String,
+    /// Requests sent.
+    pub requests: u64,
+    /// 200 responses.
+    pub ok: u64,
+    /// Anything else (status or transport error).
+    pub errors: u64,
+    /// GETs that failed (all requests are GETs).
+    pub failed_gets: u64,
+    /// Completed requests per second.
+    pub throughput: f64,
+    /// Median latency, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Cache hits over thumbnails served.
+    pub hit_rate: f64,
+    /// The busiest worker's requests over the mean of the workers that served.
+    pub max_over_mean: f64,
+    /// Requests per worker.
+    pub per_worker: Vec<(String, u64)>,
+    /// Share of all thumbnail keys whose owner changed at a membership change.
+    pub keys_remapped: Option<f64>,
+    /// Requests served by their key's owner (strategies that place by key).
+    pub owner_share: Option<f64>,
+    /// Requests per worker per half second, for the chart.
+    #[serde(skip)]
+    timeline: Vec<(String, Vec<u32>)>,
+    /// Latency CDF points.
+    #[serde(skip)]
+    cdf: Vec<(f64, f64)>,
+}
+
+struct RunningWorker {
+    name: String,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+struct Sample {
+    at: f64,
+    latency: Duration,
+    status: u16,
+    hit: Option<bool>,
+    worker: Option<String>,
+}
+
+pub fn run(args: &DemoArgs) -> Result<()> {
+    let strategies: Vec<Strategy> = if args.strategies.is_empty() {
+        STRATEGIES.iter().map(|s| s.parse()).collect::<Result<_, _>>().map_err(|e: keyroute::Error| Usage(e.to_string()))?
+    } else {
+        args.strategies
+            .iter()
+            .map(|s| s.parse::<Strategy>().map_err(|e| Usage(format!("--strategies: {e}"))))
+            .collect::<Result<_, _>>()?
+    };
+    let scenarios: Vec<String> = if args.scenarios.is_empty() {
+        if args.quick { vec!["steady".into(), "killed-worker".into()] } else { SCENARIOS.iter().map(|s| (*s).to_owned()).collect() }
+    } else {
+        args.scenarios.clone()
+    };
+    if let Some(bad) = scenarios.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
+        return Err(Usage(format!("--scenarios: unknown scenario '{bad}' (valid: {})", SCENARIOS.join(", "))).into());
+    }
+    let seconds = args.seconds.unwrap_or(if args.quick { 1.5 } else { 4.0 });
+    let rate = args.rate.unwrap_or(80.0);
+    if !(seconds > 0.0 && seconds <= 600.0) || !(rate > 0.0 && rate <= 10_000.0) {
+        return Err(Usage("--seconds must be in (0, 600] and --rate in (0, 10000]".into()).into());
+    }
+    let mut cases: Vec<(String, Strategy)> = Vec::new();
+    for sc in &scenarios {
+        for &st in &strategies {
+            // Quick mode checks the killed worker with one hashing and one load-aware strategy.
+            if args.quick && sc == "killed-worker" && !matches!(st, Strategy::Rendezvous | Strategy::P2c) {
+                continue;
+            }
+            cases.push((sc.clone(), st));
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("keyroute-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let result = run_all(args, &dir, &cases, seconds, rate);
+    if !args.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn run_all(args: &DemoArgs, dir: &Path, cases: &[(String, Strategy)], seconds: f64, rate: f64) -> Result<()> {
+    let images_dir = dir.join("images");
+    eprintln!("generating {IMAGES} source images (1024x768) in {} ...", images_dir.display());
+    let images = keyroute_worker::generate_images(&images_dir, IMAGES, 1024, 768, 7).context("generating images")?;
+    let keys: Vec<String> =
+        images.iter().flat_map(|img| SIZES.iter().map(move |(w, h)| format!("/thumb/{img}?w={w}&h={h}"))).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("runtime")?;
+    let bar = ProgressBar::new(cases.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg:36} [{bar:30}] {pos}/{len} ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut reports = Vec::new();
+    for (i, (scenario, strategy)) in cases.iter().enumerate() {
+        bar.set_message(format!("{scenario} / {strategy}"));
+        let case_dir = dir.join(format!("case-{i}"));
+        let report = rt.block_on(run_case(&images_dir, &case_dir, &keys, scenario, *strategy, seconds, rate))?;
+        let _ = std::fs::remove_dir_all(&case_dir);
+        reports.push(report);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    rt.shutdown_timeout(Duration::from_secs(2));
+    if args.json {
+        serde_json::to_writer_pretty(std::io::stdout().lock(), &reports)?;
+        println!();
+    } else {
+        print!("{}", table(&reports));
+        println!("\n{LEGEND}");
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, html(&reports, seconds, rate)).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("report written to {}", path.display());
+    }
+    Ok(())
+}
+
+const LEGEND: &str = "Each row: one scenario under one strategy, starting with cold caches. req/s: completed requests per \
+second (open loop, so an overloaded fleet shows as latency, not as fewer requests sent); p50/p99: latency seen by the \
+client; hit: share of thumbnails served from a worker's disk cache; max/mean: the busiest worker's requests over the \
+mean; errors: responses other than 200 (a killed worker's failed GETs count here); remap: keys whose owner changed when \
+the ninth worker joined; owner: requests served by their key's owner.";
+
+fn table(reports: &[CaseReport]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<14} {:<19} {:>7} {:>8} {:>8} {:>6} {:>8} {:>6} {:>6} {:>6}",
+        "scenario", "strategy", "req/s", "p50 ms", "p99 ms", "hit", "max/mean", "errors", "remap", "owner"
+    );
+    let pct = |x: f64| format!("{:.0}%", x * 100.0);
+    for r in reports {
+        let _ = writeln!(
+            out,
+            "{:<14} {:<19} {:>7.1} {:>8.1} {:>8.1} {:>6} {:>8.2} {:>6} {:>6} {:>6}",
+            r.scenario,
+            r.strategy,
+            r.throughput,
+            r.p50_ms,
+            r.p99_ms,
+            pct(r.hit_rate),
+            r.max_over_mean,
+            r.errors,
+            r.keys_remapped.map_or("-".into(), pct),
+            r.owner_share.map_or("-".into(), pct),
+        );
+    }
+    out
+}
+
+fn gateway_config(strategy: Strategy, workers: &[RunningWorker]) -> String {
+    let mut text = format!(
+        r#"shutdown_grace_ms = 2000
+[admin]
+listen = "127.0.0.1:0"
+[[listener]]
+listen = "127.0.0.1:0"
+[[pool]]
+name = "thumbs"
+strategy = "{}"
+key = "{{path}}?w={{query.w}}&h={{query.h}}"
+worker_header = "x-keyroute-worker"
+connect_timeout_ms = 500
+[pool.health]
+path = "/healthz"
+interval_ms = 200
+timeout_ms = 1000
+rise = 1
+fall = 1
+[pool.passive]
+consecutive_failures = 2
+base_ejection_ms = 2000
+[pool.retry]
+attempts = 3
+per_try_timeout_ms = 20000
+deadline_ms = 30000
+"#,
+        strategy.name()
+    );
+    for w in workers.iter().take(WORKERS) {
+        text.push_str(&format!("[[pool.worker]]\nname = \"{}\"\naddress = \"{}\"\n", w.name, w.addr));
+    }
+    text
+}
+
+async fn start_worker(images: &Path, cache: PathBuf, name: String, slowdown: f64) -> Result<RunningWorker> {
+    let config = WorkerConfig {
+        name: name.clone(),
+        images: images.to_path_buf(),
+        cache_dir: cache,
+        cache_bytes: CACHE_BYTES,
+        slowdown,
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config).await.context("starting a worker")?;
+    let addr = worker.local_addr();
+    let (stop, mut rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let _ = worker
+            .run(async move {
+                while !*rx.borrow() {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await;
+    });
+    Ok(RunningWorker { name, addr, task, stop })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_case(
+    images: &Path,
+    dir: &Path,
+    keys: &[String],
+    scenario: &str,
+    strategy: Strategy,
+    seconds: f64,
+    rate: f64,
+) -> Result<CaseReport> {
+    let count = if scenario == "scale-out" { WORKERS + 1 } else { WORKERS };
+    let mut workers = Vec::new();
+    for i in 0..count {
+        let slow = if scenario == "slow-worker" && i == 0 { SLOWDOWN } else { 1.0 };
+        workers.push(start_worker(images, dir.join(format!("w{}", i + 1)), format!("w{}", i + 1), slow).await?);
+    }
+    let config = Config::parse(&gateway_config(strategy, &workers), "demo.toml").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let gateway = Gateway::bind(config).await.context("starting the gateway")?;
+    let front = gateway.local_addrs()[0];
+    let handle = gateway.handle();
+    let gw_task = tokio::spawn(async move {
+        let _ = gateway.run(std::future::pending()).await;
+    });
+    let pool = handle.pool("thumbs").context("the demo pool")?;
+
+    let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
+    let zipf = Zipf::new(keys.len(), 1.0);
+    let mut rng = SplitMix64::new(42);
+    let total = (seconds * rate).round() as u64;
+    let gap = Duration::from_secs_f64(1.0 / rate);
+    let start = Instant::now();
+    let mut tasks: JoinSet<Sample> = JoinSet::new();
+    let mut keys_remapped = None;
+    let mut killed = false;
+    for n in 0..total {
+        let progress = n as f64 / total as f64;
+        if scenario == "scale-out" && keys_remapped.is_none() && progress >= 0.5 {
+            let before = pool.snapshot();
+            let w9 = &workers[WORKERS];
+            pool.add_worker(keyroute_gateway::config::WorkerConfig { name: w9.name.clone(), address: w9.addr, weight: 1, zone: None })
+                .context("adding the ninth worker")?;
+            let after = pool.snapshot();
+            keys_remapped = Some(remapped(&before, &after, keys));
+        }
+        if scenario == "killed-worker" && !killed && progress >= 0.4 {
+            // A crash, not a shutdown: the task and every connection it holds are dropped.
+            workers[2].task.abort();
+            killed = true;
+        }
+        let key = if scenario == "hot-image" && rng.unit_open() < HOT_SHARE { &keys[0] } else { &keys[zipf.sample(&mut rng)] };
+        let url: hyper::Uri = format!("http://{front}{key}").parse().context("url")?;
+        let client = client.clone();
+        tasks.spawn(async move {
+            let sent = Instant::now();
+            let at = sent.saturating_duration_since(start).as_secs_f64();
+            match tokio::time::timeout(Duration::from_secs(60), client.get(url)).await {
+                Ok(Ok(resp)) => {
+                    let status = resp.status().as_u16();
+                    let header = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                    let hit = header("x-cache").map(|c| c == "hit");
+                    let worker = header("x-keyroute-worker");
+                    let body_ok = resp.into_body().collect().await.is_ok();
+                    Sample { at, latency: sent.elapsed(), status: if body_ok { status } else { 0 }, hit, worker }
+                }
+                _ => Sample { at, latency: sent.elapsed(), status: 0, hit: None, worker: None },
+            }
+        });
+        // Open loop: the next request leaves on schedule whatever happened to this one.
+        let due = start + gap.mul_f64((n + 1) as f64);
+        tokio::time::sleep_until(due).await;
+    }
+    let mut samples = Vec::with_capacity(total as usize);
+    while let Some(s) = tasks.join_next().await {
+        if let Ok(s) = s {
+            samples.push(s);
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let owner_share = strategy.uses_key().then(|| {
+        let o: Vec<u64> = pool.metrics.outcomes.iter().map(|c| c.load(Relaxed)).collect();
+        let all: u64 = o.iter().sum();
+        if all == 0 { 0.0 } else { o[0] as f64 / all as f64 }
+    });
+    handle.shutdown();
+    let _ = tokio::time::timeout(Duration::from_secs(5), gw_task).await;
+    for w in &workers {
+        let _ = w.stop.send(true);
+    }
+    for w in workers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), w.task).await;
+    }
+    Ok(summarise(scenario, strategy, &samples, elapsed, keys_remapped, owner_share))
+}
+
+fn remapped(before: &keyroute_gateway::pool::Snapshot, after: &keyroute_gateway::pool::Snapshot, keys: &[String]) -> f64 {
+    let owner = |s: &keyroute_gateway::pool::Snapshot, k: &str| {
+        s.policy.owner(s.policy.key_hash(k.as_bytes())).map(|i| s.workers[i].name.clone())
+    };
+    let moved = keys.iter().filter(|k| owner(before, k) != owner(after, k)).count();
+    moved as f64 / keys.len().max(1) as f64
+}
+
+fn summarise(
+    scenario: &str,
+    strategy: Strategy,
+    samples: &[Sample],
+    elapsed: f64,
+    keys_remapped: Option<f64>,
+    owner_share: Option<f64>,
+) -> CaseReport {
+    let mut hist = Histogram::default();
+    let mut per_worker: HashMap<String, u64> = HashMap::new();
+    let (mut ok, mut hits, mut served) = (0u64, 0u64, 0u64);
+    let buckets = (elapsed * 2.0).ceil() as usize + 1;
+    let mut names: Vec<String> = (1..=WORKERS + 1).map(|i| format!("w{i}")).collect();
+    let mut timeline = vec![vec![0u32; buckets]; names.len()];
+    for s in samples {
+        if s.status == 200 {
+            ok += 1;
+            hist.record(s.latency.as_nanos() as u64);
+        }
+        if let Some(h) = s.hit {
+            served += 1;
+            hits += u64::from(h);
+        }
+        if let Some(w) = &s.worker {
+            *per_worker.entry(w.clone()).or_default() += 1;
+            let wi = names.iter().position(|n| n == w).unwrap_or_else(|| {
+                names.push(w.clone());
+                timeline.push(vec![0; buckets]);
+                names.len() - 1
+            });
+            let b = ((s.at * 2.0) as usize).min(buckets - 1);
+            timeline[wi][b] += 1;
+        }
+    }
+    let mut per_worker: Vec<(String, u64)> = per_worker.into_iter().collect();
+    per_worker.sort_by_key(|(n, _)| n.trim_start_matches('w').parse::<u32>().unwrap_or(u32::MAX));
+    let mean = per_worker.iter().map(|(_, c)| *c as f64).sum::<f64>() / per_worker.len().max(1) as f64;
+    let max = per_worker.iter().map(|(_, c)| *c).max().unwrap_or(0) as f64;
+    let errors = samples.len() as u64 - ok;
+    let s = hist.summary();
+    CaseReport {
+        scenario: scenario.to_owned(),
+        strategy: strategy.name().to_owned(),
+        requests: samples.len() as u64,
+        ok,
+        errors,
+        failed_gets: errors,
+        throughput: ok as f64 / elapsed.max(1e-9),
+        p50_ms: s.p50_ms,
+        p99_ms: s.p99_ms,
+        hit_rate: if served == 0 { 0.0 } else { hits as f64 / served as f64 },
+        max_over_mean: if mean > 0.0 { max / mean } else { 0.0 },
+        per_worker,
+        keys_remapped,
+        owner_share,
+        timeline: names.into_iter().zip(timeline).filter(|(_, t)| t.iter().any(|&c| c > 0)).collect(),
+        cdf: hist.cdf_points(100),
+    }
+}
+
+fn html(reports: &[CaseReport], seconds: f64, rate: f64) -> String {
+    let mut out = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>keyroute demo</title><style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}\
+         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}.grid{{display:flex;flex-wrap:wrap}}</style></head><body>\
+         <h1>keyroute demo: the thumbnail service</h1><p>{WORKERS} workers, {IMAGES} source images x {} sizes, Zipf(1.0), {rate} requests/s for {seconds} s per run, cold caches.</p>\
+         <p>{}</p><pre>{}</pre>",
+        SIZES.len(),
+        esc(LEGEND),
+        esc(&table(reports))
+    );
+    let mut scenarios: Vec<&str> = reports.iter().map(|r| r.scenario.as_str()).collect();
+    scenarios.dedup();
+    for sc in scenarios {
+        let rs: Vec<&CaseReport> = reports.iter().filter(|r| r.scenario == sc).collect();
+        out.push_str(&format!("<h2>{}</h2>", esc(sc)));
+        let cdfs: Vec<(String, Vec<(f64, f64)>)> = rs.iter().map(|r| (r.strategy.clone(), r.cdf.clone())).collect();
+        out.push_str(&line_chart(&format!("{sc}: latency CDF"), "latency (ms, log scale)", "fraction of requests", &cdfs, true));
+        out.push_str("<div class=\"grid\">");
+        for r in rs {
+            let series: Vec<(String, Vec<(f64, f64)>)> = r
+                .timeline
+                .iter()
+                .map(|(name, t)| (name.clone(), t.iter().enumerate().map(|(b, &c)| (b as f64 / 2.0, f64::from(c) * 2.0)).collect()))
+                .collect();
+            out.push_str(&line_chart(&format!("{sc} / {}: requests per second per worker", r.strategy), "seconds", "req/s", &series, false));
+        }
+        out.push_str("</div>");
+    }
+    out.push_str("</body></html>\n");
+    out
+}
