@@ -35,7 +35,8 @@ use crate::cli::DemoArgs;
 /// The scenarios, in order.
 pub const SCENARIOS: [&str; 5] = ["steady", "scale-out", "slow-worker", "hot-image", "killed-worker"];
 /// The strategies compared by default.
-pub const STRATEGIES: [&str; 7] = ["round-robin", "modulo", "ring", "rendezvous", "bounded-rendezvous", "p2c", "affinity"];
+pub const STRATEGIES: [&str; 7] =
+    ["round-robin", "modulo", "ring", "rendezvous", "bounded-rendezvous", "p2c", "affinity"];
 
 const WORKERS: usize = 8;
 const IMAGES: usize = 24;
@@ -102,7 +103,11 @@ struct Sample {
 
 pub fn run(args: &DemoArgs) -> Result<()> {
     let strategies: Vec<Strategy> = if args.strategies.is_empty() {
-        STRATEGIES.iter().map(|s| s.parse()).collect::<Result<_, _>>().map_err(|e: keyroute::Error| Usage(e.to_string()))?
+        STRATEGIES
+            .iter()
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e: keyroute::Error| Usage(e.to_string()))?
     } else {
         args.strategies
             .iter()
@@ -110,7 +115,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             .collect::<Result<_, _>>()?
     };
     let scenarios: Vec<String> = if args.scenarios.is_empty() {
-        if args.quick { vec!["steady".into(), "killed-worker".into()] } else { SCENARIOS.iter().map(|s| (*s).to_owned()).collect() }
+        if args.quick {
+            vec!["steady".into(), "killed-worker".into()]
+        } else {
+            SCENARIOS.iter().map(|s| (*s).to_owned()).collect()
+        }
     } else {
         args.scenarios.clone()
     };
@@ -119,7 +128,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     let seconds = args.seconds.unwrap_or(if args.quick { 1.5 } else { 4.0 });
     let rate = args.rate.unwrap_or(80.0);
-    if !(seconds > 0.0 && seconds <= 600.0) || !(rate > 0.0 && rate <= 10_000.0) {
+    if !(seconds > 0.0 && seconds <= 600.0 && rate > 0.0 && rate <= 10_000.0) {
         return Err(Usage("--seconds must be in (0, 600] and --rate in (0, 10000]".into()).into());
     }
     let mut cases: Vec<(String, Strategy)> = Vec::new();
@@ -300,7 +309,8 @@ async fn run_case(
     });
     let pool = handle.pool("thumbs").context("the demo pool")?;
 
-    let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
+    let client: Client<HttpConnector, Empty<Bytes>> =
+        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
     let zipf = Zipf::new(keys.len(), 1.0);
     let mut rng = SplitMix64::new(42);
     let total = (seconds * rate).round() as u64;
@@ -314,8 +324,13 @@ async fn run_case(
         if scenario == "scale-out" && keys_remapped.is_none() && progress >= 0.5 {
             let before = pool.snapshot();
             let w9 = &workers[WORKERS];
-            pool.add_worker(keyroute_gateway::config::WorkerConfig { name: w9.name.clone(), address: w9.addr, weight: 1, zone: None })
-                .context("adding the ninth worker")?;
+            pool.add_worker(keyroute_gateway::config::WorkerConfig {
+                name: w9.name.clone(),
+                address: w9.addr,
+                weight: 1,
+                zone: None,
+            })
+            .context("adding the ninth worker")?;
             let after = pool.snapshot();
             keys_remapped = Some(remapped(&before, &after, keys));
         }
@@ -324,7 +339,11 @@ async fn run_case(
             workers[2].task.abort();
             killed = true;
         }
-        let key = if scenario == "hot-image" && rng.unit_open() < HOT_SHARE { &keys[0] } else { &keys[zipf.sample(&mut rng)] };
+        let key = if scenario == "hot-image" && rng.unit_open() < HOT_SHARE {
+            &keys[0]
+        } else {
+            &keys[zipf.sample(&mut rng)]
+        };
         let url: hyper::Uri = format!("http://{front}{key}").parse().context("url")?;
         let client = client.clone();
         tasks.spawn(async move {
@@ -369,7 +388,11 @@ async fn run_case(
     Ok(summarise(scenario, strategy, &samples, elapsed, keys_remapped, owner_share))
 }
 
-fn remapped(before: &keyroute_gateway::pool::Snapshot, after: &keyroute_gateway::pool::Snapshot, keys: &[String]) -> f64 {
+fn remapped(
+    before: &keyroute_gateway::pool::Snapshot,
+    after: &keyroute_gateway::pool::Snapshot,
+    keys: &[String],
+) -> f64 {
     let owner = |s: &keyroute_gateway::pool::Snapshot, k: &str| {
         s.policy.owner(s.policy.key_hash(k.as_bytes())).map(|i| s.workers[i].name.clone())
     };
@@ -453,15 +476,29 @@ fn html(reports: &[CaseReport], seconds: f64, rate: f64) -> String {
         let rs: Vec<&CaseReport> = reports.iter().filter(|r| r.scenario == sc).collect();
         out.push_str(&format!("<h2>{}</h2>", esc(sc)));
         let cdfs: Vec<(String, Vec<(f64, f64)>)> = rs.iter().map(|r| (r.strategy.clone(), r.cdf.clone())).collect();
-        out.push_str(&line_chart(&format!("{sc}: latency CDF"), "latency (ms, log scale)", "fraction of requests", &cdfs, true));
+        out.push_str(&line_chart(
+            &format!("{sc}: latency CDF"),
+            "latency (ms, log scale)",
+            "fraction of requests",
+            &cdfs,
+            true,
+        ));
         out.push_str("<div class=\"grid\">");
         for r in rs {
             let series: Vec<(String, Vec<(f64, f64)>)> = r
                 .timeline
                 .iter()
-                .map(|(name, t)| (name.clone(), t.iter().enumerate().map(|(b, &c)| (b as f64 / 2.0, f64::from(c) * 2.0)).collect()))
+                .map(|(name, t)| {
+                    (name.clone(), t.iter().enumerate().map(|(b, &c)| (b as f64 / 2.0, f64::from(c) * 2.0)).collect())
+                })
                 .collect();
-            out.push_str(&line_chart(&format!("{sc} / {}: requests per second per worker", r.strategy), "seconds", "req/s", &series, false));
+            out.push_str(&line_chart(
+                &format!("{sc} / {}: requests per second per worker", r.strategy),
+                "seconds",
+                "req/s",
+                &series,
+                false,
+            ));
         }
         out.push_str("</div>");
     }

@@ -26,6 +26,11 @@ impl fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// A proxy allocates and frees a few small buffers per request; mimalloc's thread-local free
+/// lists make that a fraction of glibc's cost (measured in BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const EXIT_USAGE: u8 = 64;
 const EXIT_RUNTIME: u8 = 2;
 

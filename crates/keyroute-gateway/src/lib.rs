@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod pool;
 pub mod proxy;
 mod server;
+pub mod upstream;
 
 pub use config::{Config, ConfigError};
 pub use server::{Gateway, GatewayHandle};

@@ -56,6 +56,8 @@ pub struct WorkerState {
     pub zone: Option<String>,
     weight: AtomicU32,
     in_flight: AtomicU64,
+    /// Pooled keep-alive connections to this worker.
+    pub upstream: crate::upstream::Upstream,
     /// `HEALTHY`, `UNHEALTHY` or `DRAINING` (ejection is separate, by time).
     state: AtomicU8,
     /// Milliseconds since the gateway's epoch until which the worker is ejected; 0 if not.
@@ -74,6 +76,7 @@ impl WorkerState {
             address: config.address,
             zone: config.zone,
             weight: AtomicU32::new(config.weight),
+            upstream: crate::upstream::Upstream::new(config.address, pool.connect_timeout),
             in_flight: AtomicU64::new(0),
             state: AtomicU8::new(HEALTHY),
             ejected_until_ms: AtomicU64::new(0),
@@ -105,7 +108,10 @@ impl WorkerState {
         match self.state.load(Relaxed) {
             DRAINING => State::Draining,
             UNHEALTHY => State::Unhealthy,
-            _ if self.ejected_until_ms.load(Relaxed) > self.now_ms() => State::Ejected,
+            // Read the clock only for a worker that has been ejected at some point.
+            _ if self.ejected_until_ms.load(Relaxed) != 0 && self.ejected_until_ms.load(Relaxed) > self.now_ms() => {
+                State::Ejected
+            }
             _ => State::Healthy,
         }
     }
@@ -292,8 +298,6 @@ pub struct Pool {
     /// Counters.
     pub metrics: PoolMetrics,
     epoch: Instant,
-    /// An HTTP client with this pool's connect timeout and keep-alive pool.
-    pub client: crate::proxy::Client,
 }
 
 impl Pool {
@@ -305,7 +309,6 @@ impl Pool {
     pub fn new(config: PoolConfig, epoch: Instant) -> Result<Self, MembershipError> {
         let workers: Vec<Arc<WorkerState>> =
             config.workers.iter().map(|w| Arc::new(WorkerState::new(w.clone(), &config, epoch))).collect();
-        let client = crate::proxy::client(config.connect_timeout);
         let name = config.name.clone();
         let snapshot = build(Arc::new(config), workers, 1, None)?;
         Ok(Pool {
@@ -315,7 +318,6 @@ impl Pool {
             change: Mutex::new(()),
             metrics: PoolMetrics::default(),
             epoch,
-            client,
         })
     }
 

@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -14,32 +13,16 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use keyroute::Spill;
 use tokio::time::Instant;
 
 use crate::config::MissingKey;
 use crate::metrics::Outcome;
 use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
+use crate::upstream::{Conn, SendError};
 
 /// The body type the gateway sends and returns.
 pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
-
-/// The upstream HTTP/1.1 client: keep-alive pooled connections per worker.
-pub type Client = hyper_util::client::legacy::Client<HttpConnector, ProxyBody>;
-
-/// A client with this connect timeout.
-pub fn client(connect_timeout: Duration) -> Client {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(1024)
-        .build(connector)
-}
 
 fn empty() -> ProxyBody {
     Empty::<Bytes>::new().map_err(|never: Infallible| match never {}).boxed_unsync()
@@ -72,40 +55,69 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::try_from(n.trim()).ok())
-        .collect();
-    for name in HOP_BY_HOP.iter().chain(&listed) {
+    // One pass over the (few) headers, instead of a hash lookup per hop-by-hop name.
+    let mut drop: Vec<HeaderName> = Vec::new();
+    for (name, value) in headers.iter() {
+        if HOP_BY_HOP.contains(name) || name == header::TRANSFER_ENCODING {
+            drop.push(name.clone());
+            if name == header::CONNECTION {
+                let listed = value.to_str().ok().into_iter().flat_map(|v| v.split(','));
+                drop.extend(listed.filter_map(|n| HeaderName::try_from(n.trim()).ok()));
+            }
+        }
+    }
+    for name in &drop {
         headers.remove(name);
     }
-    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// What a connection's requests share: the client's address, and the forwarding headers' values
+/// for it, rendered once per connection.
+#[derive(Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    xff: HeaderValue,
+    forwarded: String,
+}
+
+impl Peer {
+    /// The forwarding values for a client address.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip().to_string();
+        let node = if addr.is_ipv6() { format!("\"[{ip}]\"") } else { ip.clone() };
+        Peer {
+            addr,
+            xff: HeaderValue::try_from(ip).unwrap_or_else(|_| HeaderValue::from_static("unknown")),
+            forwarded: format!("for={node};proto=http"),
+        }
+    }
 }
 
 /// Adds `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Forwarded`.
-fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
-    let ip = client.ip().to_string();
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip.clone(),
-    };
-    if let Ok(v) = HeaderValue::try_from(xff) {
-        headers.insert("x-forwarded-for", v);
+fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
+    match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) => {
+            if let Ok(v) = HeaderValue::try_from(format!("{prev}, {}", peer.addr.ip())) {
+                headers.insert("x-forwarded-for", v);
+            }
+        }
+        None => {
+            headers.insert("x-forwarded-for", peer.xff.clone());
+        }
     }
     headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned);
-    if let Some(h) = &host
-        && let Ok(v) = HeaderValue::try_from(h.as_str())
-    {
-        headers.insert("x-forwarded-host", v);
-    }
-    let node = if client.is_ipv6() { format!("\"[{ip}]\"") } else { ip };
-    let mut fwd = format!("for={node};proto=http");
-    if let Some(h) = host.filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"')) {
-        fwd.push_str(&format!(";host=\"{h}\""));
+    let host = headers.get(header::HOST).cloned();
+    let mut fwd = peer.forwarded.clone();
+    if let Some(h) = host {
+        if let Ok(text) = h.to_str()
+            && text.bytes().all(|b| b.is_ascii_graphic() && b != b'"')
+        {
+            fwd.push_str(";host=\"");
+            fwd.push_str(text);
+            fwd.push('"');
+        }
+        headers.insert("x-forwarded-host", h);
     }
     let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
         Some(prev) => format!("{prev}, {fwd}"),
@@ -116,10 +128,22 @@ fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
     }
 }
 
-/// A response body that holds its worker's in-flight count until it ends.
+/// A response body that holds its worker's in-flight count until it ends, and then gives the
+/// connection back to the worker's pool.
 struct Guarded {
     inner: Incoming,
     guard: Option<InFlight>,
+    conn: Option<(Arc<WorkerState>, Conn)>,
+}
+
+impl Guarded {
+    /// The response has been read to the end: release the load and pool the connection.
+    fn finish(&mut self) {
+        self.guard = None;
+        if let Some((worker, conn)) = self.conn.take() {
+            worker.upstream.checkin(conn);
+        }
+    }
 }
 
 impl Body for Guarded {
@@ -128,8 +152,15 @@ impl Body for Guarded {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let poll = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(poll, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.guard = None;
+        match &poll {
+            // The server stops polling once `is_end_stream` says so, so finish on the last frame.
+            Poll::Ready(None) => self.finish(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.finish(),
+            Poll::Ready(Some(Err(_))) => {
+                self.guard = None;
+                self.conn = None;
+            }
+            _ => {}
         }
         poll
     }
@@ -155,7 +186,7 @@ enum Failure {
 }
 
 /// Proxies a request to `pool`. Never fails: every error becomes a response.
-pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
+pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
     let snap = pool.snapshot();
     let started = Instant::now();
     let (mut parts, body) = req.into_parts();
@@ -163,7 +194,7 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, client: SocketAdd
     // The key.
     let mut key = String::new();
     let hash = if snap.policy.strategy().uses_key() {
-        match snap.config.key.render(&parts, client.ip(), &mut key) {
+        match snap.config.key.render(&parts, peer.addr.ip(), &mut key) {
             Ok(()) => {
                 let h = snap.policy.key_hash(key.as_bytes());
                 pool.record_key(h);
@@ -188,8 +219,13 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, client: SocketAdd
 
     // The upstream request's fixed parts.
     strip_hop_by_hop(&mut parts.headers);
-    add_forwarded(&mut parts.headers, client);
-    let path = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    add_forwarded(&mut parts.headers, peer);
+    // Origin form: the path and query, whatever form the client used.
+    let target: Uri = match parts.uri.path_and_query() {
+        Some(pq) if parts.uri.scheme().is_some() => Uri::from(pq.clone()),
+        Some(_) => parts.uri.clone(),
+        None => Uri::from_static("/"),
+    };
     let replayable = body.is_end_stream();
     let retry = &snap.config.retry;
     let attempts = if replayable { retry.attempts } else { 1 };
@@ -218,32 +254,24 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, client: SocketAdd
         let per_try = retry.per_try_timeout.min(deadline - now);
         let mut upstream = Request::new(body.take().unwrap_or_else(empty));
         *upstream.method_mut() = parts.method.clone();
-        *upstream.uri_mut() = match Uri::try_from(format!("http://{}{}", worker.address, path)) {
-            Ok(u) => u,
-            Err(e) => {
-                return json_error(
-                    StatusCode::BAD_REQUEST,
-                    "bad request target",
-                    serde_json::json!({ "reason": e.to_string() }),
-                );
-            }
-        };
-        *upstream.headers_mut() = parts.headers.clone();
+        *upstream.uri_mut() = target.clone();
+        *upstream.headers_mut() =
+            if attempt + 1 < attempts { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
         let guard = InFlight::new(Arc::clone(&worker));
         let sent = Instant::now();
-        let result = tokio::time::timeout(per_try, pool.client.request(upstream)).await;
+        let result = tokio::time::timeout(per_try, worker.upstream.send(upstream)).await;
         let latency = sent.elapsed();
         match result {
-            Ok(Ok(resp)) => {
+            Ok(Ok((resp, conn))) => {
                 let status = resp.status();
                 worker.metrics.record(Some(status.as_u16()), latency);
                 if worker.observe_request(!status.is_server_error()).is_some() {
                     tracing::warn!(pool = %pool.name, worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive 5xx");
                 }
-                return respond(&snap, &worker, resp, guard, &key, decision.node, attempt);
+                return respond(&snap, &worker, resp, conn, guard, &key, decision.node, attempt);
             }
             Ok(Err(e)) => {
-                let connect = e.is_connect();
+                let connect = matches!(e, SendError::Connect(_));
                 worker.metrics.record(None, latency);
                 if connect {
                     worker.metrics.connect_errors.fetch_add(1, Relaxed);
@@ -251,7 +279,7 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, client: SocketAdd
                 if worker.observe_request(false).is_some() {
                     tracing::warn!(pool = %pool.name, worker = %worker.name, "worker ejected after consecutive failures");
                 }
-                let reason = source_chain(&e);
+                let reason = e.to_string();
                 tracing::warn!(pool = %pool.name, worker = %worker.name, attempt, connect, error = %reason, "upstream request failed");
                 last = Some(if connect { Failure::Connect(reason) } else { Failure::Other(reason) });
                 // A request that may have reached the worker is retried only if idempotent.
@@ -307,10 +335,12 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, client: SocketAdd
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn respond(
     snap: &Snapshot,
     worker: &Arc<WorkerState>,
     resp: Response<Incoming>,
+    conn: Conn,
     guard: InFlight,
     key: &str,
     node: usize,
@@ -324,16 +354,10 @@ fn respond(
         parts.headers.insert(h.clone(), v);
     }
     tracing::trace!(worker = %worker.name, node, attempt, key, status = parts.status.as_u16(), "proxied");
-    Response::from_parts(parts, Guarded { inner: body, guard: Some(guard) }.boxed_unsync())
-}
-
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+    let mut guarded = Guarded { inner: body, guard: Some(guard), conn: Some((Arc::clone(worker), conn)) };
+    if guarded.inner.is_end_stream() {
+        // No body at all (HEAD, 204, 304, an empty 200): nothing will be polled.
+        guarded.finish();
     }
-    s
+    Response::from_parts(parts, guarded.boxed_unsync())
 }

@@ -174,9 +174,11 @@ impl Gateway {
                 shared,
                 graceful,
                 move |shared, remote| {
+                    let peer = Arc::new(proxy::Peer::new(remote));
                     service_fn(move |req| {
                         let shared = Arc::clone(&shared);
-                        async move { Ok::<_, std::convert::Infallible>(handle_request(&shared, i, req, remote).await) }
+                        let peer = Arc::clone(&peer);
+                        async move { Ok::<_, std::convert::Infallible>(handle_request(&shared, i, req, &peer).await) }
                     })
                 },
                 max,
@@ -247,7 +249,11 @@ async fn accept_loop<S, F>(
         };
         let _ = stream.set_nodelay(true);
         let mut builder = http1::Builder::new();
-        builder.max_buf_size(max_buf.max(8192)).timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+        builder
+            .max_buf_size(max_buf.max(8192))
+            .writev(false)
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30));
         let conn = builder.serve_connection(TokioIo::new(stream), make(Arc::clone(&shared), remote));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -262,13 +268,13 @@ async fn handle_request(
     shared: &Arc<Shared>,
     listener: usize,
     req: Request<Incoming>,
-    remote: SocketAddr,
+    peer: &proxy::Peer,
 ) -> Response<ProxyBody> {
     let routing = shared.routing.load_full();
     let Some(pool) = routing.route(listener, &req) else {
         return json_error(StatusCode::NOT_FOUND, "no route", serde_json::json!({ "path": req.uri().path() }));
     };
-    let mut resp = proxy::forward(pool, req, remote).await;
+    let mut resp = proxy::forward(pool, req, peer).await;
     if shared.draining.load(Relaxed) {
         resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
     }
@@ -302,11 +308,10 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
         };
         let probes = snap.workers.iter().map(|w| {
             let w = Arc::clone(w);
-            let client = p.client.clone();
             let path = path.clone();
             let pool_name = p.name.clone();
             async move {
-                let ok = probe(&client, w.address, &path, health.timeout).await;
+                let ok = probe(&w, &path, health.timeout).await;
                 match w.observe_probe(ok) {
                     Transition::Down => {
                         tracing::warn!(pool = %pool_name, worker = %w.name, "worker failed its health checks")
@@ -331,15 +336,19 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
     }
 }
 
-async fn probe(client: &proxy::Client, addr: SocketAddr, path: &str, timeout: Duration) -> bool {
-    let Ok(uri) = http::Uri::try_from(format!("http://{addr}{path}")) else { return false };
+async fn probe(worker: &crate::pool::WorkerState, path: &str, timeout: Duration) -> bool {
+    let Ok(uri) = http::Uri::try_from(path) else { return false };
     let mut req = Request::new(http_body_util::Empty::<Bytes>::new().map_err(|n| match n {}).boxed_unsync());
     *req.uri_mut() = uri;
+    if let Ok(host) = http::HeaderValue::try_from(worker.address.to_string()) {
+        req.headers_mut().insert(http::header::HOST, host);
+    }
     let fut = async {
-        let resp = client.request(req).await.ok()?;
+        let (resp, conn) = worker.upstream.send(req).await.ok()?;
         let ok = resp.status().is_success();
         // Read the body so the connection can be reused.
         resp.into_body().collect().await.ok()?;
+        worker.upstream.checkin(conn);
         Some(ok)
     };
     matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))

@@ -176,7 +176,13 @@ pub fn esc(s: &str) -> String {
 }
 
 /// A line chart: `series` of `(label, points)`, with axis titles; `log_x` for a logarithmic x axis.
-pub fn line_chart(title: &str, x_title: &str, y_title: &str, series: &[(String, Vec<(f64, f64)>)], log_x: bool) -> String {
+pub fn line_chart(
+    title: &str,
+    x_title: &str,
+    y_title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    log_x: bool,
+) -> String {
     let (w, h, left, right, top, bottom) = (760.0, 300.0, 60.0, 150.0, 30.0, 40.0);
     let fx = |x: f64| if log_x { x.max(1e-3).log10() } else { x };
     let pts = series.iter().flat_map(|(_, p)| p.iter());

@@ -1,0 +1,136 @@
+//! Connections to one worker: HTTP/1.1 keep-alive connections on hyper's low-level client, pooled
+//! per worker.
+//!
+//! A proxy sends every request to an address it already chose, so the general client's machinery
+//! (a pool keyed by scheme and authority, absolute URIs to parse, a connector to resolve) is work
+//! done for nothing on every request. Here each worker owns a stack of idle connections: a request
+//! takes one (or connects), sends on it, and the response body gives it back when it ends. A
+//! request that a closed pooled connection could not send is handed back untouched and sent on a
+//! fresh connection, so a worker's keep-alive timeout never fails a request.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::proxy::ProxyBody;
+
+/// Idle connections kept per worker.
+const MAX_IDLE: usize = 256;
+
+/// Why a request could not be sent.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection could be made (refused, unreachable, connect timeout): the worker never saw
+    /// the request.
+    Connect(String),
+    /// The request may have reached the worker (the connection failed while sending or before the
+    /// response headers).
+    Request(hyper::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(why) => write!(f, "connect: {why}"),
+            SendError::Request(e) => {
+                write!(f, "{e}")?;
+                let mut cur = std::error::Error::source(e);
+                while let Some(c) = cur {
+                    write!(f, ": {c}")?;
+                    cur = c.source();
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A worker's connection pool.
+#[derive(Debug)]
+pub struct Upstream {
+    addr: SocketAddr,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<SendRequest<ProxyBody>>>,
+}
+
+/// A connection on loan to one request; give it back with [`Upstream::checkin`].
+pub type Conn = SendRequest<ProxyBody>;
+
+impl Upstream {
+    /// An empty pool for `addr`.
+    pub fn new(addr: SocketAddr, connect_timeout: Duration) -> Self {
+        Upstream { addr, connect_timeout, idle: Mutex::new(Vec::new()) }
+    }
+
+    async fn connect(&self) -> Result<Conn, SendError> {
+        let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(SendError::Connect(format!("{}: {e}", self.addr))),
+            Err(_) => {
+                return Err(SendError::Connect(format!("{}: timed out after {:?}", self.addr, self.connect_timeout)));
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| SendError::Connect(format!("{}: {e}", self.addr)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    fn take_idle(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(c) = idle.pop() {
+            if !c.is_closed() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Sends a request: on a pooled connection if one is alive, else on a new one. Returns the
+    /// response and the connection, to be checked in when the response body ends.
+    pub async fn send(&self, mut req: Request<ProxyBody>) -> Result<(Response<Incoming>, Conn), SendError> {
+        while let Some(mut conn) = self.take_idle() {
+            if conn.ready().await.is_err() {
+                continue;
+            }
+            match conn.try_send_request(req).await {
+                Ok(resp) => return Ok((resp, conn)),
+                Err(mut e) => match e.take_message() {
+                    // Not sent: the pooled connection had closed. Try the next one.
+                    Some(back) => req = back,
+                    None => return Err(SendError::Request(e.into_error())),
+                },
+            }
+        }
+        let mut conn = self.connect().await?;
+        match conn.send_request(req).await {
+            Ok(resp) => Ok((resp, conn)),
+            Err(e) => Err(SendError::Request(e)),
+        }
+    }
+
+    /// Returns a connection whose response has been read to the end.
+    pub fn checkin(&self, conn: Conn) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+}
