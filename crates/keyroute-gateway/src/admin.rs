@@ -103,26 +103,28 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
     }
     let routing = shared.routing.load_full();
     let pool_name = param(&req, "pool");
-    let pool = || routing.pool(pool_name.as_deref()).map(Arc::clone);
+    // The pool named by `?pool=` (or the only one), or a 404 response naming the choices.
+    macro_rules! pool_or_404 {
+        () => {
+            match routing.pool(pool_name.as_deref()) {
+                Ok(p) => Arc::clone(p),
+                Err(e) => return json_error(StatusCode::NOT_FOUND, &e, serde_json::json!({})),
+            }
+        };
+    }
     let bad = |msg: String| json_error(StatusCode::BAD_REQUEST, &msg, serde_json::json!({}));
     let worker_name = path.strip_prefix("/workers/").map(percent_decode).filter(|n| !n.is_empty());
     match (&method, path.as_str(), worker_name) {
         (&Method::GET, "/metrics", _) => text(StatusCode::OK, "text/plain; version=0.0.4", metrics(&routing.pools)),
         (&Method::GET, "/workers", _) => {
-            let pools: Vec<&Arc<Pool>> = match &pool_name {
-                Some(_) => match pool() {
-                    Ok(_) => routing.pools.iter().filter(|p| Some(&p.name) == pool_name.as_ref()).collect(),
-                    Err(e) => return json_error(StatusCode::NOT_FOUND, &e, serde_json::json!({})),
-                },
-                None => routing.pools.iter().collect(),
+            let pools: Vec<Arc<Pool>> = match &pool_name {
+                Some(_) => vec![pool_or_404!()],
+                None => routing.pools.clone(),
             };
             json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| describe(p)).collect::<Vec<_>>() }))
         }
         (&Method::POST, "/workers", _) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(e) => return json_error(StatusCode::NOT_FOUND, &e, serde_json::json!({})),
-            };
+            let pool = pool_or_404!();
             let body: serde_json::Value = match read_json(req).await {
                 Ok(v) => v,
                 Err(e) => return bad(e),
@@ -151,10 +153,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
             }
         }
         (&Method::DELETE, _, Some(name)) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(e) => return json_error(StatusCode::NOT_FOUND, &e, serde_json::json!({})),
-            };
+            let pool = pool_or_404!();
             if param(&req, "drain").as_deref() == Some("true") {
                 let Some((_, w)) = pool.snapshot().worker(&name).map(|(i, w)| (i, Arc::clone(w))) else {
                     return json_error(
@@ -191,10 +190,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
             }
         }
         (&Method::PATCH, _, Some(name)) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(e) => return json_error(StatusCode::NOT_FOUND, &e, serde_json::json!({})),
-            };
+            let pool = pool_or_404!();
             let body: serde_json::Value = match read_json(req).await {
                 Ok(v) => v,
                 Err(e) => return bad(e),
@@ -214,10 +210,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
             }
         }
         (&Method::GET, "/placement", _) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(e) => return json_error(StatusCode::NOT_FOUND, &e, serde_json::json!({})),
-            };
+            let pool = pool_or_404!();
             let Some(key) = param(&req, "key") else { return bad("?key= is required".into()) };
             let snap = pool.snapshot();
             let hash = snap.policy.key_hash(key.as_bytes());

@@ -323,12 +323,14 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
                 }
             }
         });
-        let all: Vec<_> = probes.collect();
+        // Probe every worker at once: one slow or dead worker must not delay the others' checks.
+        let mut running = tokio::task::JoinSet::new();
+        for f in probes {
+            running.spawn(f);
+        }
         drop(snap);
         drop(p);
-        for f in all {
-            f.await;
-        }
+        while running.join_next().await.is_some() {}
         if shared.upgrade().is_none_or(|s| *s.shutdown.borrow()) {
             return;
         }
