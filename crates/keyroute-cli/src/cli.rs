@@ -345,4 +345,8 @@ pub struct FleetKnobs {
     /// slow-worker: how many times slower worker 1 is.
     #[arg(long)]
     pub slow_factor: Option<f64>,
+    /// An extra timed change, repeatable: AT:add, AT:remove, AT:slow:WORKER:FACTOR or AT:hot:SHARE,
+    /// where AT is the fraction of the run's requests (0.5 = halfway) and WORKER counts from 1.
+    #[arg(long = "change", value_name = "AT:KIND[:ARGS]")]
+    pub changes: Vec<String>,
 }

@@ -93,8 +93,34 @@ pub fn configure(
             _ => {}
         }
     }
+    for spec in &knobs.changes {
+        c.changes.push(parse_change(spec).map_err(|why| Usage(format!("--change '{spec}': {why}")))?);
+    }
     c.validate().map_err(|e| Usage(e.to_string()))?;
     Ok(c)
+}
+
+/// `AT:add`, `AT:remove`, `AT:slow:WORKER:FACTOR` (WORKER from 1) or `AT:hot:SHARE`.
+fn parse_change(spec: &str) -> Result<fleet::TimedChange, String> {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let at: f64 = parts.first().and_then(|a| a.parse().ok()).ok_or("AT must be a number in [0, 1]")?;
+    let num = |i: usize, what: &str| -> Result<f64, String> {
+        parts.get(i).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| format!("{what} must be a number"))
+    };
+    let change = match (parts.get(1).copied(), parts.len()) {
+        (Some("add"), 2) => Change::AddWorker,
+        (Some("remove"), 2) => Change::RemoveWorker,
+        (Some("slow"), 4) => {
+            let worker = num(2, "WORKER")?;
+            if worker < 1.0 || worker.fract() != 0.0 {
+                return Err("WORKER counts from 1".into());
+            }
+            Change::SlowWorker { worker: worker as usize - 1, factor: num(3, "FACTOR")? }
+        }
+        (Some("hot"), 3) => Change::HotKey { share: num(2, "SHARE")? },
+        _ => return Err("expected AT:add, AT:remove, AT:slow:WORKER:FACTOR or AT:hot:SHARE".into()),
+    };
+    Ok(fleet::TimedChange { at, change })
 }
 
 pub fn fleet(args: &FleetArgs) -> Result<()> {

@@ -196,6 +196,9 @@ fn usage_errors_exit_64_and_say_what_is_wrong() {
         (vec!["sim", "fleet", "--rate", "0"], "rate must be > 0"),
         (vec!["sim", "choices", "--choices", "0"], "choices must be"),
         (vec!["place", "--replicas", "0", "-n", "a", "k"], "--replicas"),
+        (vec!["sim", "fleet", "--change", "0.5:explode"], "expected AT:add"),
+        (vec!["sim", "fleet", "--change", "0.5:slow:0:2"], "WORKER counts from 1"),
+        (vec!["sim", "fleet", "--change", "1.5:add"], "a change's time must be in [0, 1]"),
         (vec!["nonsense"], "unrecognized subcommand"),
     ] {
         let o = keyroute(&args);
@@ -221,6 +224,31 @@ fn every_command_has_help() {
         assert!(o.status.success(), "{args:?}");
         assert!(stdout(&o).contains("Usage"), "{args:?}");
     }
+}
+
+#[test]
+fn fleet_takes_extra_timed_changes() {
+    let o = keyroute(&[
+        "sim",
+        "fleet",
+        "--strategies",
+        "rendezvous",
+        "--requests",
+        "20000",
+        "--change",
+        "0.3:add",
+        "--change",
+        "0.6:remove",
+        "--change",
+        "0.1:slow:2:3",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let remaps = v[0][1][0]["remaps"].as_array().expect("remaps").clone();
+    assert_eq!(remaps.len(), 2, "{remaps:?}");
+    assert_eq!(remaps[0]["change"], "add w9");
+    assert_eq!(remaps[1]["change"], "remove w9");
 }
 
 #[test]
