@@ -22,7 +22,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use keyroute::Strategy;
 use keyroute::hash::{RandomSource, SplitMix64};
 use keyroute_gateway::{Config, Gateway};
-use keyroute_sim::report::{esc, line_chart};
+use keyroute_sim::report::{Section, page};
 use keyroute_sim::{Histogram, Zipf};
 use keyroute_worker::{Worker, WorkerConfig};
 use serde::Serialize;
@@ -461,47 +461,40 @@ fn summarise(
 }
 
 fn html(reports: &[CaseReport], seconds: f64, rate: f64) -> String {
-    let mut out = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>keyroute demo</title><style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}\
-         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}.grid{{display:flex;flex-wrap:wrap}}</style></head><body>\
-         <h1>keyroute demo: the thumbnail service</h1><p>{WORKERS} workers, {IMAGES} source images x {} sizes, Zipf(1.0), {rate} requests/s for {seconds} s per run, cold caches.</p>\
-         <p>{}</p><pre>{}</pre>",
-        SIZES.len(),
-        esc(LEGEND),
-        esc(&table(reports))
-    );
     let mut scenarios: Vec<&str> = reports.iter().map(|r| r.scenario.as_str()).collect();
     scenarios.dedup();
-    for sc in scenarios {
-        let rs: Vec<&CaseReport> = reports.iter().filter(|r| r.scenario == sc).collect();
-        out.push_str(&format!("<h2>{}</h2>", esc(sc)));
-        let cdfs: Vec<(String, Vec<(f64, f64)>)> = rs.iter().map(|r| (r.strategy.clone(), r.cdf.clone())).collect();
-        out.push_str(&line_chart(
-            &format!("{sc}: latency CDF"),
-            "latency (ms, log scale)",
-            "fraction of requests",
-            &cdfs,
-            true,
-        ));
-        out.push_str("<div class=\"grid\">");
-        for r in rs {
-            let series: Vec<(String, Vec<(f64, f64)>)> = r
-                .timeline
-                .iter()
-                .map(|(name, t)| {
-                    (name.clone(), t.iter().enumerate().map(|(b, &c)| (b as f64 / 2.0, f64::from(c) * 2.0)).collect())
-                })
-                .collect();
-            out.push_str(&line_chart(
-                &format!("{sc} / {}: requests per second per worker", r.strategy),
-                "seconds",
-                "req/s",
-                &series,
-                false,
-            ));
-        }
-        out.push_str("</div>");
-    }
-    out.push_str("</body></html>\n");
-    out
+    let sections: Vec<Section> = scenarios
+        .iter()
+        .map(|&sc| {
+            let rs: Vec<&CaseReport> = reports.iter().filter(|r| r.scenario == sc).collect();
+            Section {
+                title: sc.to_owned(),
+                table: None,
+                cdfs: rs.iter().map(|r| (r.strategy.clone(), r.cdf.clone())).collect(),
+                load: rs
+                    .iter()
+                    .map(|r| {
+                        let series = r
+                            .timeline
+                            .iter()
+                            .map(|(name, t)| {
+                                let points =
+                                    t.iter().enumerate().map(|(b, &c)| (b as f64 / 2.0, f64::from(c) * 2.0)).collect();
+                                (name.clone(), points)
+                            })
+                            .collect();
+                        (format!("{sc} / {}: requests per second per worker", r.strategy), "seconds", "req/s", series)
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let intro = [
+        format!(
+            "{WORKERS} workers, {IMAGES} source images x {} sizes, Zipf(1.0), {rate} requests/s for {seconds} s per run, cold caches.",
+            SIZES.len()
+        ),
+        LEGEND.to_owned(),
+    ];
+    page("keyroute demo: the thumbnail service", &intro, Some(&table(reports)), &sections)
 }

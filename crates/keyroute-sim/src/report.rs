@@ -272,49 +272,90 @@ fn short(v: f64) -> String {
     if v.abs() >= 10.0 { format!("{v:.0}") } else { format!("{v:.2}") }
 }
 
-/// A self-contained HTML page: for each scenario, its table, the latency CDF of every strategy,
-/// and each strategy's requests in flight per worker over time.
-pub fn html(title: &str, scenarios: &[(String, Vec<FleetReport>)]) -> String {
+/// A chart's data: its title, axis titles and `(label, points)` series.
+pub type Chart = (String, &'static str, &'static str, Vec<(String, Vec<(f64, f64)>)>);
+
+/// One part of an HTML report: a heading, a preformatted table, a latency CDF of every run, and
+/// one load-over-time chart per run.
+#[derive(Clone, Debug, Default)]
+pub struct Section {
+    /// The heading.
+    pub title: String,
+    /// A text table, shown preformatted.
+    pub table: Option<String>,
+    /// `(label, (ms, fraction) points)` per run.
+    pub cdfs: Vec<(String, Vec<(f64, f64)>)>,
+    /// Per-run charts of load over time.
+    pub load: Vec<Chart>,
+}
+
+/// A self-contained HTML page: paragraphs of introduction, an optional summary table, then the
+/// sections, each with its table and SVG charts.
+pub fn page(title: &str, intro: &[String], summary: Option<&str>, sections: &[Section]) -> String {
     let mut out = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}\
-         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}.grid{{display:flex;flex-wrap:wrap}}</style></head><body><h1>{t}</h1>\
-         <p>{legend}</p>",
-        t = esc(title),
-        legend = esc(FLEET_LEGEND)
+         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}.grid{{display:flex;flex-wrap:wrap}}</style></head><body><h1>{t}</h1>",
+        t = esc(title)
     );
-    for (name, reports) in scenarios {
-        let _ = write!(out, "<h2>{}</h2><pre>{}</pre>", esc(name), esc(&fleet_table(reports)));
-        let cdfs: Vec<(String, Vec<(f64, f64)>)> =
-            reports.iter().map(|r| (r.config.strategy.name().to_owned(), r.latency_cdf.clone())).collect();
+    for p in intro {
+        let _ = write!(out, "<p>{}</p>", esc(p));
+    }
+    if let Some(t) = summary {
+        let _ = write!(out, "<pre>{}</pre>", esc(t));
+    }
+    for s in sections {
+        let _ = write!(out, "<h2>{}</h2>", esc(&s.title));
+        if let Some(t) = &s.table {
+            let _ = write!(out, "<pre>{}</pre>", esc(t));
+        }
         out.push_str(&line_chart(
-            &format!("{name}: latency CDF"),
+            &format!("{}: latency CDF", s.title),
             "latency (ms, log scale)",
             "fraction of requests",
-            &cdfs,
+            &s.cdfs,
             true,
         ));
         out.push_str("<div class=\"grid\">");
-        for r in reports {
-            let series: Vec<(String, Vec<(f64, f64)>)> = r
-                .workers
-                .iter()
-                .zip(&r.series.in_flight)
-                .map(|(w, s)| {
-                    (w.name.clone(), r.series.times_s.iter().zip(s).map(|(&t, &v)| (t, f64::from(v))).collect())
-                })
-                .collect();
-            out.push_str(&line_chart(
-                &format!("{name} / {}: requests in flight per worker", r.config.strategy.name()),
-                "simulated time (s)",
-                "in flight",
-                &series,
-                false,
-            ));
+        for (title, x, y, series) in &s.load {
+            out.push_str(&line_chart(title, x, y, series, false));
         }
         out.push_str("</div>");
     }
     out.push_str("</body></html>\n");
     out
+}
+
+/// The fleet simulator's report: for each scenario, its table, the latency CDF of every strategy,
+/// and each strategy's requests in flight per worker over time.
+pub fn html(title: &str, scenarios: &[(String, Vec<FleetReport>)]) -> String {
+    let sections: Vec<Section> = scenarios
+        .iter()
+        .map(|(name, reports)| Section {
+            title: name.clone(),
+            table: Some(fleet_table(reports)),
+            cdfs: reports.iter().map(|r| (r.config.strategy.name().to_owned(), r.latency_cdf.clone())).collect(),
+            load: reports
+                .iter()
+                .map(|r| {
+                    let series = r
+                        .workers
+                        .iter()
+                        .zip(&r.series.in_flight)
+                        .map(|(w, s)| {
+                            (w.name.clone(), r.series.times_s.iter().zip(s).map(|(&t, &v)| (t, f64::from(v))).collect())
+                        })
+                        .collect();
+                    (
+                        format!("{name} / {}: requests in flight per worker", r.config.strategy.name()),
+                        "simulated time (s)",
+                        "in flight",
+                        series,
+                    )
+                })
+                .collect(),
+        })
+        .collect();
+    page(title, &[FLEET_LEGEND.to_owned()], None, &sections)
 }
 
 #[cfg(test)]
