@@ -1,5 +1,5 @@
 //! Health as pure state machines, fed by observations; the probing itself is a separate task
-//! ([`crate::server`]) so that these can be table-tested without a network or a clock.
+//! (in the gateway's server module) so that these can be table-tested without a network or a clock.
 //!
 //! - [`HealthMachine`]: active checks with `rise`/`fall` hysteresis (HAProxy's model): a healthy
 //!   worker becomes unhealthy after `fall` consecutive failed probes, and healthy again after `rise`

@@ -29,7 +29,7 @@
 //! requests still reach their key's owner (Vimeo's and HAProxy's `hash-balance-factor 125`).
 //!
 //! Loads are what the caller measures, typically requests in flight per node
-//! ([`LoadView`](crate::LoadView)); nodes the caller cannot use (unhealthy) are left out by the
+//! ([`LoadView`]); nodes the caller cannot use (unhealthy) are left out by the
 //! `eligible` filter, and do not count towards the mean.
 
 use crate::{Error, LoadView, NodeSet};

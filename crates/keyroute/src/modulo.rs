@@ -20,7 +20,7 @@
 //! # When to choose it
 //!
 //! A fixed set of nodes that never changes (or a full rehash that is acceptable when it does), or as
-//! the control in an experiment. Otherwise use [`Rendezvous`](crate::Rendezvous) or
+//! the control in an experiment. Otherwise use [`Rendezvous`] or
 //! [`HashRing`](crate::HashRing).
 //!
 //! Node order matters: node `i` is remainder `i` (of the slots, in listing order).

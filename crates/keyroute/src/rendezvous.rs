@@ -39,7 +39,7 @@
 //! # The exact definition (part of the placement contract)
 //!
 //! Live nodes are grouped by weight. Within a group, nodes are ordered by the integer score
-//! [`hash::score`](crate::hash::score)`(key_hash, node_seed)`, highest first, ties by name. Across
+//! [`hash::score`]`(key_hash, node_seed)`, highest first, ties by name. Across
 //! groups, the candidates are compared by `-ln(u) x (1/w)`, smallest first, where
 //! `u = ((score >> 11) + 0.5) / 2^53` and `ln` is keyroute's portable logarithm; ties by higher
 //! score, then by name. With
