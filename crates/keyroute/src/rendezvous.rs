@@ -664,6 +664,29 @@ mod tests {
     }
 
     #[test]
+    fn equal_scores_in_a_large_ranking_are_broken_by_name() {
+        // 20 nodes (the vector and cached-score paths), half of them sharing one seed.
+        let names: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
+        let mut t = Rendezvous::new(NodeSet::parse(&names.join(",")).expect("valid"));
+        let mut seeds = t.seeds.to_vec();
+        for s in seeds.iter_mut().step_by(2) {
+            *s = 42;
+        }
+        t.seeds = seeds.into();
+        for h in [0u64, 1, 42, u64::MAX, 0x9e37_79b9] {
+            // The definition over the table's (overwritten) seeds: score, then name.
+            let mut expected: Vec<usize> = (0..t.seeds.len()).collect();
+            expected.sort_by(|&a, &b| {
+                hash::score(h, t.seeds[b]).cmp(&hash::score(h, t.seeds[a])).then(t.rank[a].cmp(&t.rank[b]))
+            });
+            let expected: Vec<usize> = expected.into_iter().map(|p| t.index[p] as usize).collect();
+            let got: Vec<usize> = t.ranked_hash(h).collect();
+            assert_eq!(got, expected, "hash {h}");
+            assert_eq!(t.pick_hash(h), got.first().copied());
+        }
+    }
+
+    #[test]
     fn empty_and_drained_sets_pick_nothing() {
         let t = Rendezvous::new(NodeSet::try_new([]).expect("empty is valid"));
         assert_eq!(t.pick(b"k"), None);
