@@ -50,6 +50,12 @@ impl HealthMachine {
         self.state
     }
 
+    /// The same machine with new thresholds (a configuration reload); the state is kept and the
+    /// current streak starts over.
+    pub fn retuned(&self, rise: u32, fall: u32) -> Self {
+        HealthMachine { rise: rise.max(1), fall: fall.max(1), state: self.state, streak: 0 }
+    }
+
     /// Feeds one probe result.
     pub fn observe(&mut self, ok: bool) -> Transition {
         match (self.state, ok) {
@@ -96,6 +102,11 @@ impl Ejector {
     /// A threshold of 0 never ejects.
     pub fn new(threshold: u32, base: Duration, max: Duration) -> Self {
         Ejector { threshold, base, max, failures: 0, in_a_row: 0 }
+    }
+
+    /// The same ejector with new thresholds (a configuration reload); the streaks start over.
+    pub fn retuned(threshold: u32, base: Duration, max: Duration) -> Self {
+        Ejector::new(threshold, base, max)
     }
 
     /// Feeds one request outcome (`ok` = neither a connect error nor a 5xx). Returns how long to

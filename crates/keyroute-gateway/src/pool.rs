@@ -149,6 +149,15 @@ impl WorkerState {
         Some(ejection)
     }
 
+    /// Applies a reloaded pool's health, ejection and connect settings, keeping the current state.
+    fn retune(&self, pool: &PoolConfig) {
+        let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+        m.0 = m.0.retuned(pool.health.rise, pool.health.fall);
+        m.1 =
+            Ejector::retuned(pool.passive.consecutive_failures, pool.passive.base_ejection, pool.passive.max_ejection);
+        self.upstream.set_connect_timeout(pool.connect_timeout);
+    }
+
     /// Marks the worker as draining (irreversible for this worker object).
     pub fn drain(&self) {
         self.state.store(DRAINING, Relaxed);
@@ -396,9 +405,10 @@ impl Pool {
             .workers
             .iter()
             .map(|w| match old.worker(&w.name) {
-                // The same worker: it keeps its health, load and counters.
+                // The same worker: it keeps its health, load and counters, under the new settings.
                 Some((_, s)) if s.address == w.address && s.zone == w.zone => {
                     s.weight.store(w.weight, Relaxed);
+                    s.retune(&config);
                     Arc::clone(s)
                 }
                 _ => Arc::new(WorkerState::new(w.clone(), &config, self.epoch)),

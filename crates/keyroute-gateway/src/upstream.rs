@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -55,7 +56,8 @@ impl std::fmt::Display for SendError {
 #[derive(Debug)]
 pub struct Upstream {
     addr: SocketAddr,
-    connect_timeout: Duration,
+    /// Milliseconds; changed by a configuration reload.
+    connect_timeout_ms: AtomicU64,
     idle: Mutex<Vec<SendRequest<ProxyBody>>>,
 }
 
@@ -65,16 +67,24 @@ pub type Conn = SendRequest<ProxyBody>;
 impl Upstream {
     /// An empty pool for `addr`.
     pub fn new(addr: SocketAddr, connect_timeout: Duration) -> Self {
-        Upstream { addr, connect_timeout, idle: Mutex::new(Vec::new()) }
+        Upstream {
+            addr,
+            connect_timeout_ms: AtomicU64::new(connect_timeout.as_millis() as u64),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sets the connect timeout for new connections.
+    pub fn set_connect_timeout(&self, timeout: Duration) {
+        self.connect_timeout_ms.store(timeout.as_millis() as u64, Relaxed);
     }
 
     async fn connect(&self) -> Result<Conn, SendError> {
-        let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(self.addr)).await {
+        let timeout = Duration::from_millis(self.connect_timeout_ms.load(Relaxed));
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(SendError::Connect(format!("{}: {e}", self.addr))),
-            Err(_) => {
-                return Err(SendError::Connect(format!("{}: timed out after {:?}", self.addr, self.connect_timeout)));
-            }
+            Err(_) => return Err(SendError::Connect(format!("{}: timed out after {timeout:?}", self.addr))),
         };
         let _ = stream.set_nodelay(true);
         let (sender, conn) = http1::Builder::new()
