@@ -169,7 +169,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
                     while w.in_flight() > 0 && tokio::time::Instant::now() < until {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
-                    match pool.remove_worker(&w.name) {
+                    match pool.remove_exact(&w) {
                         Ok(g) => {
                             tracing::info!(pool = %pool.name, worker = %w.name, generation = g, "drained and removed")
                         }

@@ -192,7 +192,7 @@ struct RawListener {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRoute {
-    host: Option<String>,
+    host: Option<Spanned<String>>,
     path_prefix: Option<Spanned<String>>,
     pool: Spanned<String>,
 }
@@ -283,6 +283,14 @@ impl Ctx<'_> {
 
 fn ms(v: Option<&Spanned<u64>>, default: u64) -> Duration {
     Duration::from_millis(v.map_or(default, |s| *s.get_ref()))
+}
+
+/// A timeout field: at least 1 ms (a zero timeout would fail every request or probe).
+fn timeout(ctx: &Ctx<'_>, v: Option<&Spanned<u64>>, default: u64, field: String) -> Result<Duration, ConfigError> {
+    match v {
+        Some(t) if *t.get_ref() == 0 => ctx.err(Some(t.span()), field, "must be at least 1 (milliseconds)"),
+        _ => Ok(ms(v, default)),
+    }
 }
 
 impl Config {
@@ -404,7 +412,15 @@ fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
                 let span = r.path_prefix.as_ref().map(Spanned::span);
                 return ctx.err(span, field("route.path_prefix"), "must start with '/'");
             }
-            routes.push(RouteConfig { host: r.host.as_ref().map(|h| h.to_ascii_lowercase()), path_prefix, pool });
+            if let Some(h) = &r.host
+                && (h.get_ref().is_empty() || h.get_ref().contains([':', '/']))
+            {
+                // Requests are matched on their host without the port.
+                let msg = format!("'{}' must be a host name, without a port", h.get_ref());
+                return ctx.err(Some(h.span()), field("route.host"), msg);
+            }
+            let host = r.host.as_ref().map(|h| h.get_ref().to_ascii_lowercase());
+            routes.push(RouteConfig { host, path_prefix, pool });
         }
         if routes.is_empty() {
             if pools.len() == 1 {
@@ -524,9 +540,13 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, C
         Some(h) => {
             let path = h.path.as_ref().map(|p| p.get_ref().clone());
             if let (Some(p), Some(s)) = (&path, &h.path)
-                && !p.starts_with('/')
+                && (!p.starts_with('/') || http::uri::PathAndQuery::try_from(p.as_str()).is_err())
             {
-                return ctx.err(Some(s.span()), field("health.path"), "must start with '/'");
+                return ctx.err(
+                    Some(s.span()),
+                    field("health.path"),
+                    "must be a path starting with '/', without spaces",
+                );
             }
             let rise = h.rise.as_ref().map_or(2, |r| *r.get_ref());
             let fall = h.fall.as_ref().map_or(3, |f| *f.get_ref());
@@ -547,7 +567,7 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, C
             HealthConfig {
                 path: path.or(Some("/healthz".into())),
                 interval,
-                timeout: ms(h.timeout_ms.as_ref(), 1000),
+                timeout: timeout(ctx, h.timeout_ms.as_ref(), 1000, field("health.timeout_ms"))?,
                 rise,
                 fall,
             }
@@ -576,8 +596,13 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, C
             }
             RetryConfig {
                 attempts,
-                per_try_timeout: ms(r.per_try_timeout_ms.as_ref(), 30_000),
-                deadline: ms(r.deadline_ms.as_ref(), 60_000),
+                per_try_timeout: timeout(
+                    ctx,
+                    r.per_try_timeout_ms.as_ref(),
+                    30_000,
+                    field("retry.per_try_timeout_ms"),
+                )?,
+                deadline: timeout(ctx, r.deadline_ms.as_ref(), 60_000, field("retry.deadline_ms"))?,
             }
         }
     };
@@ -623,7 +648,7 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, C
         health,
         passive,
         retry,
-        connect_timeout: ms(p.connect_timeout_ms.as_ref(), 2_000),
+        connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
         workers,
     })
 }
@@ -678,6 +703,30 @@ weight = 2
             assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}");
             assert!(err.message.contains(needle), "{err}");
             assert!(err.to_string().starts_with(&format!("k.toml:{line}: {field}: ")), "{err}");
+        }
+    }
+
+    #[test]
+    fn values_that_would_fail_every_request_are_refused() {
+        let key = "key = \"{path}?w={query.w}\"";
+        for (edit, field) in [
+            (GOOD.replace(key, &format!("{key}\nconnect_timeout_ms = 0")), "pool.thumbs.connect_timeout_ms"),
+            (
+                GOOD.replace(key, &format!("{key}\n[pool.retry]\nper_try_timeout_ms = 0")),
+                "pool.thumbs.retry.per_try_timeout_ms",
+            ),
+            (GOOD.replace(key, &format!("{key}\n[pool.health]\ntimeout_ms = 0")), "pool.thumbs.health.timeout_ms"),
+            (GOOD.replace(key, &format!("{key}\n[pool.health]\npath = \"/health check\"")), "pool.thumbs.health.path"),
+            (
+                GOOD.replace(
+                    "listen = \"127.0.0.1:0\"",
+                    "listen = \"127.0.0.1:0\"\n[[listener.route]]\nhost = \"a.example:8080\"\npool = \"thumbs\"",
+                ),
+                "listener.listener-1.route.host",
+            ),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err("refused");
+            assert_eq!(err.field, field, "{err}");
         }
     }
 

@@ -138,12 +138,20 @@ impl WorkerState {
     }
 
     /// Feeds a request outcome (`ok` = neither a connect error nor a 5xx); returns the ejection
-    /// length if this outcome ejects the worker.
-    pub fn observe_request(&self, ok: bool) -> Option<Duration> {
+    /// length if this outcome ejects the worker. Outcomes of requests that were in flight while
+    /// the worker is ejected are ignored, and `may_eject = false` (the pool's ejection cap is
+    /// reached) keeps counting without ejecting.
+    pub fn observe_request(&self, ok: bool, may_eject: bool) -> Option<Duration> {
+        if self.state() == State::Ejected {
+            return None;
+        }
         let ejection = {
             let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
             m.1.observe(ok)
         }?;
+        if !may_eject {
+            return None;
+        }
         self.ejected_until_ms.store(self.now_ms() + ejection.as_millis() as u64, Relaxed);
         self.metrics.ejections.fetch_add(1, Relaxed);
         Some(ejection)
@@ -371,6 +379,19 @@ impl Pool {
         })
     }
 
+    /// Removes this very worker object, if it is still a member: what a finished drain does, so that
+    /// a worker re-added (or kept by a reload) under the same name meanwhile is not removed.
+    pub fn remove_exact(&self, worker: &Arc<WorkerState>) -> Result<u64, MembershipError> {
+        self.change(|_, workers| {
+            let before = workers.len();
+            workers.retain(|w| !Arc::ptr_eq(w, worker));
+            if workers.len() == before {
+                return Err(MembershipError::UnknownWorker(worker.name.clone(), self.name.clone()));
+            }
+            Ok(())
+        })
+    }
+
     /// Sets a worker's weight (0 drains its share to the others).
     ///
     /// # Errors
@@ -406,7 +427,7 @@ impl Pool {
             .iter()
             .map(|w| match old.worker(&w.name) {
                 // The same worker: it keeps its health, load and counters, under the new settings.
-                Some((_, s)) if s.address == w.address && s.zone == w.zone => {
+                Some((_, s)) if s.address == w.address && s.zone == w.zone && s.state() != State::Draining => {
                     s.weight.store(w.weight, Relaxed);
                     s.retune(&config);
                     Arc::clone(s)
@@ -451,6 +472,19 @@ impl Pool {
         self.snapshot.store(Arc::new(next));
         Ok(generation)
     }
+}
+
+/// Whether a pool configuration's members can be placed (for example, jump hashing refuses
+/// weights): checked for every pool before a reload changes any.
+///
+/// # Errors
+///
+/// As [`Pool::new`].
+pub fn check(config: &PoolConfig) -> Result<(), MembershipError> {
+    let placement = |source| MembershipError::Placement { pool: config.name.clone(), source };
+    let nodes = node_set(&config.workers).map_err(placement)?;
+    Policy::build(config.strategy, nodes, &config.options).map_err(placement)?;
+    Ok(())
 }
 
 fn build(

@@ -62,7 +62,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
             drop.push(name.clone());
             if name == header::CONNECTION {
                 let listed = value.to_str().ok().into_iter().flat_map(|v| v.split(','));
-                drop.extend(listed.filter_map(|n| HeaderName::try_from(n.trim()).ok()));
+                // `Connection: host` must not strip the Host header an HTTP/1.1 request needs.
+                drop.extend(listed.filter_map(|n| HeaderName::try_from(n.trim()).ok()).filter(|n| n != header::HOST));
             }
         }
     }
@@ -233,8 +234,16 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, peer: &Peer) -> R
     let mut body = Some(body.boxed_unsync());
     let mut tried: Vec<usize> = Vec::new();
     let mut last: Option<Failure> = None;
+    // Passive ejection may take out at most half the pool: past that, a failure is more likely
+    // the request's (or the network's) than every worker's.
+    let max_ejected = snap.workers.len() / 2;
 
     for attempt in 0..attempts {
+        let now = Instant::now();
+        if now >= deadline {
+            last = last.or(Some(Failure::Timeout));
+            break;
+        }
         let Some(decision) = snap.decide(hash, &tried) else {
             break;
         };
@@ -246,26 +255,36 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, peer: &Peer) -> R
             (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
             (_, true, Some(_)) => Outcome::Overloaded,
         });
-        let now = Instant::now();
-        if now >= deadline {
-            last = Some(Failure::Timeout);
-            break;
-        }
         let per_try = retry.per_try_timeout.min(deadline - now);
-        let mut upstream = Request::new(body.take().unwrap_or_else(empty));
-        *upstream.method_mut() = parts.method.clone();
-        *upstream.uri_mut() = target.clone();
-        *upstream.headers_mut() =
-            if attempt + 1 < attempts { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
+        let may_eject =
+            || snap.workers.iter().filter(|w| w.state() == crate::pool::State::Ejected).count() < max_ejected;
         let guard = InFlight::new(Arc::clone(&worker));
         let sent = Instant::now();
-        let result = tokio::time::timeout(per_try, worker.upstream.send(upstream)).await;
+        // One more try on a fresh connection to the same worker when a pooled connection failed
+        // under a replayable, idempotent request: the worker may just have closed it as idle.
+        let mut fresh_retry = replayable && idempotent(&parts.method);
+        let result = loop {
+            let mut upstream = Request::new(body.take().unwrap_or_else(empty));
+            *upstream.method_mut() = parts.method.clone();
+            *upstream.uri_mut() = target.clone();
+            *upstream.headers_mut() = parts.headers.clone();
+            if !upstream.headers().contains_key(header::HOST)
+                && let Ok(v) = HeaderValue::try_from(worker.address.to_string())
+            {
+                upstream.headers_mut().insert(header::HOST, v);
+            }
+            let r = tokio::time::timeout(per_try, worker.upstream.send(upstream)).await;
+            match r {
+                Ok(Err(SendError::Request { reused: true, .. })) if fresh_retry => fresh_retry = false,
+                r => break r,
+            }
+        };
         let latency = sent.elapsed();
         match result {
             Ok(Ok((resp, conn))) => {
                 let status = resp.status();
                 worker.metrics.record(Some(status.as_u16()), latency);
-                if worker.observe_request(!status.is_server_error()).is_some() {
+                if worker.observe_request(!status.is_server_error(), may_eject()).is_some() {
                     tracing::warn!(pool = %pool.name, worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive 5xx");
                 }
                 return respond(&snap, &worker, resp, conn, guard, &key, decision.node, attempt);
@@ -276,30 +295,28 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, peer: &Peer) -> R
                 if connect {
                     worker.metrics.connect_errors.fetch_add(1, Relaxed);
                 }
-                if worker.observe_request(false).is_some() {
+                if worker.observe_request(false, may_eject()).is_some() {
                     tracing::warn!(pool = %pool.name, worker = %worker.name, "worker ejected after consecutive failures");
                 }
                 let reason = e.to_string();
                 tracing::warn!(pool = %pool.name, worker = %worker.name, attempt, connect, error = %reason, "upstream request failed");
                 last = Some(if connect { Failure::Connect(reason) } else { Failure::Other(reason) });
-                // A request that may have reached the worker is retried only if idempotent.
-                if !connect && !idempotent(&parts.method) {
-                    break;
-                }
             }
             Err(_) => {
                 worker.metrics.record(None, latency);
-                worker.observe_request(false);
+                worker.observe_request(false, may_eject());
                 tracing::warn!(pool = %pool.name, worker = %worker.name, attempt, timeout_ms = per_try.as_millis() as u64, "upstream timed out");
                 last = Some(Failure::Timeout);
-                if !idempotent(&parts.method) {
-                    break;
-                }
             }
         }
-        worker.metrics.retries.fetch_add(u64::from(attempt + 1 < attempts), Relaxed);
         tried.push(decision.node);
         drop(guard);
+        // A request that may have reached the worker is retried only if idempotent.
+        let sent_maybe = !matches!(last, Some(Failure::Connect(_)));
+        if attempt + 1 == attempts || (sent_maybe && !idempotent(&parts.method)) {
+            break;
+        }
+        worker.metrics.retries.fetch_add(1, Relaxed);
     }
     match last {
         None => {

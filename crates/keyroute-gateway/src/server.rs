@@ -69,6 +69,8 @@ pub(crate) struct Shared {
     pub(crate) draining: AtomicBool,
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) probers: std::sync::Mutex<Vec<String>>,
+    /// The shutdown grace period in milliseconds (a reload may change it).
+    pub(crate) grace_ms: std::sync::atomic::AtomicU64,
 }
 
 /// A bound, not yet running gateway.
@@ -77,7 +79,6 @@ pub struct Gateway {
     shared: Arc<Shared>,
     listeners: Vec<TcpListener>,
     admin: TcpListener,
-    grace: Duration,
 }
 
 /// A handle to a running gateway: reload it, change membership, inspect it, stop it.
@@ -127,10 +128,10 @@ impl Gateway {
                 draining: AtomicBool::new(false),
                 shutdown,
                 probers: std::sync::Mutex::new(Vec::new()),
+                grace_ms: std::sync::atomic::AtomicU64::new(config.shutdown_grace.as_millis() as u64),
             }),
             listeners,
             admin,
-            grace: config.shutdown_grace,
         })
     }
 
@@ -160,7 +161,9 @@ impl Gateway {
         let sender = shared.shutdown.clone();
         tokio::spawn(async move {
             shutdown.await;
-            let _ = sender.send(true);
+            // `send_replace` stores the value even with no receiver yet, so a signal that arrives
+            // before the loops subscribe is not lost.
+            sender.send_replace(true);
         });
         spawn_probers(&shared);
         let graceful = Arc::new(GracefulShutdown::new());
@@ -195,23 +198,17 @@ impl Gateway {
             }, 64 * 1024)));
         }
         let mut rx = shared.shutdown.subscribe();
-        while !*rx.borrow() {
-            if rx.changed().await.is_err() {
-                break;
-            }
-        }
+        let _ = rx.wait_for(|stop| *stop).await;
         shared.draining.store(true, Relaxed);
-        tracing::info!(
-            grace_ms = self.grace.as_millis() as u64,
-            "shutting down: no new connections, draining requests"
-        );
+        let grace = Duration::from_millis(shared.grace_ms.load(Relaxed));
+        tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no new connections, draining requests");
         // The accept loops see the signal too and return, closing their listeners.
         for t in tasks {
             let _ = t.await;
         }
         match Arc::try_unwrap(graceful) {
             Ok(graceful) => {
-                if tokio::time::timeout(self.grace, graceful.shutdown()).await.is_err() {
+                if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
                     tracing::warn!("grace period over with requests still in flight");
                 }
             }
@@ -235,9 +232,10 @@ async fn accept_loop<S, F>(
 {
     let mut rx = shared.shutdown.subscribe();
     loop {
+        // `wait_for` sees a shutdown that happened before this loop subscribed.
         let accepted = tokio::select! {
             a = sock.accept() => a,
-            _ = rx.changed() => return,
+            _ = rx.wait_for(|stop| *stop) => return,
         };
         let (stream, remote) = match accepted {
             Ok(x) => x,
@@ -359,7 +357,7 @@ async fn probe(worker: &crate::pool::WorkerState, path: &str, timeout: Duration)
 impl GatewayHandle {
     /// Stops the gateway (as if its shutdown future completed).
     pub fn shutdown(&self) {
-        let _ = self.shared.shutdown.send(true);
+        self.shared.shutdown.send_replace(true);
     }
 
     /// The pool named `name`.
@@ -375,13 +373,29 @@ impl GatewayHandle {
     ///
     /// [`GatewayError::Reload`] when listeners or the admin listener differ; membership errors.
     pub fn reload(&self, config: Config) -> Result<(), GatewayError> {
-        let listens: Vec<SocketAddr> = config.listeners.iter().map(|l| l.listen).collect();
-        let current: Vec<SocketAddr> = self.shared.listeners.iter().map(|l| l.listen).collect();
-        let same = listens.len() == current.len()
-            && listens.iter().zip(&current).all(|(a, b)| a == b || (a.port() == 0 && a.ip() == b.ip()));
+        // What is bound to sockets cannot change without a restart; refuse rather than ignore.
+        let same_addr = |a: SocketAddr, b: SocketAddr| a == b || (a.port() == 0 && a.ip() == b.ip());
+        let current = &self.shared.listeners;
+        let same = config.listeners.len() == current.len()
+            && config
+                .listeners
+                .iter()
+                .zip(current)
+                .all(|(a, b)| same_addr(a.listen, b.listen) && a.max_header_bytes == b.max_header_bytes);
         if !same {
-            return Err(GatewayError::Reload("listener addresses changed; restart to apply them".into()));
+            return Err(GatewayError::Reload(
+                "listener addresses or max_header_bytes changed; restart to apply them".into(),
+            ));
         }
+        if !same_addr(config.admin.listen, self.shared.admin_listen) || config.admin.token != self.shared.admin_token {
+            return Err(GatewayError::Reload("admin.listen or admin.token changed; restart to apply them".into()));
+        }
+        // Validate every pool's new membership before changing any, so a reload applies whole or
+        // not at all.
+        for pc in &config.pools {
+            crate::pool::check(pc).map_err(GatewayError::Membership)?;
+        }
+        self.shared.grace_ms.store(config.shutdown_grace.as_millis() as u64, Relaxed);
         let old = self.shared.routing.load_full();
         let mut pools = Vec::new();
         for pc in &config.pools {

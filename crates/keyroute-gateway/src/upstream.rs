@@ -6,7 +6,9 @@
 //! done for nothing on every request. Here each worker owns a stack of idle connections: a request
 //! takes one (or connects), sends on it, and the response body gives it back when it ends. A
 //! request that a closed pooled connection could not send is handed back untouched and sent on a
-//! fresh connection, so a worker's keep-alive timeout never fails a request.
+//! fresh connection; connections idle for more than 4 s are not reused (servers close idle ones);
+//! and a replayable request that fails on a pooled connection gets one more try on a fresh one to
+//! the same worker (see `proxy::forward`).
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -18,11 +20,17 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::proxy::ProxyBody;
 
 /// Idle connections kept per worker.
 const MAX_IDLE: usize = 256;
+
+/// A connection idle longer than this is closed rather than reused: servers close idle
+/// connections after their own keep-alive timeout (5 s for Apache httpd and Node.js), and a
+/// request written just as the server closes is lost in flight.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Why a request could not be sent.
 #[derive(Debug)]
@@ -31,15 +39,21 @@ pub enum SendError {
     /// the request.
     Connect(String),
     /// The request may have reached the worker (the connection failed while sending or before the
-    /// response headers).
-    Request(hyper::Error),
+    /// response headers). `reused` says it was a pooled connection, which the worker may have
+    /// closed as idle just then: worth one more try on a fresh connection, for a replayable request.
+    Request {
+        /// The error.
+        error: hyper::Error,
+        /// Whether the connection came from the pool.
+        reused: bool,
+    },
 }
 
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SendError::Connect(why) => write!(f, "connect: {why}"),
-            SendError::Request(e) => {
+            SendError::Request { error: e, .. } => {
                 write!(f, "{e}")?;
                 let mut cur = std::error::Error::source(e);
                 while let Some(c) = cur {
@@ -58,7 +72,7 @@ pub struct Upstream {
     addr: SocketAddr,
     /// Milliseconds; changed by a configuration reload.
     connect_timeout_ms: AtomicU64,
-    idle: Mutex<Vec<SendRequest<ProxyBody>>>,
+    idle: Mutex<Vec<(Instant, SendRequest<ProxyBody>)>>,
 }
 
 /// A connection on loan to one request; give it back with [`Upstream::checkin`].
@@ -102,7 +116,13 @@ impl Upstream {
 
     fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(c) = idle.pop() {
+        // The most recently used first; those idle too long (the oldest) are dropped.
+        let now = Instant::now();
+        while let Some((since, c)) = idle.pop() {
+            if now.saturating_duration_since(since) > IDLE_TIMEOUT {
+                idle.clear();
+                return None;
+            }
             if !c.is_closed() {
                 return Some(c);
             }
@@ -122,14 +142,14 @@ impl Upstream {
                 Err(mut e) => match e.take_message() {
                     // Not sent: the pooled connection had closed. Try the next one.
                     Some(back) => req = back,
-                    None => return Err(SendError::Request(e.into_error())),
+                    None => return Err(SendError::Request { error: e.into_error(), reused: true }),
                 },
             }
         }
         let mut conn = self.connect().await?;
         match conn.send_request(req).await {
             Ok(resp) => Ok((resp, conn)),
-            Err(e) => Err(SendError::Request(e)),
+            Err(e) => Err(SendError::Request { error: e, reused: false }),
         }
     }
 
@@ -140,7 +160,7 @@ impl Upstream {
         }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < MAX_IDLE {
-            idle.push(conn);
+            idle.push((Instant::now(), conn));
         }
     }
 }

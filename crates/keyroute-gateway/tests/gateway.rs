@@ -105,9 +105,17 @@ impl Backend {
                                 .and_then(|v| v.to_str().ok())
                                 .unwrap_or("")
                                 .to_owned();
+                            let host =
+                                req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+                            let fail = req.uri().query().is_some_and(|q| q.contains("fail=1"));
                             current.fetch_sub(1, SeqCst);
                             served.fetch_add(1, SeqCst);
                             let mut r = Response::new(Full::new(Bytes::from(name.clone())));
+                            if fail {
+                                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                            }
+                            r.headers_mut()
+                                .insert("x-seen-host", host.parse().unwrap_or_else(|_| "?".parse().expect("header")));
                             r.headers_mut().insert("x-backend", name.parse().expect("header"));
                             r.headers_mut()
                                 .insert("x-seen-xff", xff.parse().unwrap_or_else(|_| "?".parse().expect("header")));
@@ -518,4 +526,68 @@ async fn shutdown_drains_requests_in_flight() {
     assert_eq!(pending.await.expect("task"), StatusCode::OK, "the request in flight completes");
     tokio::time::timeout(Duration::from_secs(5), gw.task).await.expect("stops").expect("clean");
     assert!(tokio::net::TcpStream::connect(gw.addr).await.is_err(), "no longer accepting");
+}
+
+#[tokio::test]
+async fn a_shutdown_before_run_is_not_lost() {
+    let bs = backends(1).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let config = Config::parse(&config_text(&refs, "", ""), "t.toml").expect("valid");
+    let gw = Gateway::bind(config).await.expect("bind");
+    gw.handle().shutdown();
+    tokio::time::timeout(Duration::from_secs(5), gw.run(std::future::pending())).await.expect("returns").expect("ok");
+    // And with the shutdown future already complete when run starts.
+    let config = Config::parse(&config_text(&refs, "", ""), "t.toml").expect("valid");
+    let gw = Gateway::bind(config).await.expect("bind");
+    tokio::time::timeout(Duration::from_secs(5), gw.run(std::future::ready(()))).await.expect("returns").expect("ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passive_ejection_never_takes_out_more_than_half_the_pool() {
+    let bs = backends(4).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let gw =
+        start_gateway(&config_text(&refs, "[pool.passive]\nconsecutive_failures = 1\nbase_ejection_ms = 60000", ""))
+            .await;
+    let c = client();
+    // A request the application always fails, on every key: 5xx from every worker.
+    for i in 0..40 {
+        let (s, _, _) = get(&c, &format!("http://{}/thumb?k=k{i}&fail=1", gw.addr)).await;
+        assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "the 500 passes through; the pool is never emptied");
+    }
+    let (_, v) = admin(&gw, "GET", "/workers", "", None).await;
+    let ejected =
+        v["pools"][0]["workers"].as_array().expect("workers").iter().filter(|w| w["state"] == "ejected").count();
+    assert_eq!(ejected, 2, "{v}");
+    gw.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_host_gets_one_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let bs = backends(1).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let gw = start_gateway(&config_text(&refs, "", "")).await;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"GET /thumb?k=1 HTTP/1.0\r\nConnection: host\r\n\r\n").await.expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await.expect("in time").expect("read");
+    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.0 200") || text.starts_with("http/1.1 200"), "{text}");
+    assert!(text.contains(&format!("x-seen-host: {}", bs[0].addr)), "{text}");
+    gw.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_admin_token_is_refused() {
+    let bs = backends(1).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let gw = start_gateway(&config_text(&refs, "", "")).await;
+    let text = config_text(&refs, "", "").replace(
+        "[admin]\nlisten = \"127.0.0.1:0\"",
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"a-brand-new-token-1\"",
+    );
+    let err = gw.handle.reload(Config::parse(&text, "t.toml").expect("valid")).expect_err("refused");
+    assert!(err.to_string().contains("admin.token"), "{err}");
+    gw.task.abort();
 }
