@@ -284,7 +284,9 @@ pub async fn forward(pool: &Arc<Pool>, req: Request<Incoming>, peer: &Peer) -> R
             Ok(Ok((resp, conn))) => {
                 let status = resp.status();
                 worker.metrics.record(Some(status.as_u16()), latency);
-                if worker.observe_request(!status.is_server_error(), may_eject()).is_some() {
+                // The ejection cap is only looked at when this outcome is a failure.
+                let ok = !status.is_server_error();
+                if worker.observe_request(ok, !ok && may_eject()).is_some() {
                     tracing::warn!(pool = %pool.name, worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive 5xx");
                 }
                 return respond(&snap, &worker, resp, conn, guard, &key, decision.node, attempt);
