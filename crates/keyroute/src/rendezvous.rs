@@ -146,9 +146,13 @@ impl Rendezvous {
         // is faster (measured: see BENCHMARKS.md).
         #[cfg(target_arch = "x86_64")]
         if self.simd == kernel::Level::Avx512 && seeds.len() >= 16 {
-            let (below, floor_here) = floor.map_or((u64::MAX, false), |f| (f.score, true));
-            // SAFETY: `Level::detect` chose Avx512 only after checking the CPU's features.
-            match unsafe { kernel::avx512::best_below(h, seeds, below, floor_here) } {
+            let fast = match floor {
+                // SAFETY: `Level::detect` chose Avx512 only after checking the CPU's features.
+                None => unsafe { kernel::avx512::best_below::<false>(h, seeds, u64::MAX, false) },
+                // SAFETY: as above.
+                Some(f) => unsafe { kernel::avx512::best_below::<true>(h, seeds, f.score, true) },
+            };
+            match fast {
                 kernel::Fast::Nothing => return None,
                 kernel::Fast::Best { score, at } => {
                     return Some(Cand { score, rank: self.rank[start + at], pos: (start + at) as u32 });
@@ -471,7 +475,12 @@ mod kernel {
         ///
         /// The CPU must support AVX-512F and AVX-512DQ.
         #[target_feature(enable = "avx512f,avx512dq,popcnt")]
-        pub(in super::super) unsafe fn best_below(h: u64, seeds: &[u64], below: u64, floor_here: bool) -> Fast {
+        pub(in super::super) unsafe fn best_below<const FLOOR: bool>(
+            h: u64,
+            seeds: &[u64],
+            below: u64,
+            floor_here: bool,
+        ) -> Fast {
             let hv = _mm512_set1_epi64(h as i64);
             let mv = _mm512_set1_epi64(crate::hash::MIX_MULTIPLIER as i64);
             let bv = _mm512_set1_epi64(below as i64);
@@ -485,8 +494,13 @@ mod kernel {
                 let idx =
                     _mm512_add_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi64((block * 8) as i64));
                 let s = mix(_mm512_xor_si512(x, hv), mv);
-                at_floor += _mm512_mask_cmpeq_epu64_mask(live, s, bv).count_ones();
-                let cand = _mm512_mask_cmplt_epu64_mask(live, s, bv);
+                // Without a floor (a pick), every live lane is a candidate: two fewer compares.
+                let cand = if FLOOR {
+                    at_floor += _mm512_mask_cmpeq_epu64_mask(live, s, bv).count_ones();
+                    _mm512_mask_cmplt_epu64_mask(live, s, bv)
+                } else {
+                    live
+                };
                 tie |= _mm512_mask_cmpeq_epu64_mask(cand, s, best[k]);
                 let gt = _mm512_mask_cmpgt_epu64_mask(cand, s, best[k]);
                 best[k] = _mm512_mask_mov_epi64(best[k], gt, s);
@@ -563,9 +577,13 @@ mod kernel {
                     Some((score(h, seeds[j]), ranks[j]))
                 };
                 let exact = best_scalar(h, &seeds, &ranks, floor);
-                let (below, here) = floor.map_or((u64::MAX, false), |f| (f.0, true));
-                // SAFETY: detected above.
-                match unsafe { avx512::best_below(h, &seeds, below, here) } {
+                let fast = match floor {
+                    // SAFETY: detected above.
+                    None => unsafe { avx512::best_below::<false>(h, &seeds, u64::MAX, false) },
+                    // SAFETY: detected above.
+                    Some(f) => unsafe { avx512::best_below::<true>(h, &seeds, f.0, true) },
+                };
+                match fast {
                     Fast::Nothing => assert_eq!(exact, None),
                     Fast::Best { score, at } => assert_eq!(exact, Some((score, ranks[at], at))),
                     Fast::Ambiguous => assert!(round % 5 == 0 || floor.is_none_or(|f| f.0 == 0), "spurious ambiguity"),
