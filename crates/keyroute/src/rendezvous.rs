@@ -25,7 +25,7 @@
 //!
 //! # Cost
 //!
-//! A pick scores every live node: `O(n)`, about a nanosecond per node here (the node seeds are hashed
+//! A pick scores every live node: `O(n)`, about half a nanosecond per node here (the node seeds are hashed
 //! once at build, and the score loop vectorises). `ranked` yields lazily, each further node costing
 //! another pass, with no allocation. Build is `O(n log n)`. For thousands of nodes, prefer
 //! [`HashRing`](crate::HashRing) (`O(1)` lookups through its bucket index) or
