@@ -13,7 +13,7 @@
 //!
 //! | name | type | guarantee | lookup | choose it for |
 //! |---|---|---|---|---|
-//! | `rendezvous` | [`Rendezvous`] | minimal movement; best balance; weights by the log method; ranked list | `O(n)`, ~1 ns/node | cache-affine fleets up to a few hundred nodes (the default) |
+//! | `rendezvous` | [`Rendezvous`] | minimal movement; best balance; weights by the log method; ranked list | `O(n)`, ~0.5 ns/node | cache-affine fleets up to a few hundred nodes (the default) |
 //! | `ring` | [`HashRing`] | minimal movement; balance `~1/sqrt(V)`; preference list | `O(1)` (bucket index) | thousands of nodes; ring-compatible clients; replication |
 //! | `maglev` | [`Maglev`] | near-perfect balance; small excess movement | `O(1)`, one read | lookup-heavy balancers, connection hashing |
 //! | `jump` | [`JumpHash`] | perfect balance; minimal movement if only the last bucket changes | `O(ln n)`, no memory | numbered shards that only grow |
