@@ -36,7 +36,7 @@ fn quick_demo_makes_sense() {
     }
     for s in ["rendezvous", "p2c"] {
         let c = find("killed-worker", s);
-        assert_eq!(c["failed_gets"], 0, "the killed worker's scenario loses no GET: {c}");
+        assert_eq!(c["errors"], 0, "the killed worker's scenario loses no GET: {c}");
     }
     let html = std::fs::read_to_string(&report).expect("report");
     assert!(html.contains("<svg") && html.contains("latency CDF"));

@@ -369,24 +369,25 @@ impl Pool {
     ///
     /// No such worker.
     pub fn remove_worker(&self, name: &str) -> Result<u64, MembershipError> {
-        self.change(|_, workers| {
-            let before = workers.len();
-            workers.retain(|w| w.name != name);
-            if workers.len() == before {
-                return Err(MembershipError::UnknownWorker(name.to_owned(), self.name.clone()));
-            }
-            Ok(())
-        })
+        self.remove_where(name, |w| w.name == name)
     }
 
     /// Removes this very worker object, if it is still a member: what a finished drain does, so that
     /// a worker re-added (or kept by a reload) under the same name meanwhile is not removed.
+    ///
+    /// # Errors
+    ///
+    /// It is no longer a member.
     pub fn remove_exact(&self, worker: &Arc<WorkerState>) -> Result<u64, MembershipError> {
+        self.remove_where(&worker.name, |w| Arc::ptr_eq(w, worker))
+    }
+
+    fn remove_where(&self, name: &str, hit: impl Fn(&Arc<WorkerState>) -> bool) -> Result<u64, MembershipError> {
         self.change(|_, workers| {
             let before = workers.len();
-            workers.retain(|w| !Arc::ptr_eq(w, worker));
+            workers.retain(|w| !hit(w));
             if workers.len() == before {
-                return Err(MembershipError::UnknownWorker(worker.name.clone(), self.name.clone()));
+                return Err(MembershipError::UnknownWorker(name.to_owned(), self.name.clone()));
             }
             Ok(())
         })
