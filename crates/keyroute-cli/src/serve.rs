@@ -30,6 +30,9 @@ pub fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
     let config = Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    for w in &config.warnings {
+        eprintln!("warning: {w}");
+    }
     if args.check {
         println!(
             "{}: ok ({} listener(s), {} pool(s), {} worker(s))",
@@ -55,8 +58,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     })
 }
 
-fn reload(handle: &GatewayHandle, path: &Path, why: &str) {
-    match handle.reload_file(path) {
+async fn reload(handle: &GatewayHandle, path: &Path, why: &str) {
+    // Off the request threads: a big table takes a while to build.
+    match handle.reload_file_off_thread(path).await {
         Ok(()) => tracing::info!(file = %path.display(), trigger = why, "reloaded"),
         Err(e) => {
             tracing::error!(file = %path.display(), trigger = why, error = %e, "reload refused; the old configuration serves on")
@@ -71,7 +75,7 @@ fn spawn_reloaders(handle: GatewayHandle, path: std::path::PathBuf, watch: bool)
         tokio::spawn(async move {
             let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
             while hup.recv().await.is_some() {
-                reload(&handle, &path, "SIGHUP");
+                reload(&handle, &path, "SIGHUP").await;
             }
         });
     }
@@ -84,7 +88,7 @@ fn spawn_reloaders(handle: GatewayHandle, path: std::path::PathBuf, watch: bool)
                 let now = stamp(&path);
                 if now != last {
                     last = now;
-                    reload(&handle, &path, "file changed");
+                    reload(&handle, &path, "file changed").await;
                 }
             }
         });

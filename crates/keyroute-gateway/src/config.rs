@@ -3,7 +3,7 @@
 //!
 //! See `examples/keyroute.toml` at the repository root for an annotated example of every field.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
 
@@ -38,8 +38,14 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     /// Worker pools.
     pub pools: Vec<PoolConfig>,
-    /// How long SIGTERM waits for in-flight requests.
+    /// After SIGTERM, how long `/readyz` reports not ready while the listeners still accept (so
+    /// that load balancers in front stop sending first).
+    pub shutdown_delay: Duration,
+    /// Then, how long the gateway waits for requests in flight before it cuts them.
     pub shutdown_grace: Duration,
+    /// Settings that are valid but probably not what was meant (`serve --check` prints them,
+    /// `serve` logs them).
+    pub warnings: Vec<ConfigError>,
 }
 
 /// The admin listener.
@@ -60,6 +66,14 @@ pub struct ListenerConfig {
     pub listen: SocketAddr,
     /// Requests whose headers exceed this get 431.
     pub max_header_bytes: usize,
+    /// Requests with more header fields than this get 431.
+    pub max_headers: usize,
+    /// A request head (after a connection opens, or after the previous response) that takes
+    /// longer than this to arrive gets 408 and the connection is closed.
+    pub header_timeout: Duration,
+    /// Connections held at once; past it the listener stops accepting until one closes (the
+    /// kernel's backlog holds the rest). `None`: derived from the open-file limit at start.
+    pub max_connections: Option<usize>,
     /// Routes, tried in order.
     pub routes: Vec<RouteConfig>,
 }
@@ -135,6 +149,10 @@ pub struct PassiveConfig {
     pub base_ejection: Duration,
     /// The longest ejection.
     pub max_ejection: Duration,
+    /// A worker that holds tries waiting for headers and answers none of them for this long is
+    /// *stalled*: new requests go to the next worker of each key's ranking, and replayable
+    /// idempotent tries waiting on it are abandoned and retried there (zero disables).
+    pub stall: Duration,
 }
 
 /// Retries on the next worker of the key's ranking.
@@ -170,6 +188,7 @@ struct RawConfig {
     #[serde(default)]
     pool: Vec<RawPool>,
     shutdown_grace_ms: Option<Spanned<u64>>,
+    shutdown_delay_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,6 +204,9 @@ struct RawListener {
     name: Option<String>,
     listen: Spanned<String>,
     max_header_bytes: Option<Spanned<usize>>,
+    max_headers: Option<Spanned<usize>>,
+    header_timeout_ms: Option<Spanned<u64>>,
+    max_connections: Option<Spanned<usize>>,
     #[serde(default)]
     route: Vec<RawRoute>,
 }
@@ -236,6 +258,7 @@ struct RawPassive {
     consecutive_failures: Option<u32>,
     base_ejection_ms: Option<Spanned<u64>>,
     max_ejection_ms: Option<Spanned<u64>>,
+    stall_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,13 +275,14 @@ struct RawWorker {
     name: Spanned<String>,
     address: Spanned<String>,
     weight: Option<Spanned<u32>>,
-    zone: Option<String>,
+    zone: Option<Spanned<String>>,
 }
 
 /// Errors carry the file and compute lines from byte offsets.
 struct Ctx<'a> {
     file: String,
     src: &'a str,
+    warnings: std::cell::RefCell<Vec<ConfigError>>,
 }
 
 impl Ctx<'_> {
@@ -278,6 +302,16 @@ impl Ctx<'_> {
             field: field.into(),
             message: message.into(),
         })
+    }
+
+    /// Notes a setting that is valid but probably not what was meant.
+    fn warn(&self, span: Option<std::ops::Range<usize>>, field: impl Into<String>, message: impl Into<String>) {
+        self.warnings.borrow_mut().push(ConfigError {
+            file: self.file.clone(),
+            line: span.map(|s| self.line(s.start)),
+            field: field.into(),
+            message: message.into(),
+        });
     }
 }
 
@@ -300,13 +334,20 @@ impl Config {
     ///
     /// The file cannot be read, is not valid TOML, has an unknown field, or a value is invalid.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: path.display().to_string(),
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| ConfigError {
+            file: file.clone(),
             line: None,
             field: "(file)".into(),
             message: format!("cannot read: {e}"),
         })?;
-        Config::parse(&src, &path.display().to_string())
+        let src = std::str::from_utf8(&bytes).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: Some(bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count() + 1),
+            field: "(file)".into(),
+            message: "not valid UTF-8".into(),
+        })?;
+        Config::parse(src, &file)
     }
 
     /// Validates configuration text (`file` names it in errors).
@@ -315,38 +356,121 @@ impl Config {
     ///
     /// As [`Config::load`].
     pub fn parse(src: &str, file: &str) -> Result<Config, ConfigError> {
-        let ctx = Ctx { file: file.to_owned(), src };
+        let ctx = Ctx { file: file.to_owned(), src, warnings: Default::default() };
         let raw: RawConfig = toml::from_str(src).map_err(|e| {
             let line = e.span().map(|s| ctx.line(s.start));
             // toml's message already quotes the offending key; keep its first line.
             let message = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
-            let field = e.span().map(|s| field_at(src, s.start)).unwrap_or_else(|| "(toml)".into());
+            let mut field = e.span().map(|s| field_at(src, s.start)).unwrap_or_else(|| "(toml)".into());
+            // "missing field `listen`" names the field the table lacks.
+            if let Some(missing) = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
+                field = if field == "(toml)" { missing.to_owned() } else { format!("{field}.{missing}") };
+            }
             ConfigError { file: file.to_owned(), line, field, message }
         })?;
         validate(&ctx, raw)
     }
 }
 
-/// The dotted field at a byte offset: the enclosing `[table]` or `[[array]]` header, and the key on
-/// that line (`pool.worker.weight`).
+/// The dotted field at a byte offset: the enclosing `[table]` or `[[array]]` header (the line
+/// itself, if it is one), and the key on that line (`pool.worker.weight`).
 fn field_at(src: &str, offset: usize) -> String {
     let offset = offset.min(src.len());
     let start = src[..offset].rfind('\n').map_or(0, |i| i + 1);
     let end = src[offset..].find('\n').map_or(src.len(), |i| offset + i);
-    let line = &src[start..end];
+    let line = src[start..end].trim();
+    let header = |l: &str| l.starts_with('[').then(|| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    if let Some(t) = header(line) {
+        return t;
+    }
     let key = line.split_once('=').map(|(k, _)| k.trim().trim_matches('"')).filter(|k| !k.is_empty());
-    let table = src[..start]
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| l.starts_with('['))
-        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    let table = src[..start].lines().rev().map(str::trim).find_map(header);
     match (table, key) {
         (Some(t), Some(k)) => format!("{t}.{k}"),
         (None, Some(k)) => k.to_owned(),
         (Some(t), None) => t,
         (None, None) => "(toml)".into(),
     }
+}
+
+/// Whether two listen addresses would collide (same port, and the same IP or either a wildcard).
+fn collide(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Whether `ip` is one of this machine's own addresses (loopback, a wildcard, or an address a
+/// socket can bind to here).
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// Whether a worker at `worker` would be the gateway itself, listening at `own`.
+pub(crate) fn points_at(worker: SocketAddr, own: SocketAddr) -> bool {
+    worker.port() == own.port() && (worker.ip() == own.ip() || (own.ip().is_unspecified() && is_local(worker.ip())))
+}
+
+/// One field of a worker that failed validation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WorkerFieldError {
+    /// `name`, `address`, `weight` or `zone`.
+    pub(crate) field: &'static str,
+    /// Why.
+    pub(crate) message: String,
+}
+
+/// The longest worker name or zone, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
+fn check_label(what: &'static str, text: &str) -> Result<(), WorkerFieldError> {
+    let bad = |message: String| Err(WorkerFieldError { field: what, message });
+    if text.is_empty() {
+        return bad("must not be empty".into());
+    }
+    if text.len() > MAX_NAME_BYTES {
+        return bad(format!("must be at most {MAX_NAME_BYTES} bytes (got {})", text.len()));
+    }
+    if text.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return bad("must not contain spaces or control characters".into());
+    }
+    Ok(())
+}
+
+/// Validates one worker, the same way for a configuration file and the admin API: a name and
+/// zone of visible characters, an address (`ip:port`, or `host:port` resolved now) that is a
+/// real unicast address and not one of the gateway's own listeners (`own`).
+///
+/// # Errors
+///
+/// The first field that is wrong.
+pub(crate) fn validate_worker(
+    name: &str,
+    address: &str,
+    weight: u32,
+    zone: Option<&str>,
+    own: &[SocketAddr],
+) -> Result<WorkerConfig, WorkerFieldError> {
+    check_label("name", name)?;
+    if let Some(z) = zone
+        && !z.is_empty()
+    {
+        check_label("zone", z)?;
+    }
+    let bad_address = |message: String| WorkerFieldError { field: "address", message };
+    let addr = match address.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => match address.to_socket_addrs().map(|mut it| it.next()) {
+            Ok(Some(a)) => a,
+            _ => return Err(bad_address(format!("'{}' is not an address (host:port)", address.escape_debug()))),
+        },
+    };
+    if addr.ip().is_unspecified() || addr.ip().is_multicast() || addr.port() == 0 {
+        return Err(bad_address(format!("{addr} is not an address a worker can listen at")));
+    }
+    if let Some(o) = own.iter().find(|o| points_at(addr, **o)) {
+        return Err(bad_address(format!("{addr} is the gateway's own listener {o}: requests would loop")));
+    }
+    let _ = weight;
+    Ok(WorkerConfig { name: name.to_owned(), address: addr, weight, zone: zone.filter(|z| !z.is_empty()).map(str::to_owned) })
 }
 
 fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
@@ -373,6 +497,24 @@ fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
             AdminConfig { listen, token }
         }
     };
+    if raw.listener.is_empty() {
+        // A file-level error: name its first line (an empty file has one too).
+        let line = if ctx.src.trim().is_empty() { 0 } else { ctx.src.len().saturating_sub(1) };
+        return ctx.err(Some(line..line), "listener", "at least one [[listener]] is required");
+    }
+    // Every address the gateway itself listens at: no two may collide, and no worker may be one.
+    let mut own: Vec<(SocketAddr, String, std::ops::Range<usize>)> = Vec::new();
+    own.push((admin.listen, "admin.listen".into(), 0..0));
+    for (i, l) in raw.listener.iter().enumerate() {
+        let name = l.name.clone().unwrap_or_else(|| format!("listener-{}", i + 1));
+        let field = format!("listener.{name}.listen");
+        let listen = parse_addr(ctx, &l.listen, &field)?;
+        if let Some((_, other, _)) = own.iter().find(|(a, _, _)| collide(*a, listen)) {
+            return ctx.err(Some(l.listen.span()), field, format!("{listen} collides with {other}"));
+        }
+        own.push((listen, field, l.listen.span()));
+    }
+    let own_addrs: Vec<SocketAddr> = own.iter().map(|(a, _, _)| *a).collect();
     let mut pools = Vec::new();
     for p in &raw.pool {
         let name = p.name.get_ref().clone();
@@ -382,20 +524,28 @@ fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
         if pools.iter().any(|q: &PoolConfig| q.name == name) {
             return ctx.err(Some(p.name.span()), "pool.name", format!("duplicate pool '{name}'"));
         }
-        pools.push(validate_pool(ctx, p, &name)?);
+        pools.push(validate_pool(ctx, p, &name, &own_addrs)?);
     }
     let mut listeners = Vec::new();
-    if raw.listener.is_empty() {
-        return ctx.err(None, "listener", "at least one [[listener]] is required");
-    }
     for (i, l) in raw.listener.iter().enumerate() {
         let name = l.name.clone().unwrap_or_else(|| format!("listener-{}", i + 1));
         let field = |f: &str| format!("listener.{name}.{f}");
-        let listen = parse_addr(ctx, &l.listen, &field("listen"))?;
+        let listen = own[i + 1].0;
         let max_header_bytes = match &l.max_header_bytes {
             None => 16 * 1024,
             Some(m) if (8192..=1 << 20).contains(m.get_ref()) => *m.get_ref(),
             Some(m) => return ctx.err(Some(m.span()), field("max_header_bytes"), "must be in 8192..=1048576"),
+        };
+        let max_headers = match &l.max_headers {
+            None => 100,
+            Some(m) if (1..=1000).contains(m.get_ref()) => *m.get_ref(),
+            Some(m) => return ctx.err(Some(m.span()), field("max_headers"), "must be in 1..=1000"),
+        };
+        let header_timeout = timeout(ctx, l.header_timeout_ms.as_ref(), 10_000, field("header_timeout_ms"))?;
+        let max_connections = match &l.max_connections {
+            None => None,
+            Some(m) if (1..=1_000_000).contains(m.get_ref()) => Some(*m.get_ref()),
+            Some(m) => return ctx.err(Some(m.span()), field("max_connections"), "must be in 1..=1000000"),
         };
         let mut routes = Vec::new();
         for r in &l.route {
@@ -433,9 +583,24 @@ fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
                 );
             }
         }
-        listeners.push(ListenerConfig { name, listen, max_header_bytes, routes });
+        listeners.push(ListenerConfig {
+            name,
+            listen,
+            max_header_bytes,
+            max_headers,
+            header_timeout,
+            max_connections,
+            routes,
+        });
     }
-    Ok(Config { admin, listeners, pools, shutdown_grace: ms(raw.shutdown_grace_ms.as_ref(), 10_000) })
+    Ok(Config {
+        admin,
+        listeners,
+        pools,
+        shutdown_delay: ms(raw.shutdown_delay_ms.as_ref(), 0),
+        shutdown_grace: ms(raw.shutdown_grace_ms.as_ref(), 10_000),
+        warnings: ctx.warnings.take(),
+    })
 }
 
 fn parse_addr(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<SocketAddr, ConfigError> {
@@ -449,7 +614,7 @@ fn parse_addr(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<SocketA
     }
 }
 
-fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, ConfigError> {
+fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> Result<PoolConfig, ConfigError> {
     let field = |f: &str| format!("pool.{name}.{f}");
     let strategy = match &p.strategy {
         None => Strategy::Rendezvous,
@@ -564,64 +729,96 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, C
                     "must be at least 10",
                 );
             }
-            HealthConfig {
-                path: path.or(Some("/healthz".into())),
-                interval,
-                timeout: timeout(ctx, h.timeout_ms.as_ref(), 1000, field("health.timeout_ms"))?,
-                rise,
-                fall,
+            let probe_timeout = timeout(ctx, h.timeout_ms.as_ref(), 1000, field("health.timeout_ms"))?;
+            if probe_timeout > interval {
+                // Not wrong (probes never overlap: a round waits for its slowest probe), but a
+                // dead worker is then probed every interval + timeout: say so.
+                ctx.warn(
+                    h.timeout_ms.as_ref().map(Spanned::span),
+                    field("health.timeout_ms"),
+                    format!(
+                        "{} ms is above health.interval_ms ({} ms): a dead worker is probed every {} ms",
+                        probe_timeout.as_millis(),
+                        interval.as_millis(),
+                        (probe_timeout + interval).as_millis()
+                    ),
+                );
             }
+            HealthConfig { path: path.or(Some("/healthz".into())), interval, timeout: probe_timeout, rise, fall }
         }
     };
-    let passive = match &p.passive {
-        None => PassiveConfig {
-            consecutive_failures: 5,
-            base_ejection: Duration::from_secs(10),
-            max_ejection: Duration::from_secs(300),
-        },
-        Some(x) => PassiveConfig {
-            consecutive_failures: x.consecutive_failures.unwrap_or(5),
-            base_ejection: ms(x.base_ejection_ms.as_ref(), 10_000),
-            max_ejection: ms(x.max_ejection_ms.as_ref(), 300_000),
-        },
+    let passive = {
+        let x = p.passive.as_ref();
+        let base_ejection = ms(x.and_then(|x| x.base_ejection_ms.as_ref()), 10_000);
+        let max_ejection = ms(x.and_then(|x| x.max_ejection_ms.as_ref()), 300_000);
+        if base_ejection > max_ejection {
+            return ctx.err(
+                x.and_then(|x| x.base_ejection_ms.as_ref().or(x.max_ejection_ms.as_ref())).map(Spanned::span),
+                field("passive.base_ejection_ms"),
+                format!(
+                    "{} ms is above passive.max_ejection_ms ({} ms)",
+                    base_ejection.as_millis(),
+                    max_ejection.as_millis()
+                ),
+            );
+        }
+        PassiveConfig {
+            consecutive_failures: x.and_then(|x| x.consecutive_failures).unwrap_or(5),
+            base_ejection,
+            max_ejection,
+            stall: ms(x.and_then(|x| x.stall_ms.as_ref()), 2_000),
+        }
     };
-    let retry = match &p.retry {
-        None => {
-            RetryConfig { attempts: 3, per_try_timeout: Duration::from_secs(30), deadline: Duration::from_secs(60) }
+    let retry = {
+        let r = p.retry.as_ref();
+        let attempts = r.and_then(|r| r.attempts.as_ref());
+        if let Some(a) = attempts
+            && !(1..=10).contains(a.get_ref())
+        {
+            return ctx.err(Some(a.span()), field("retry.attempts"), "must be in 1..=10");
         }
-        Some(r) => {
-            let attempts = r.attempts.as_ref().map_or(3, |a| *a.get_ref());
-            if attempts == 0 || attempts > 10 {
-                return ctx.err(r.attempts.as_ref().map(Spanned::span), field("retry.attempts"), "must be in 1..=10");
-            }
-            RetryConfig {
-                attempts,
-                per_try_timeout: timeout(
-                    ctx,
-                    r.per_try_timeout_ms.as_ref(),
-                    30_000,
-                    field("retry.per_try_timeout_ms"),
-                )?,
-                deadline: timeout(ctx, r.deadline_ms.as_ref(), 60_000, field("retry.deadline_ms"))?,
-            }
+        let per_try = r.and_then(|r| r.per_try_timeout_ms.as_ref());
+        let per_try_timeout = timeout(ctx, per_try, 30_000, field("retry.per_try_timeout_ms"))?;
+        let deadline = timeout(ctx, r.and_then(|r| r.deadline_ms.as_ref()), 60_000, field("retry.deadline_ms"))?;
+        if per_try_timeout > deadline {
+            return ctx.err(
+                per_try.or(r.and_then(|r| r.deadline_ms.as_ref())).map(Spanned::span),
+                field("retry.per_try_timeout_ms"),
+                format!(
+                    "{} ms is above retry.deadline_ms ({} ms): no try could use it",
+                    per_try_timeout.as_millis(),
+                    deadline.as_millis()
+                ),
+            );
         }
+        RetryConfig { attempts: attempts.map_or(3, |a| *a.get_ref()), per_try_timeout, deadline }
     };
     let mut workers: Vec<WorkerConfig> = Vec::new();
     for w in &p.worker {
         let wname = w.name.get_ref().clone();
-        if wname.is_empty() {
-            return ctx.err(Some(w.name.span()), field("worker.name"), "must not be empty");
-        }
+        let weight = w.weight.as_ref().map_or(1, |x| *x.get_ref());
+        let zone = w.zone.as_ref().map(|z| z.get_ref().as_str());
+        let worker = match validate_worker(&wname, w.address.get_ref(), weight, zone, own) {
+            Ok(w) => w,
+            Err(e) => {
+                let (span, f) = match e.field {
+                    "name" => (w.name.span(), field("worker.name")),
+                    "zone" => (w.zone.as_ref().map_or(w.name.span(), Spanned::span), field(&format!("worker.{wname}.zone"))),
+                    _ => (w.address.span(), field(&format!("worker.{wname}.address"))),
+                };
+                return ctx.err(Some(span), f, e.message);
+            }
+        };
         if workers.iter().any(|x| x.name == wname) {
             return ctx.err(Some(w.name.span()), field("worker.name"), format!("duplicate worker '{wname}'"));
         }
-        let address = parse_addr(ctx, &w.address, &field(&format!("worker.{wname}.address")))?;
-        workers.push(WorkerConfig {
-            name: wname,
-            address,
-            weight: w.weight.as_ref().map_or(1, |x| *x.get_ref()),
-            zone: w.zone.clone().filter(|z| !z.is_empty()),
-        });
+        workers.push(worker);
+    }
+    if workers.is_empty() {
+        return ctx.err(Some(p.name.span()), field("worker"), "a pool needs at least one [[pool.worker]]");
+    }
+    if workers.iter().all(|w| w.weight == 0) {
+        return ctx.err(Some(p.name.span()), field("worker"), "every worker has weight 0: the pool could serve nothing");
     }
     // Build the strategy once so that its errors (jump with weights, a Maglev size that is not a
     // prime...) surface now, with the pool named, instead of at the first request.
@@ -631,6 +828,10 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PoolConfig, C
         field: field("worker"),
         message: e.to_string(),
     })?;
+    if let Err(message) = crate::pool::check_table_size(strategy, &options, &nodes) {
+        let span = p.vnodes.as_ref().map(Spanned::span).or(p.maglev_size.as_ref().map(Spanned::span));
+        return ctx.err(span.or(Some(p.name.span())), field("worker"), message);
+    }
     if let Err(e) = keyroute::Policy::build(strategy, nodes, &options) {
         return ctx.err(
             p.strategy.as_ref().map(Spanned::span).or(Some(p.name.span())),

@@ -23,9 +23,12 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod body;
 pub mod config;
+mod error;
 pub mod health;
 pub mod key;
+mod listener;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
@@ -33,28 +36,6 @@ mod server;
 pub mod upstream;
 
 pub use config::{Config, ConfigError};
+pub use error::{GatewayError, ReloadError};
+pub use proxy::ProxyService;
 pub use server::{Gateway, GatewayHandle};
-
-/// Why the gateway could not start or apply a change.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GatewayError {
-    /// The configuration is invalid.
-    #[error("{0}")]
-    Config(Box<ConfigError>),
-    /// A listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A pool refused its workers.
-    #[error("{0}")]
-    Membership(pool::MembershipError),
-    /// A reload cannot apply this change.
-    #[error("reload refused: {0}")]
-    Reload(String),
-}

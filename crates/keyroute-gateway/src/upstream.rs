@@ -22,7 +22,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::proxy::ProxyBody;
+use crate::body::ProxyBody;
 
 /// Idle connections kept per worker.
 const MAX_IDLE: usize = 256;
@@ -146,6 +146,16 @@ impl Upstream {
                 },
             }
         }
+        let mut conn = self.connect().await?;
+        match conn.send_request(req).await {
+            Ok(resp) => Ok((resp, conn)),
+            Err(e) => Err(SendError::Request { error: e, reused: false }),
+        }
+    }
+
+    /// Sends a request on a new connection, never a pooled one (health checks: a worker that
+    /// stops accepting connections must fail them even while old connections still work).
+    pub async fn send_fresh(&self, req: Request<ProxyBody>) -> Result<(Response<Incoming>, Conn), SendError> {
         let mut conn = self.connect().await?;
         match conn.send_request(req).await {
             Ok(resp) => Ok((resp, conn)),

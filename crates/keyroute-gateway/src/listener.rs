@@ -1,0 +1,292 @@
+//! Client connections: accepting them within limits, and the request-head timeout.
+//!
+//! - **Open files.** At start the gateway raises its soft `RLIMIT_NOFILE` to the hard limit (and
+//!   logs both): every client connection can hold an upstream one, so 1,024 descriptors is about
+//!   500 clients.
+//! - **A connection limit per listener** (`max_connections`; by default half the open-file limit,
+//!   shared among the listeners). At the limit the accept loop waits for a connection to close,
+//!   and the kernel's backlog holds the rest, as NGINX's `worker_connections` and HAProxy's
+//!   `maxconn` do; the limit and the times it was reached are metrics.
+//! - **Back-off on accept errors**: out of descriptors (`EMFILE`, `ENFILE`) or memory, the loop
+//!   sleeps from 10 ms doubling to 1 s instead of spinning, and logs once per episode.
+//! - **The head timeout** (`header_timeout_ms`, 10 s by default): a request head that has not
+//!   fully arrived that long after the connection opened, or after the previous response ended, is
+//!   answered `408 Request Timeout` and the connection closed; an idle keep-alive connection (no
+//!   byte of a next request) is closed silently. The clock is [`HeadClock`]: the service stops it
+//!   when a head has been parsed, and the response body restarts it when it has been sent.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use crate::body::{BoxError, ProxyBody};
+use crate::metrics::ListenerMetrics;
+
+/// The bytes sent when a request head times out.
+const TIMEOUT_RESPONSE: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+/// Raises the soft open-file limit to the hard limit; returns (soft before, soft now).
+pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes into the struct we pass, which lives for the call.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return None;
+        }
+        let before = lim.rlim_cur as u64;
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            // SAFETY: setrlimit reads the struct we pass, which lives for the call.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                return Some((before, lim.rlim_max as u64));
+            }
+        }
+        Some((before, before))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Whether an accept error means the process is out of a resource (and should back off).
+pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = e;
+        false
+    }
+}
+
+/// The back-off after accept errors: 10 ms, doubling to 1 s; reset by a successful accept.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    next: Option<Duration>,
+}
+
+impl Backoff {
+    /// The next wait, and whether it is the first of an episode (worth a log line).
+    pub fn fail(&mut self) -> (Duration, bool) {
+        let first = self.next.is_none();
+        let d = self.next.unwrap_or(Duration::from_millis(10));
+        self.next = Some((d * 2).min(Duration::from_secs(1)));
+        (d, first)
+    }
+
+    /// A connection was accepted.
+    pub fn reset(&mut self) {
+        self.next = None;
+    }
+}
+
+/// Whether a connection is waiting for a request head; shared by its IO, its service and its
+/// response bodies.
+#[derive(Debug)]
+pub struct HeadClock {
+    waiting: AtomicBool,
+    restart: AtomicBool,
+}
+
+impl HeadClock {
+    fn new() -> Arc<Self> {
+        Arc::new(HeadClock { waiting: AtomicBool::new(true), restart: AtomicBool::new(false) })
+    }
+
+    /// A head has been parsed: the clock stops.
+    pub fn head_received(&self) {
+        self.waiting.store(false, Relaxed);
+    }
+
+    /// A response has been sent: the clock restarts for the next head.
+    pub fn response_sent(&self) {
+        self.restart.store(true, Relaxed);
+        self.waiting.store(true, Relaxed);
+    }
+}
+
+/// A client connection's IO with the head timeout. See the [module documentation](self).
+pub struct TimedIo {
+    io: TcpStream,
+    clock: Arc<HeadClock>,
+    timeout: Duration,
+    sleep: Pin<Box<Sleep>>,
+    /// Bytes of a head arrived since the clock (re)started.
+    partial: bool,
+    /// No request has been received on this connection yet.
+    first: bool,
+    timed_out: bool,
+    metrics: Arc<ListenerMetrics>,
+}
+
+impl TimedIo {
+    /// Wraps an accepted connection; returns it and its clock.
+    pub fn new(io: TcpStream, timeout: Duration, metrics: Arc<ListenerMetrics>) -> (Self, Arc<HeadClock>) {
+        let clock = HeadClock::new();
+        let io = TimedIo {
+            io,
+            clock: Arc::clone(&clock),
+            timeout,
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+            partial: false,
+            first: true,
+            timed_out: false,
+            metrics,
+        };
+        (io, clock)
+    }
+}
+
+impl AsyncRead for TimedIo {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.timed_out {
+            return Poll::Ready(Ok(()));
+        }
+        let waiting = this.clock.waiting.load(Relaxed);
+        if waiting {
+            if this.clock.restart.swap(false, Relaxed) {
+                this.sleep.as_mut().reset(Instant::now() + this.timeout);
+                this.partial = false;
+                this.first = false;
+            }
+            if this.sleep.as_mut().poll(cx).is_ready() {
+                this.timed_out = true;
+                if this.partial || this.first {
+                    this.metrics.header_timeouts.fetch_add(1, Relaxed);
+                    // Best effort: the socket's send buffer is empty between requests.
+                    let _ = Pin::new(&mut this.io).poll_write(cx, TIMEOUT_RESPONSE);
+                    let _ = Pin::new(&mut this.io).poll_flush(cx);
+                }
+                // End of stream: hyper closes the connection (a partial head is an incomplete
+                // message, for which it writes nothing of its own).
+                return Poll::Ready(Ok(()));
+            }
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if waiting && buf.filled().len() > before {
+            this.partial = true;
+        }
+        r
+    }
+}
+
+impl AsyncWrite for TimedIo {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// A response body that restarts its connection's head clock when it is done (sent, or
+/// dropped).
+pub struct ClockedBody {
+    inner: ProxyBody,
+    clock: Arc<HeadClock>,
+}
+
+impl ClockedBody {
+    /// Wraps a response body.
+    pub fn new(inner: ProxyBody, clock: Arc<HeadClock>) -> Self {
+        ClockedBody { inner, clock }
+    }
+}
+
+impl Drop for ClockedBody {
+    fn drop(&mut self) {
+        self.clock.response_sent();
+    }
+}
+
+impl Body for ClockedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Counts an open connection on its listener until dropped.
+#[derive(Debug)]
+pub struct OpenConn(Arc<ListenerMetrics>);
+
+impl OpenConn {
+    /// Counts one more.
+    pub fn new(metrics: &Arc<ListenerMetrics>) -> Self {
+        metrics.open.fetch_add(1, Relaxed);
+        metrics.accepted.fetch_add(1, Relaxed);
+        OpenConn(Arc::clone(metrics))
+    }
+}
+
+impl Drop for OpenConn {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_second_and_resets() {
+        let mut b = Backoff::default();
+        let waits: Vec<(u64, bool)> = (0..9).map(|_| b.fail()).map(|(d, f)| (d.as_millis() as u64, f)).collect();
+        assert_eq!(
+            waits,
+            [(10, true), (20, false), (40, false), (80, false), (160, false), (320, false), (640, false), (1000, false), (1000, false)]
+        );
+        b.reset();
+        assert_eq!(b.fail(), (Duration::from_millis(10), true));
+    }
+
+    #[test]
+    fn out_of_descriptors_is_resource_exhaustion() {
+        assert!(is_resource_exhaustion(&io::Error::from_raw_os_error(libc::EMFILE)));
+        assert!(!is_resource_exhaustion(&io::Error::from_raw_os_error(libc::ECONNABORTED)));
+    }
+}

@@ -1,0 +1,203 @@
+//! The two bodies a proxied request streams through, and what each one's end tells.
+//!
+//! - [`ClientBody`] wraps what the client uploads. When it fails (an invalid chunk, a connection
+//!   cut mid-upload) the failure is the *client's*: the request is answered 400 (or 408 when the
+//!   upload stalled past the try's timeout) and never counts against the worker, nor retried.
+//! - [`Guarded`] wraps the worker's response. It holds the worker's in-flight count until the body
+//!   ends, then returns the connection to the worker's pool. The response's status class and the
+//!   passive-ejection observation are recorded at the end, not at the headers: a response whose
+//!   body ends early (the worker closed mid-body) is an upstream failure (`error`), not a `2xx`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+use crate::body::BoxError;
+use crate::pool::{InFlight, Snapshot, WorkerState};
+use crate::upstream::Conn;
+
+/// What the proxy learns of the client's upload.
+#[derive(Debug, Default)]
+pub struct Upload {
+    failed: AtomicBool,
+    done: AtomicBool,
+}
+
+impl Upload {
+    /// The client's body failed: its error, not the worker's.
+    pub fn failed(&self) -> bool {
+        self.failed.load(Relaxed)
+    }
+
+    /// The client's body was read to its end.
+    pub fn done(&self) -> bool {
+        self.done.load(Relaxed)
+    }
+}
+
+/// The client's request body on its way upstream. See the [module documentation](self).
+#[derive(Debug)]
+pub struct ClientBody<B> {
+    inner: B,
+    upload: Arc<Upload>,
+}
+
+impl<B> ClientBody<B> {
+    /// Wraps a body; `upload` records how it ends.
+    pub fn new(inner: B, upload: Arc<Upload>) -> Self {
+        ClientBody { inner, upload }
+    }
+}
+
+impl<B> Body for ClientBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                self.upload.failed.store(true, Relaxed);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                self.upload.done.store(true, Relaxed);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(f))) => {
+                if self.inner.is_end_stream() {
+                    self.upload.done.store(true, Relaxed);
+                }
+                Poll::Ready(Some(Ok(f)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The worker's response body on its way to the client. See the [module documentation](self).
+pub struct Guarded {
+    inner: Incoming,
+    state: Option<Finish>,
+}
+
+impl std::fmt::Debug for Guarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded").field("settled", &self.state.is_none()).finish_non_exhaustive()
+    }
+}
+
+/// What the end of a response settles.
+struct Finish {
+    guard: InFlight,
+    conn: Conn,
+    worker: Arc<WorkerState>,
+    snapshot: Arc<Snapshot>,
+    status: u16,
+}
+
+impl Guarded {
+    /// Wraps a response body; a body that is already complete (HEAD, 204, 304, an empty 200) is
+    /// settled at once, since nothing will poll it.
+    pub fn new(
+        inner: Incoming,
+        guard: InFlight,
+        conn: Conn,
+        worker: Arc<WorkerState>,
+        snapshot: Arc<Snapshot>,
+        status: u16,
+    ) -> Self {
+        let mut g = Guarded { inner, state: Some(Finish { guard, conn, worker, snapshot, status }) };
+        if g.inner.is_end_stream() {
+            g.complete();
+        }
+        g
+    }
+
+    /// Read to the end: record the status, a success for passive ejection, pool the connection.
+    fn complete(&mut self) {
+        if let Some(f) = self.state.take() {
+            f.worker.metrics.record_class(Some(f.status));
+            if f.status < 500 {
+                f.worker.observe_request(true, false);
+            }
+            drop(f.guard);
+            f.worker.upstream.checkin(f.conn);
+        }
+    }
+
+    /// The worker's body failed mid-way: an upstream failure.
+    fn fail(&mut self, error: &hyper::Error) {
+        if let Some(f) = self.state.take() {
+            f.worker.metrics.record_class(None);
+            f.worker.metrics.truncated.fetch_add(1, Relaxed);
+            let may_eject = f.snapshot.may_eject();
+            let first = f.worker.note_truncation();
+            if let Some(ejection) = f.worker.observe_request(false, may_eject) {
+                tracing::warn!(worker = %f.worker.name, ejection_ms = ejection.as_millis() as u64, "worker ejected after consecutive failures (responses cut short)");
+            } else if first {
+                tracing::warn!(worker = %f.worker.name, error = %error, "worker cut a response short");
+            }
+            drop(f.guard);
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // The client went away before the end: the worker did answer, so its status counts, but
+        // neither as a success nor a failure for ejection; the connection is not reused.
+        if let Some(f) = self.state.take() {
+            f.worker.metrics.record_class(Some(f.status));
+        }
+    }
+}
+
+impl Body for Guarded {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            // The server stops polling once `is_end_stream` says so, so finish on the last frame.
+            Poll::Ready(None) => {
+                self.complete();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if self.inner.is_end_stream() {
+                    self.complete();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.fail(&e);
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

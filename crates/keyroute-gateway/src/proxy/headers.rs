@@ -1,0 +1,427 @@
+//! What the gateway checks and rewrites in a request's head before it is routed, and in a
+//! response's head before it is returned.
+//!
+//! - **The target and Host** (RFC 9112 section 3.2): a request in absolute form (`GET
+//!   http://a.example/x`) is routed by, and forwarded with, its authority; the Host header it came
+//!   with is replaced. An HTTP/1.1 request with no Host, or with more than one, or with a Host that
+//!   is not a valid authority, is refused with 400 — so the host a route matched is always the one
+//!   the worker sees.
+//! - **The path** is normalised before routing (dot segments removed, RFC 3986 section 5.2.4,
+//!   with `%2e` read as `.`), and the normalised path is what the worker receives, so
+//!   `/thumb/../admin` can neither match a `/thumb/` route nor reach `/admin` behind it.
+//! - **Hop-by-hop headers** (RFC 9110 section 7.6.1) are not forwarded, nor the headers that
+//!   `Connection` names.
+//! - **Framing**: a message that came chunked loses any Content-Length (RFC 9112 section 6.3), in
+//!   both directions, so a length that disagrees with the body cannot truncate it.
+//! - **Loops**: the gateway appends its own `Via` entry (`1.1 keyroute-<id>`, the id random per
+//!   process); a request that already carries it has looped back and is answered 508.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery};
+use http::{Uri, Version};
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+/// Removes the hop-by-hop headers and those `Connection` lists; a message that came with
+/// `Transfer-Encoding` also loses `Content-Length` (the length is the chunked body's, and hyper
+/// re-frames what it forwards).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the (few) headers, instead of a hash lookup per hop-by-hop name.
+    let mut drop: Vec<HeaderName> = Vec::new();
+    for (name, value) in headers.iter() {
+        if HOP_BY_HOP.contains(name) || name == header::TRANSFER_ENCODING {
+            drop.push(name.clone());
+            if name == header::CONNECTION {
+                let listed = value.to_str().ok().into_iter().flat_map(|v| v.split(','));
+                // `Connection: host` must not strip the Host header an HTTP/1.1 request needs.
+                drop.extend(listed.filter_map(|n| HeaderName::try_from(n.trim()).ok()).filter(|n| n != header::HOST));
+            }
+            if name == header::TRANSFER_ENCODING {
+                drop.push(header::CONTENT_LENGTH);
+            }
+        }
+    }
+    for name in &drop {
+        headers.remove(name);
+    }
+}
+
+/// Why a request's head was refused before routing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadHead {
+    /// More than one Host header.
+    DuplicateHost,
+    /// An HTTP/1.1 request without Host.
+    MissingHost,
+    /// A Host (or an absolute-form authority) that is not a valid `host[:port]`.
+    InvalidHost,
+    /// An absolute-form target with a scheme other than http or https, or with user info.
+    InvalidTarget,
+}
+
+impl BadHead {
+    /// The public reason class.
+    pub fn reason(self) -> &'static str {
+        match self {
+            BadHead::DuplicateHost => "duplicate_host",
+            BadHead::MissingHost => "missing_host",
+            BadHead::InvalidHost => "invalid_host",
+            BadHead::InvalidTarget => "invalid_target",
+        }
+    }
+
+    /// The public message.
+    pub fn message(self) -> &'static str {
+        match self {
+            BadHead::DuplicateHost => "more than one Host header",
+            BadHead::MissingHost => "an HTTP/1.1 request needs a Host header",
+            BadHead::InvalidHost => "the Host is not a valid host[:port]",
+            BadHead::InvalidTarget => "the request target is not an http(s) URI without user info",
+        }
+    }
+}
+
+/// Makes the request's target and Host agree (see the [module documentation](self)): afterwards
+/// the URI is in origin form with a normalised path, and the Host header, if any, is the one
+/// authority the request is routed by.
+///
+/// # Errors
+///
+/// The head is ambiguous or invalid; nothing is forwarded.
+pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) -> Result<(), BadHead> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let first = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err(BadHead::DuplicateHost);
+    }
+    let authority = match uri.authority() {
+        // Absolute form: its authority wins and replaces Host (RFC 9112 section 3.2.2).
+        Some(a) => {
+            if a.as_str().contains('@') || !matches!(uri.scheme_str(), Some("http" | "https")) {
+                return Err(BadHead::InvalidTarget);
+            }
+            Some(valid_authority(a.as_str())?)
+        }
+        None => match &first {
+            Some(h) => Some(valid_authority(h.to_str().map_err(|_| BadHead::InvalidHost)?)?),
+            None if version == Version::HTTP_11 => return Err(BadHead::MissingHost),
+            None => None,
+        },
+    };
+    if let Some(a) = authority {
+        let v = HeaderValue::try_from(a.as_str()).map_err(|_| BadHead::InvalidHost)?;
+        headers.insert(header::HOST, v);
+    }
+    let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+    let (path, query) = match pq.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (pq, None),
+    };
+    let path = if path.is_empty() || path == "*" { Cow::Borrowed(path) } else { normalize_path(path) };
+    let origin_form = uri.scheme().is_none() && uri.authority().is_none();
+    if origin_form && matches!(path, Cow::Borrowed(_)) {
+        return Ok(());
+    }
+    let rebuilt = match query {
+        Some(q) => format!("{}?{q}", if path.is_empty() { "/" } else { &path }),
+        None => if path.is_empty() { "/".to_owned() } else { path.into_owned() },
+    };
+    *uri = Uri::try_from(rebuilt).map_err(|_| BadHead::InvalidTarget)?;
+    Ok(())
+}
+
+/// A `host[:port]` as Host allows it: a registered name, IPv4 or bracketed IPv6, an optional
+/// numeric port, and nothing else (no user info, no path, no spaces).
+fn valid_authority(text: &str) -> Result<Authority, BadHead> {
+    let a: Authority = text.parse().map_err(|_| BadHead::InvalidHost)?;
+    let host = a.host();
+    let name_ok = |h: &str| {
+        !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    };
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        name_ok(host)
+    };
+    if !host_ok || a.as_str().contains('@') {
+        return Err(BadHead::InvalidHost);
+    }
+    // `host:` with an empty or non-numeric port is no use: a port must be a number.
+    match a.as_str().get(host.len()..) {
+        Some("") => {}
+        Some(rest) if rest.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok()) => {}
+        _ => return Err(BadHead::InvalidHost),
+    }
+    Ok(a)
+}
+
+/// The request's host without its port, lowercased by the caller as needed.
+pub fn host_of(headers: &HeaderMap) -> Option<&str> {
+    let h = headers.get(header::HOST)?.to_str().ok()?;
+    if h.starts_with('[') {
+        return Some(h.split_once(']').map_or(h, |(v6, _)| &h[..v6.len() + 1]));
+    }
+    Some(h.rsplit_once(':').map_or(h, |(host, _)| host))
+}
+
+/// Removes dot segments (RFC 3986 section 5.2.4), treating `%2e`/`%2E` as `.`. Borrowed when
+/// nothing changes.
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
+    let dotty = |s: &str| {
+        let d = s.replace("%2e", ".").replace("%2E", ".");
+        d == "." || d == ".."
+    };
+    if !path.split('/').any(dotty) {
+        return Cow::Borrowed(path);
+    }
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').collect();
+    let last = segments.len() - 1;
+    for (i, seg) in segments.iter().enumerate() {
+        let d = seg.replace("%2e", ".").replace("%2E", ".");
+        match d.as_str() {
+            "." => {
+                if i == last {
+                    out.push("");
+                }
+            }
+            ".." => {
+                // Never above the root: the first (empty) segment stays.
+                if out.len() > 1 {
+                    out.pop();
+                }
+                if i == last {
+                    out.push("");
+                }
+            }
+            _ => out.push(seg),
+        }
+    }
+    let mut s = out.join("/");
+    if !s.starts_with('/') {
+        s.insert(0, '/');
+    }
+    Cow::Owned(s)
+}
+
+/// What a connection's requests share: the client's address, and the forwarding headers' values
+/// for it, rendered once per connection.
+#[derive(Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    xff: HeaderValue,
+    forwarded: String,
+}
+
+impl Peer {
+    /// The forwarding values for a client address.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip().to_string();
+        let node = if addr.is_ipv6() { format!("\"[{ip}]\"") } else { ip.clone() };
+        Peer {
+            addr,
+            xff: HeaderValue::try_from(ip).unwrap_or_else(|_| HeaderValue::from_static("unknown")),
+            forwarded: format!("for={node};proto=http"),
+        }
+    }
+}
+
+/// Adds `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Forwarded`.
+pub fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
+    match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) => {
+            if let Ok(v) = HeaderValue::try_from(format!("{prev}, {}", peer.addr.ip())) {
+                headers.insert("x-forwarded-for", v);
+            }
+        }
+        None => {
+            headers.insert("x-forwarded-for", peer.xff.clone());
+        }
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let host = headers.get(header::HOST).cloned();
+    let mut fwd = peer.forwarded.clone();
+    if let Some(h) = host {
+        if let Ok(text) = h.to_str()
+            && text.bytes().all(|b| b.is_ascii_graphic() && b != b'"')
+        {
+            fwd.push_str(";host=\"");
+            fwd.push_str(text);
+            fwd.push('"');
+        }
+        headers.insert("x-forwarded-host", h);
+    }
+    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {fwd}"),
+        None => fwd,
+    };
+    if let Ok(v) = HeaderValue::try_from(value) {
+        headers.insert(header::FORWARDED, v);
+    }
+}
+
+/// This gateway's `Via` entry.
+#[derive(Clone, Debug)]
+pub struct Via {
+    entry: String,
+}
+
+impl Via {
+    /// An entry with a fresh random id (loops are detected per process).
+    pub fn random() -> Self {
+        Via { entry: format!("1.1 keyroute-{:012x}", random_u64() & 0xffff_ffff_ffff) }
+    }
+
+    /// Whether `headers` already passed through this gateway.
+    pub fn looped(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get_all(header::VIA)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|e| e.trim() == self.entry)
+    }
+
+    /// Appends the entry.
+    pub fn append(&self, headers: &mut HeaderMap) {
+        let joined = {
+            let prev: Vec<&str> = headers.get_all(header::VIA).iter().filter_map(|v| v.to_str().ok()).collect();
+            if prev.is_empty() { self.entry.clone() } else { format!("{}, {}", prev.join(", "), self.entry) }
+        };
+        if let Ok(v) = HeaderValue::try_from(joined) {
+            headers.insert(header::VIA, v);
+        }
+    }
+}
+
+/// A random number from the OS (through the standard hasher's keys): for ids, never placement.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6b65_7972_6f75_7465);
+    h.finish()
+}
+
+/// The request id header.
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The request's id: its `X-Request-Id` when that is 1 to 128 visible ASCII characters, else a
+/// new one (`next` is a process-wide counter, started at a random value, mixed into 16 hex digits).
+pub fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> String {
+    if let Some(v) = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok())
+        && (1..=128).contains(&v.len())
+        && v.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return v.to_owned();
+    }
+    format!("{:016x}", keyroute::hash::mix64(next()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(version: Version, target: &str, hosts: &[&str]) -> Result<(String, Option<String>), BadHead> {
+        let mut uri: Uri = target.parse().expect("uri");
+        let mut h = HeaderMap::new();
+        for host in hosts {
+            h.append(header::HOST, HeaderValue::from_str(host).expect("value"));
+        }
+        canonicalize(version, &mut uri, &mut h)?;
+        Ok((uri.to_string(), h.get(header::HOST).map(|v| v.to_str().expect("ascii").to_owned())))
+    }
+
+    #[test]
+    fn absolute_form_wins_over_host() {
+        assert_eq!(
+            canon(Version::HTTP_11, "http://a.example/x?y=1", &["b.example"]),
+            Ok(("/x?y=1".into(), Some("a.example".into())))
+        );
+        assert_eq!(canon(Version::HTTP_11, "http://a.example:8080", &[]), Ok(("/".into(), Some("a.example:8080".into()))));
+        assert_eq!(canon(Version::HTTP_11, "http://u@a.example/x", &["a.example"]), Err(BadHead::InvalidTarget));
+        assert_eq!(canon(Version::HTTP_11, "ftp://a.example/x", &["a.example"]), Err(BadHead::InvalidTarget));
+    }
+
+    #[test]
+    fn host_must_be_single_and_valid() {
+        assert_eq!(canon(Version::HTTP_11, "/x", &["a", "b"]), Err(BadHead::DuplicateHost));
+        assert_eq!(canon(Version::HTTP_11, "/x", &["a", "a"]), Err(BadHead::DuplicateHost));
+        assert_eq!(canon(Version::HTTP_11, "/x", &[]), Err(BadHead::MissingHost));
+        assert_eq!(canon(Version::HTTP_10, "/x", &[]), Ok(("/x".into(), None)));
+        for bad in ["a b", "a/b", "a:x", "a@b", "[::1", "", "a:99999"] {
+            assert_eq!(canon(Version::HTTP_11, "/x", &[bad]), Err(BadHead::InvalidHost), "{bad:?}");
+        }
+        for good in ["a.example", "a.example:80", "127.0.0.1:9", "[::1]:8080", "[::1]", "under_score"] {
+            assert_eq!(canon(Version::HTTP_11, "/x", &[good]), Ok(("/x".into(), Some(good.into()))), "{good}");
+        }
+    }
+
+    #[test]
+    fn dot_segments_are_removed_before_routing() {
+        for (raw, want) in [
+            ("/thumb/../admin", "/admin"),
+            ("/thumb/%2e%2e/admin", "/admin"),
+            ("/thumb/%2E%2e/admin?x=/../", "/admin?x=/../"),
+            ("/a/./b/.", "/a/b/"),
+            ("/a/b/..", "/a/"),
+            ("/../../etc", "/etc"),
+            ("/..", "/"),
+            ("/a/..b/c", "/a/..b/c"),
+            ("/plain/path", "/plain/path"),
+        ] {
+            assert_eq!(canon(Version::HTTP_11, raw, &["h"]).map(|(u, _)| u), Ok(want.to_owned()), "{raw}");
+        }
+    }
+
+    #[test]
+    fn chunked_messages_lose_content_length() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("x-secret, host"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(header::HOST, HeaderValue::from_static("a"));
+        strip_hop_by_hop(&mut h);
+        assert!(!h.contains_key(header::CONTENT_LENGTH));
+        assert!(!h.contains_key(header::TRANSFER_ENCODING));
+        assert!(!h.contains_key("x-secret"));
+        assert!(h.contains_key(header::HOST));
+    }
+
+    #[test]
+    fn via_detects_its_own_loop_only() {
+        let (a, b) = (Via::random(), Via::random());
+        let mut h = HeaderMap::new();
+        h.insert(header::VIA, HeaderValue::from_static("1.0 fred"));
+        b.append(&mut h);
+        assert!(!a.looped(&h));
+        assert!(b.looped(&h));
+        a.append(&mut h);
+        assert!(a.looped(&h));
+        assert!(h.get(header::VIA).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("1.0 fred, 1.1 keyroute-")));
+    }
+
+    #[test]
+    fn request_ids_are_kept_when_sane() {
+        let mut h = HeaderMap::new();
+        h.insert(&REQUEST_ID, HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&h, || 1), "abc-123");
+        h.insert(&REQUEST_ID, HeaderValue::from_static("has space"));
+        assert_eq!(request_id(&h, || 1).len(), 16);
+        assert_ne!(request_id(&h, || 1), request_id(&h, || 2));
+    }
+}

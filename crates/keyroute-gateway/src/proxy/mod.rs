@@ -1,0 +1,387 @@
+//! Forwarding one request, as a service that tests (and fuzzers) can call without a socket.
+//!
+//! The steps, each a function below:
+//!
+//! 1. **head** ([`headers`]): request id, loop check (`Via`), one unambiguous Host, a normalised
+//!    path; a bad head is the client's error (400), never a worker's.
+//! 2. **route**: listener, host and path prefix to a pool.
+//! 3. **key**: the pool's key template over the request; a missing part is rejected (400) or
+//!    placed by power of two choices, as configured.
+//! 4. **attempts**: the key's ranking, skipping unavailable workers and those already tried; one
+//!    try per worker, each bounded by the per-try timeout and the deadline, and abandoned early
+//!    when its worker has stalled (see [`crate::pool::WorkerState::stalled`]).
+//! 5. **classify**: whose failure it was. A client's broken upload is the client's (400/408, never
+//!    counted against the worker, never retried); connect errors, timeouts, stalls and 5xx are the
+//!    worker's and feed passive ejection. A request that may have reached a worker is retried only
+//!    if it is idempotent and has no body.
+//! 6. **respond**: the worker's response, its body guarded ([`guarded`]), or an error response
+//!    carrying a reason class and the request id (the detail goes to the log).
+
+pub mod guarded;
+pub mod headers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Body;
+use keyroute::Spill;
+use tokio::time::Instant;
+
+pub use self::headers::{Peer, REQUEST_ID};
+use self::guarded::{ClientBody, Guarded, Upload};
+use crate::body::{self, BoxError, ProxyBody};
+use crate::config::MissingKey;
+use crate::metrics::Outcome;
+use crate::pool::{InFlight, Pool, Snapshot, Unavailable, WorkerState};
+use crate::server::Shared;
+use crate::upstream::SendError;
+
+/// How often a try waiting for response headers looks at whether its worker has stalled.
+const STALL_POLL: Duration = Duration::from_millis(100);
+
+/// The gateway's request path for one listener, callable without a socket.
+#[derive(Clone, Debug)]
+pub struct ProxyService {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) listener: usize,
+}
+
+impl ProxyService {
+    /// Handles one request from `remote` as the listener would. Never fails: every error is a
+    /// response.
+    pub async fn call<B>(&self, req: Request<B>, remote: SocketAddr) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        handle(&self.shared, self.listener, req, &Peer::new(remote)).await
+    }
+}
+
+/// Steps 1 and 2, then [`forward`].
+pub(crate) async fn handle<B>(shared: &Shared, listener: usize, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
+    let id = headers::request_id(&parts.headers, || shared.next_request.fetch_add(1, Relaxed));
+    if shared.via.looped(&parts.headers) {
+        tracing::warn!(request_id = %id, client = %peer.addr, "request looped back to this gateway");
+        return body::error(StatusCode::LOOP_DETECTED, "the request looped back to this gateway", "loop", &id);
+    }
+    if let Err(bad) = headers::canonicalize(parts.version, &mut parts.uri, &mut parts.headers) {
+        tracing::debug!(request_id = %id, client = %peer.addr, reason = bad.reason(), "bad request head");
+        return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), &id);
+    }
+    let routing = shared.routing.load_full();
+    let Some(pool) = routing.route(listener, headers::host_of(&parts.headers), parts.uri.path()) else {
+        return body::error(StatusCode::NOT_FOUND, "no route for this host and path", "no_route", &id);
+    };
+    let mut resp = forward(shared, pool, parts, body, peer, &id).await;
+    if shared.draining.load(Relaxed) {
+        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+fn idempotent(m: &Method) -> bool {
+    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+}
+
+/// Why a try failed, with the detail for the log.
+#[derive(Debug)]
+enum Failure {
+    /// No connection: the worker never saw the request.
+    Connect(String),
+    /// No response headers within the try's time.
+    Timeout,
+    /// The worker answered nothing at all for the stall window; the try was abandoned.
+    Stalled,
+    /// The connection failed after the request may have been sent.
+    Upstream(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Connect(why) => write!(f, "connect: {why}"),
+            Failure::Timeout => f.write_str("no response headers in time"),
+            Failure::Stalled => f.write_str("the worker stalled; try abandoned"),
+            Failure::Upstream(why) => write!(f, "upstream: {why}"),
+        }
+    }
+}
+
+impl Failure {
+    fn may_have_reached_worker(&self) -> bool {
+        !matches!(self, Failure::Connect(_))
+    }
+}
+
+/// One try's result.
+enum Try {
+    Answered(Response<ProxyBody>),
+    Failed(Failure),
+    /// The client's upload failed or stalled: answered without blaming the worker.
+    ClientFault(Response<ProxyBody>),
+}
+
+/// Steps 3 to 6 for a routed request.
+async fn forward<B>(
+    shared: &Shared,
+    pool: &Arc<Pool>,
+    mut parts: Parts,
+    body: B,
+    peer: &Peer,
+    id: &str,
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let snap = pool.snapshot();
+    let started = Instant::now();
+    let mut key = String::new();
+    let hash = match key_hash(pool, &snap, &parts, peer, &mut key) {
+        Ok(h) => h,
+        Err(missing) => {
+            tracing::debug!(request_id = %id, pool = %pool.name, part = %missing, "key part missing");
+            return body::error(StatusCode::BAD_REQUEST, "the request lacks a part of its key", "missing_key", id);
+        }
+    };
+
+    // The upstream request's fixed parts.
+    headers::strip_hop_by_hop(&mut parts.headers);
+    headers::add_forwarded(&mut parts.headers, peer);
+    shared.via.append(&mut parts.headers);
+    if let Ok(v) = HeaderValue::try_from(id) {
+        parts.headers.insert(REQUEST_ID.clone(), v);
+    }
+    let target: Uri = parts.uri.clone();
+    let replayable = body.is_end_stream();
+    let upload = Arc::new(Upload::default());
+    let retry = &snap.config.retry;
+    let attempts = if replayable { retry.attempts } else { 1 };
+    let deadline = started + retry.deadline;
+    let mut body = Some(ClientBody::new(body, Arc::clone(&upload)).boxed_unsync());
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last: Option<Failure> = None;
+
+    for attempt in 0..attempts {
+        let now = Instant::now();
+        if now >= deadline {
+            last = last.or(Some(Failure::Timeout));
+            break;
+        }
+        let Some(decision) = snap.decide(hash, &tried, now) else { break };
+        let worker = Arc::clone(&snap.workers[decision.node]);
+        pool.metrics.outcome(match (attempt, hash.is_some() && decision.owner.is_some(), decision.spill) {
+            (a, _, _) if a > 0 => Outcome::Retry,
+            (_, false, _) => Outcome::Unkeyed,
+            (_, true, None) => Outcome::Owner,
+            (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
+            (_, true, Some(_)) => Outcome::Overloaded,
+        });
+        let ctx = TryCtx {
+            snap: &snap,
+            worker: &worker,
+            parts: &parts,
+            target: &target,
+            per_try: retry.per_try_timeout.min(deadline - now),
+            replayable,
+            upload: &upload,
+            id,
+            // Abandon a stalled worker only when there is somewhere else to go.
+            may_abandon: replayable
+                && idempotent(&parts.method)
+                && attempt + 1 < attempts
+                && snap.decide(hash, &[tried.as_slice(), &[decision.node]].concat(), now).is_some(),
+        };
+        match try_once(ctx, &mut body).await {
+            Try::Answered(resp) => {
+                tracing::trace!(request_id = %id, worker = %worker.name, attempt, key = %key, "proxied");
+                return resp;
+            }
+            Try::ClientFault(resp) => return resp,
+            Try::Failed(f) => {
+                tracing::warn!(request_id = %id, pool = %pool.name, worker = %worker.name, attempt, failure = %f, "try failed");
+                let stop = f.may_have_reached_worker() && !idempotent(&parts.method);
+                last = Some(f);
+                tried.push(decision.node);
+                if attempt + 1 == attempts || stop {
+                    break;
+                }
+                worker.metrics.retries.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    match last {
+        None => {
+            pool.metrics.no_worker.fetch_add(1, Relaxed);
+            let why = snap.why_unavailable(Instant::now());
+            tracing::warn!(request_id = %id, pool = %pool.name, workers = snap.workers.len(), reason = why.reason(), detail = %why, "no available worker");
+            body::error(StatusCode::SERVICE_UNAVAILABLE, "no worker is available", why.reason(), id)
+        }
+        Some(Failure::Timeout) => body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_timeout", id),
+        Some(Failure::Stalled) => body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_stalled", id),
+        Some(Failure::Connect(_)) => body::error(StatusCode::BAD_GATEWAY, "no worker could be reached", "upstream_connect", id),
+        Some(Failure::Upstream(_)) => body::error(StatusCode::BAD_GATEWAY, "the worker's response failed", "upstream_failed", id),
+    }
+}
+
+/// Step 3: the key's hash, `None` when the strategy does not place by key or the key is missing
+/// and the pool falls back to p2c.
+fn key_hash(pool: &Pool, snap: &Snapshot, parts: &Parts, peer: &Peer, key: &mut String) -> Result<Option<u64>, String> {
+    if !snap.policy.strategy().uses_key() {
+        return Ok(None);
+    }
+    match snap.config.key.render(parts, peer.addr.ip(), key) {
+        Ok(()) => {
+            let h = snap.policy.key_hash(key.as_bytes());
+            pool.record_key(h);
+            Ok(Some(h))
+        }
+        Err(missing) => {
+            pool.metrics.missing_key.fetch_add(1, Relaxed);
+            match snap.config.on_missing_key {
+                MissingKey::Reject => Err(missing.0),
+                MissingKey::P2c => Ok(None),
+            }
+        }
+    }
+}
+
+struct TryCtx<'a> {
+    snap: &'a Arc<Snapshot>,
+    worker: &'a Arc<WorkerState>,
+    parts: &'a Parts,
+    target: &'a Uri,
+    per_try: Duration,
+    replayable: bool,
+    upload: &'a Upload,
+    id: &'a str,
+    may_abandon: bool,
+}
+
+/// Steps 4 to 6 for one worker.
+async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
+    let TryCtx { snap, worker, parts, target, per_try, replayable, upload, id, may_abandon } = ctx;
+    let guard = InFlight::new(Arc::clone(worker));
+    let waiting = worker.await_headers(Instant::now());
+    let sent = Instant::now();
+    let stall = snap.config.passive.stall;
+    // One more try on a fresh connection to the same worker when a pooled connection failed
+    // under a replayable, idempotent request: the worker may just have closed it as idle.
+    let mut fresh_retry = replayable && idempotent(&parts.method);
+    let until = sent + per_try;
+    let result = loop {
+        let mut upstream = Request::new(body.take().unwrap_or_else(body::empty));
+        *upstream.method_mut() = parts.method.clone();
+        *upstream.uri_mut() = target.clone();
+        *upstream.headers_mut() = parts.headers.clone();
+        if !upstream.headers().contains_key(header::HOST)
+            && let Ok(v) = HeaderValue::try_from(worker.address.to_string())
+        {
+            upstream.headers_mut().insert(header::HOST, v);
+        }
+        let send = worker.upstream.send(upstream);
+        tokio::pin!(send);
+        let r = loop {
+            let poll_until = if may_abandon && !stall.is_zero() { (Instant::now() + STALL_POLL).min(until) } else { until };
+            tokio::select! {
+                r = &mut send => break Ok(r),
+                _ = tokio::time::sleep_until(poll_until) => {
+                    let now = Instant::now();
+                    if now >= until {
+                        break Err(Failure::Timeout);
+                    }
+                    if worker.stalled(now, stall) {
+                        break Err(Failure::Stalled);
+                    }
+                }
+            }
+        };
+        match r {
+            Ok(Err(SendError::Request { reused: true, .. })) if fresh_retry => fresh_retry = false,
+            r => break r,
+        }
+    };
+    drop(waiting);
+    let latency = sent.elapsed();
+    let failure = match result {
+        Ok(Ok((resp, conn))) => {
+            worker.headers_arrived(Instant::now());
+            let status = resp.status();
+            worker.metrics.record_latency(latency);
+            if status.is_server_error() {
+                // A 5xx is complete as a failure now; a success is settled when its body ends.
+                if worker.observe_request(false, snap.may_eject()).is_some() {
+                    tracing::warn!(worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive failures (5xx)");
+                }
+            }
+            let (mut head, incoming) = resp.into_parts();
+            headers::strip_hop_by_hop(&mut head.headers);
+            if let Some(h) = &snap.config.worker_header
+                && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
+            {
+                head.headers.insert(h.clone(), v);
+            }
+            let guarded = Guarded::new(incoming, guard, conn, Arc::clone(worker), Arc::clone(snap), status.as_u16());
+            return Try::Answered(Response::from_parts(head, guarded.boxed_unsync()));
+        }
+        // The client's upload broke: its fault, whatever the connection then reported.
+        _ if upload.failed() => {
+            tracing::debug!(request_id = %id, worker = %worker.name, "the client's request body failed");
+            return Try::ClientFault(body::error(StatusCode::BAD_REQUEST, "the request body is invalid or incomplete", "bad_request_body", id));
+        }
+        Err(Failure::Timeout) if !replayable && !upload.done() => {
+            tracing::debug!(request_id = %id, worker = %worker.name, "the client's upload was still incomplete at the timeout");
+            return Try::ClientFault(body::error(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time", "request_body_timeout", id));
+        }
+        Ok(Err(e)) => {
+            worker.metrics.record_class(None);
+            match e {
+                SendError::Connect(why) => {
+                    worker.metrics.connect_errors.fetch_add(1, Relaxed);
+                    Failure::Connect(why)
+                }
+                e @ SendError::Request { .. } => Failure::Upstream(e.to_string()),
+            }
+        }
+        Err(f) => {
+            worker.metrics.record_class(None);
+            f
+        }
+    };
+    worker.metrics.record_latency(latency);
+    if let Some(ejection) = worker.observe_request(false, snap.may_eject()) {
+        tracing::warn!(worker = %worker.name, ejection_ms = ejection.as_millis() as u64, failure = %failure, "worker ejected after consecutive failures");
+    }
+    Try::Failed(failure)
+}
+
+impl Unavailable {
+    /// The public reason class of a 503.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unavailable::NoWorkers => "pool_empty",
+            Unavailable::AllDrained => "all_weights_zero",
+            Unavailable::All(state) => match state {
+                crate::pool::State::Unhealthy => "all_unhealthy",
+                crate::pool::State::Ejected => "all_ejected",
+                crate::pool::State::Draining => "all_draining",
+                crate::pool::State::Stalled => "all_stalled",
+                crate::pool::State::Healthy => "all_tried",
+            },
+            Unavailable::Mixed { .. } => "all_unavailable",
+        }
+    }
+}
