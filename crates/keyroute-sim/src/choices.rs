@@ -106,11 +106,28 @@ mod tests {
 
     #[test]
     fn two_choices_beat_one() {
+        // Seeded, so exact: the busiest bin of each run, and the first run's histogram.
         let r = choices(100_000, 100_000, &[1, 2, 3], 7, 2).expect("valid");
-        let m: Vec<f64> = r.results.iter().map(|x| x.mean_max_load).collect();
-        assert!(m[0] >= 6.0 && m[1] <= 4.0 && m[2] <= m[1], "{m:?}");
-        assert_eq!(r.results[0].load_histogram.iter().sum::<u64>(), 100_000);
+        let maxes: Vec<&[u32]> = r.results.iter().map(|x| &x.max_load[..]).collect();
+        assert_eq!(maxes, [&[8, 7][..], &[3, 4], &[3, 3]]);
+        let means: Vec<f64> = r.results.iter().map(|x| x.mean_max_load).collect();
+        assert_eq!(means, [7.5, 3.5, 3.0]);
+        assert_eq!(r.results[1].load_histogram, [23869, 53131, 22131, 869]);
+        for row in &r.results {
+            // Every ball lands in one bin: the histogram counts every bin, and its balls add up.
+            assert_eq!(row.load_histogram.iter().sum::<u64>(), 100_000);
+            assert_eq!(row.load_histogram.iter().enumerate().map(|(l, &b)| l as u64 * b).sum::<u64>(), 100_000);
+        }
         assert!(choices(0, 1, &[1], 0, 1).is_err());
         assert!(choices(3, 1, &[4], 0, 1).is_err());
+    }
+
+    #[test]
+    fn the_readme_figures_at_a_million() {
+        // `keyroute sim choices` with its defaults (a million balls into a million bins, seed 1):
+        // "busiest bin: 8 with one choice, 4 with two, 3 with three".
+        let r = choices(1_000_000, 1_000_000, &[1, 2, 3], 1, 1).expect("valid");
+        let maxes: Vec<&[u32]> = r.results.iter().map(|x| &x.max_load[..]).collect();
+        assert_eq!(maxes, [&[8][..], &[4], &[3]]);
     }
 }

@@ -79,11 +79,21 @@ mod tests {
         for _ in 0..200_000 {
             counts[z.sample(&mut rng)] += 1;
         }
-        // Rank 0 is twice as popular as rank 1, and ten times rank 9.
-        let ratio = f64::from(counts[0]) / f64::from(counts[1]);
-        assert!((ratio - 2.0).abs() < 0.15, "{ratio}");
-        let expected = z.probability(0) * 200_000.0;
-        assert!((f64::from(counts[0]) - expected).abs() < 0.03 * expected);
+        // Rank 0 is twice as popular as rank 1, and ten times rank 9. A ratio of two counts c_a / c_b
+        // (multinomial) has a relative standard deviation of about sqrt(1/E[c_a] + 1/E[c_b]); the
+        // bounds are 6 of those (about 6% for 0/1 and 12% for 0/9), and each count is binomial, 6
+        // standard deviations.
+        let n = 200_000.0;
+        for (b, law) in [(1usize, 2.0), (9, 10.0)] {
+            let ratio = f64::from(counts[0]) / f64::from(counts[b]);
+            let rel = (1.0 / (n * z.probability(0)) + 1.0 / (n * z.probability(b))).sqrt();
+            assert!((ratio / law - 1.0).abs() <= 6.0 * rel, "rank 0 / rank {b}: {ratio}, law {law}");
+        }
+        for k in [0usize, 1, 9, 999] {
+            let p = z.probability(k);
+            let sigma = (n * p * (1.0 - p)).sqrt();
+            assert!((f64::from(counts[k]) - n * p).abs() <= 6.0 * sigma, "rank {k}: {} vs {:.0}", counts[k], n * p);
+        }
     }
 
     #[test]

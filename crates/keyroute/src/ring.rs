@@ -439,9 +439,48 @@ mod tests {
     }
 
     #[test]
-    fn shares_sum_to_one() {
-        let ring = HashRing::new(NodeSet::parse("a,b:weight=2,c").expect("valid")).expect("ok");
-        let s: f64 = ring.shares().iter().sum();
-        assert!((s - 1.0).abs() < 1e-9);
+    fn shares_are_each_nodes_arcs() {
+        // Independently of the ring's arrays: rebuild the sorted point list the naive way, give
+        // each point the arc (previous point, point] (the first point also the wrap-around arc),
+        // in exact integers, and check that the ring's lookups at both ends of every arc name the
+        // point's node, and that each node's share is the sum of its arcs.
+        let mut rng = SplitMix64::new(0x5a5e);
+        for round in 0..30 {
+            let n = 1 + rng.below(12) as usize;
+            let spec: Vec<String> = (0..n).map(|i| format!("s{i}-{}:weight={}", rng.below(99), rng.below(4))).collect();
+            let set = NodeSet::parse(&spec.join(",")).expect("unique names");
+            let scheme = if round % 2 == 0 { RingScheme::Xxh3 } else { RingScheme::JavaMd5 };
+            let vnodes = 1 + rng.below(40) as u32;
+            let ring = HashRing::builder().vnodes(vnodes).scheme(scheme).build(set.clone()).expect("ok");
+            let mut pts: Vec<(u64, u32, usize)> = Vec::new();
+            for (i, node) in set.nodes().iter().enumerate() {
+                for v in 0..u64::from(vnodes) * u64::from(node.weight()) {
+                    let label = format!("{}#{v}", node.name());
+                    pts.push((point_hash(scheme, label.as_bytes()), set.name_ranks()[i], i));
+                }
+            }
+            pts.sort();
+            let mut arcs = vec![0u128; n];
+            for (k, &(p, _, owner)) in pts.iter().enumerate() {
+                let prev = if k == 0 { pts[pts.len() - 1].0 } else { pts[k - 1].0 };
+                let arc = if k == 0 { (1u128 << 64) - u128::from(prev) + u128::from(p) } else { u128::from(p - prev) };
+                if arc > 0 {
+                    assert_eq!(ring.pick_hash(p), Some(owner), "round {round}: at point {k}");
+                    assert_eq!(ring.pick_hash(prev.wrapping_add(1)), Some(owner), "round {round}: after point {k}");
+                }
+                arcs[owner] += arc;
+            }
+            let shares = ring.shares();
+            assert_eq!(shares.len(), n);
+            if pts.is_empty() {
+                assert!(shares.iter().all(|&s| s == 0.0), "round {round}: an empty ring owns nothing");
+                continue;
+            }
+            assert_eq!(arcs.iter().sum::<u128>(), 1u128 << 64);
+            for (i, (&share, &arc)) in shares.iter().zip(&arcs).enumerate() {
+                let exact = arc as f64 / 2f64.powi(64);
+                assert!((share - exact).abs() <= 1e-12, "round {round}: node {i} share {share}, its arcs {exact}");
+            }
+        }
     }
 }

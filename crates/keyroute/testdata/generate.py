@@ -193,6 +193,37 @@ KEYS = [b"", b"a", b"cat.jpg", b"dog.jpg", b"owl.jpg", "clé-ü-節".encode(), b
 ]
 
 
+def large_set(n, weighted):
+    """A set of `n` nodes for the vectorised rendezvous path (16 or more nodes in a weight group).
+
+    Mixed name forms, listed in a scrambled order (so listing order, name order and group order all
+    differ); with `weighted`, weights 0, 1, 2, 3 and 5 drawn from a hash of the position, which gives
+    weight groups of sizes that are not multiples of 8 (the vector pass's partial last block).
+    """
+    step = 13 if n == 32 else 77  # coprime with n: a permutation
+    tag = "w" if weighted else "u"
+    forms = [
+        lambda i: f"{tag}{n}-{i}",
+        lambda i: f"10.{n % 256}.{i // 100}.{i % 100}:11211",
+        lambda i: f"cache-{i:03d}.{tag}",
+        lambda i: f"节点-{tag}-{i}",
+    ]
+    out = []
+    for k in range(n):
+        i = (k * step) % n
+        tok = forms[i % 4](i)
+        if weighted:
+            # 32 nodes: 19 of weight 1 (two blocks of 8 and 3 more), the rest in small groups.
+            weights = [1, 1, 1, 2, 3, 0] if n == 32 else [1, 1, 2, 3, 5, 0]
+            tok += f":weight={weights[xxh3(f'weight-{n}-{i}'.encode()) % 6]}"
+        out.append(tok)
+    return ",".join(out)
+
+
+LARGE_SETS = [(f"{'weighted' if w else 'equal'}-{n}", large_set(n, w)) for n in (32, 200) for w in (False, True)]
+PICK_KEYS = [f"obj/{i}.jpg".encode() for i in range(300)]
+
+
 def main():
     with open(os.path.join(HERE, "hash.tsv"), "w") as f:
         f.write("# key_hex\txxh3_64\txxh3_64(seed=NODE_SEED)\tmd5_64\tmix64(xxh3_64)\n")
@@ -228,6 +259,27 @@ def main():
                 ]
                 for strat, r in rows:
                     f.write(f"{strat}\t{spec}\t{k.hex()}\t{','.join(names[i] for i in r)}\n")
+    with open(os.path.join(HERE, "placement_large.tsv"), "w") as f:
+        f.write("# Sets of 32 and 200 nodes, for the vectorised rendezvous pass. Nodes are named by their position in\n")
+        f.write("# the set's listing (0-based). Three kinds of rows:\n")
+        f.write("# set\tset name\tnode spec\n")
+        f.write("# rendezvous\tset name\tkey_hex\tfull ranking (positions, owner first)\n")
+        f.write("# pick\tset name\tkey_hex\trendezvous owner\tring owner (xxh3, 160 vnodes)\tmaglev owner (65537)\n")
+        for name, spec in LARGE_SETS:
+            f.write(f"set\t{name}\t{spec}\n")
+        for name, spec in LARGE_SETS:
+            nodes = parse_nodes(spec)
+            for k in KEYS:
+                r = rendezvous_ranking(nodes, xxh3(k))
+                f.write(f"rendezvous\t{name}\t{k.hex()}\t{','.join(str(i) for i in r)}\n")
+            xring = ring_points(nodes, 160, "xxh3")
+            mag = maglev_table(nodes, 65537)
+            for k in PICK_KEYS:
+                h = xxh3(k)
+                owner = rendezvous_ranking(nodes, h)[0]
+                at = bisect.bisect_left(xring, (h, -1, -1))
+                ring_owner = xring[at % len(xring)][2]
+                f.write(f"pick\t{name}\t{k.hex()}\t{owner}\t{ring_owner}\t{mag[(h * 65537) >> 64]}\n")
     pairs = [(0, 1), (1, 2), (256, 1024), (MASK, 1), (MASK, 7)]
     pairs += [(xxh3(f"key-{i}".encode()), b) for i in range(40) for b in (1, 2, 3, 10, 100, 1000, 65536, 2**31 - 1)]
     vals = jump_values(pairs)

@@ -37,13 +37,14 @@ fn java_sketch_adding_d_moves_2448_keys_all_to_d() {
     assert_eq!(moved, 2448);
 }
 
-/// "Hash mod N moved 7,538 of the same keys" (the exact count depends on the hash; 72-78%).
+/// "Hash mod N moved 7,538 of the same keys": with keyroute's hash, 7,560 (the README's figure, from
+/// `keyroute sim remap --strategy modulo`). The law says 3/4 of 10,000, give or take 43.
 #[test]
 fn hash_mod_n_from_three_to_four_moves_about_three_quarters() {
     let before = Modulo::new(NodeSet::parse("A,B,C").expect("v")).expect("ok");
     let after = Modulo::new(NodeSet::parse("A,B,C,D").expect("v")).expect("ok");
     let moved = keys().filter(|k| before.pick_index(k.as_bytes()) != after.pick_index(k.as_bytes())).count();
-    assert!((7200..=7800).contains(&moved), "moved {moved}");
+    assert_eq!(moved, 7560);
 }
 
 /// NGINX's smooth weighted round robin: weights a=5, b=1, c=1 give a a b a c a a.
@@ -57,7 +58,7 @@ fn smooth_weighted_round_robin_sequence() {
 
 /// "In a quick simulation with a million requests on a million workers, the busiest worker held nine
 /// requests with one random choice and four with two." Scaled to 100,000 here to stay quick; the
-/// simulator's `sim choices` runs the full million (and the test of the CLI checks it).
+/// simulator's `sim choices` runs the full million (keyroute-sim's tests pin its 8 and 4).
 #[test]
 fn two_choices_cut_the_busiest_bin() {
     let n = 100_000usize;
@@ -73,7 +74,8 @@ fn two_choices_cut_the_busiest_bin() {
         }
         maxes.push(*loads.iter().max().expect("non-empty"));
     }
-    // ln n / ln ln n ~ 4.7 and ln ln n / ln 2 ~ 3.5 at n = 1e5; observed maxima are 7-9 and 3-4.
-    assert!((7..=9).contains(&maxes[0]), "{maxes:?}");
-    assert!((3..=4).contains(&maxes[1]), "{maxes:?}");
+    // ln n / ln ln n ~ 4.7 and ln ln n / ln 2 ~ 3.5 at n = 1e5 (the asymptotics, up to constants);
+    // this seeded run's busiest bins are 7 and 3 (at a million, the simulator's 8 and 4, pinned in
+    // keyroute-sim's tests).
+    assert_eq!(maxes, [7, 3]);
 }
