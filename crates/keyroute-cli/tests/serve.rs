@@ -94,26 +94,28 @@ fn gateway_and_workers_as_processes_with_reload_and_shutdown() {
             // The first worker generates the images; wait for it before starting the second.
             std::thread::sleep(Duration::from_millis(10));
         }
-        let (child, addrs, _) = spawn_and_wait(&mut cmd, &["worker listening"]);
-        workers.push(child);
+        // Keep the log receiver: a worker whose stderr reader is gone fails its next log write.
+        let (child, addrs, logs) = spawn_and_wait(&mut cmd, &["worker listening"]);
+        workers.push((child, logs));
         worker_addrs.push(addrs[0]);
     }
     let config = dir.join("gw.toml");
-    let write_config = |extra: &str| {
+    let write_config = |extra: &str, w0_weight: u32| {
         let mut text = format!(
             "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[[pool]]\nname = \"thumbs\"\nstrategy = \"rendezvous\"\nkey = \"{{path}}?w={{query.w}}&h={{query.h}}\"\nworker_header = \"x-keyroute-worker\"\n{extra}\n"
         );
         for (i, a) in worker_addrs.iter().enumerate() {
-            text.push_str(&format!("[[pool.worker]]\nname = \"w{i}\"\naddress = \"{a}\"\n"));
+            let weight = if i == 0 { w0_weight } else { 1 };
+            text.push_str(&format!("[[pool.worker]]\nname = \"w{i}\"\naddress = \"{a}\"\nweight = {weight}\n"));
         }
         std::fs::write(&config, text).expect("config");
     };
-    write_config("");
+    write_config("", 1);
     let (mut gw, addrs, logs) = spawn_and_wait(
-        bin().args(["serve", "--threads", "1", "--config"]).arg(&config),
+        bin().args(["serve", "--threads", "1", "--watch", "--config"]).arg(&config),
         &["listening", "admin API listening"],
     );
-    let (front, _admin) = (addrs[0], addrs[1]);
+    let (front, admin) = (addrs[0], addrs[1]);
     let (status, head, body) = http_get(front, "/thumb/img-001.jpg?w=100&h=100");
     assert_eq!(status, 200, "{head}");
     assert!(head.contains("content-type: image/jpeg") && head.contains("x-cache: miss"), "{head}");
@@ -122,7 +124,7 @@ fn gateway_and_workers_as_processes_with_reload_and_shutdown() {
     let (_, head, _) = http_get(front, "/thumb/img-001.jpg?w=100&h=100");
     assert!(head.contains("x-cache: hit") && head.contains(&format!("x-keyroute-worker: {owner}")), "{head}");
     // A bad reload is refused and logged; the gateway serves on.
-    write_config("colour = \"blue\"");
+    write_config("colour = \"blue\"", 1);
     kill(&gw, "-HUP");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -133,11 +135,55 @@ fn gateway_and_workers_as_processes_with_reload_and_shutdown() {
         }
     }
     assert_eq!(http_get(front, "/thumb/img-002.jpg?w=64&h=64").0, 200);
+    // Applied reloads under load, by SIGHUP and then by --watch: no request fails.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                i += 1;
+                let (status, head, _) = http_get(front, &format!("/thumb/img-00{}.jpg?w={}&h=64", i % 3, 32 + i % 40));
+                if status == 200 { ok += 1 } else { failed.push(head) }
+            }
+            (ok, failed)
+        })
+    };
+    let w0_weight = || {
+        let (_, _, body) = http_get(admin, "/workers");
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        v["pools"][0]["workers"][0]["weight"].as_u64()
+    };
+    let wait_for = |want: u64, how: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while w0_weight() != Some(want) {
+            assert!(Instant::now() < deadline, "{how} did not apply");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    write_config("", 0);
+    kill(&gw, "-HUP");
+    wait_for(0, "the SIGHUP reload");
+    let (_, head, _) = http_get(front, "/thumb/img-001.jpg?w=100&h=100");
+    assert!(head.contains("x-keyroute-worker: w1"), "w0 has weight 0: {head}");
+    // --watch polls the file's modification time once a second.
+    std::thread::sleep(Duration::from_millis(1100));
+    write_config("", 2);
+    wait_for(2, "the --watch reload");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ok, failed) = loader.join().expect("loader");
+    assert!(
+        failed.is_empty() && ok > 0,
+        "{ok} ok, {} failed, the first: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
     // SIGTERM: a clean exit.
     kill(&gw, "-TERM");
     let status = gw.wait().expect("wait");
     assert!(status.success(), "{status:?}");
-    for mut w in workers {
+    for (mut w, _logs) in workers {
         kill(&w, "-TERM");
         assert!(w.wait().expect("wait").success());
     }

@@ -19,6 +19,10 @@
 //! ten failed token attempts from one address within a minute get 429 until the minute ends.
 //! Membership changes build their table on the blocking pool, never on a request thread.
 
+// Handlers return `Result<Response, Response>`: the error is the response to send, and the admin
+// API is not a hot path, so its size does not matter.
+#![allow(clippy::result_large_err)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -416,5 +420,25 @@ mod tests {
         assert!(serde_json::from_str::<AddWorker>(r#"{"name": "a", "address": "127.0.0.1:1", "wieght": 2}"#).is_err());
         let add: AddWorker = serde_json::from_str(r#"{"name": "a", "address": "127.0.0.1:1"}"#).expect("valid");
         assert_eq!(add.weight, 1);
+    }
+}
+
+/// Entry points for the fuzz targets (`fuzz/`): the admin API's body parsing and worker
+/// validation, without a socket. Not part of the public API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::{AddWorker, PatchWorker};
+    use crate::config::validate_worker_with;
+
+    /// Parses a `POST /workers` body and validates the worker against `own` addresses (host
+    /// names are not resolved); returns whether it was accepted. Never panics.
+    pub fn add_worker(body: &[u8], own: &[std::net::SocketAddr]) -> bool {
+        let Ok(add) = serde_json::from_slice::<AddWorker>(body) else { return false };
+        validate_worker_with(&add.name, &add.address, add.weight, add.zone.as_deref(), own, |_| None).is_ok()
+    }
+
+    /// Parses a `PATCH /workers/NAME` body; returns the weight if valid.
+    pub fn patch_worker(body: &[u8]) -> Option<u32> {
+        serde_json::from_slice::<PatchWorker>(body).ok().map(|p| p.weight)
     }
 }

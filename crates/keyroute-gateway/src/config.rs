@@ -449,6 +449,19 @@ pub(crate) fn validate_worker(
     zone: Option<&str>,
     own: &[SocketAddr],
 ) -> Result<WorkerConfig, WorkerFieldError> {
+    let resolve = |a: &str| a.to_socket_addrs().ok().and_then(|mut it| it.next());
+    validate_worker_with(name, address, weight, zone, own, resolve)
+}
+
+/// [`validate_worker`] with the name resolution passed in (the fuzz targets resolve nothing).
+pub(crate) fn validate_worker_with(
+    name: &str,
+    address: &str,
+    weight: u32,
+    zone: Option<&str>,
+    own: &[SocketAddr],
+    resolve: impl Fn(&str) -> Option<SocketAddr>,
+) -> Result<WorkerConfig, WorkerFieldError> {
     check_label("name", name)?;
     if let Some(z) = zone
         && !z.is_empty()
@@ -458,9 +471,9 @@ pub(crate) fn validate_worker(
     let bad_address = |message: String| WorkerFieldError { field: "address", message };
     let addr = match address.parse::<SocketAddr>() {
         Ok(a) => a,
-        Err(_) => match address.to_socket_addrs().map(|mut it| it.next()) {
-            Ok(Some(a)) => a,
-            _ => return Err(bad_address(format!("'{}' is not an address (host:port)", address.escape_debug()))),
+        Err(_) => match resolve(address) {
+            Some(a) => a,
+            None => return Err(bad_address(format!("'{}' is not an address (host:port)", address.escape_debug()))),
         },
     };
     if addr.ip().is_unspecified() || addr.ip().is_multicast() || addr.port() == 0 {
@@ -470,7 +483,12 @@ pub(crate) fn validate_worker(
         return Err(bad_address(format!("{addr} is the gateway's own listener {o}: requests would loop")));
     }
     let _ = weight;
-    Ok(WorkerConfig { name: name.to_owned(), address: addr, weight, zone: zone.filter(|z| !z.is_empty()).map(str::to_owned) })
+    Ok(WorkerConfig {
+        name: name.to_owned(),
+        address: addr,
+        weight,
+        zone: zone.filter(|z| !z.is_empty()).map(str::to_owned),
+    })
 }
 
 fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
@@ -803,7 +821,9 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
             Err(e) => {
                 let (span, f) = match e.field {
                     "name" => (w.name.span(), field("worker.name")),
-                    "zone" => (w.zone.as_ref().map_or(w.name.span(), Spanned::span), field(&format!("worker.{wname}.zone"))),
+                    "zone" => {
+                        (w.zone.as_ref().map_or(w.name.span(), Spanned::span), field(&format!("worker.{wname}.zone")))
+                    }
                     _ => (w.address.span(), field(&format!("worker.{wname}.address"))),
                 };
                 return ctx.err(Some(span), f, e.message);
@@ -818,7 +838,11 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         return ctx.err(Some(p.name.span()), field("worker"), "a pool needs at least one [[pool.worker]]");
     }
     if workers.iter().all(|w| w.weight == 0) {
-        return ctx.err(Some(p.name.span()), field("worker"), "every worker has weight 0: the pool could serve nothing");
+        return ctx.err(
+            Some(p.name.span()),
+            field("worker"),
+            "every worker has weight 0: the pool could serve nothing",
+        );
     }
     // Build the strategy once so that its errors (jump with weights, a Maglev size that is not a
     // prime...) surface now, with the pool named, instead of at the first request.
@@ -898,7 +922,7 @@ weight = 2
             (GOOD.replace("127.0.0.1:9002", "nowhere"), 16, "pool.thumbs.worker.w2.address", "not an address"),
             (GOOD.replace("{path}?w={query.w}", "{path}?w={query.w"), 8, "pool.thumbs.key", "unclosed"),
             (GOOD.replace("name = \"w2\"", "name = \"w1\""), 15, "pool.thumbs.worker.name", "duplicate worker"),
-            (GOOD.replace("weight = 2", "weight = -2"), 17, "pool.worker.weight", ""),
+            (GOOD.replace("weight = 2", "weight = -2"), 17, "pool.worker.weight", "invalid value: integer `-2`"),
         ] {
             let err = Config::parse(&edit, "k.toml").expect_err("invalid");
             assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}");
@@ -929,6 +953,90 @@ weight = 2
             let err = Config::parse(&edit, "k.toml").expect_err("refused");
             assert_eq!(err.field, field, "{err}");
         }
+    }
+
+    /// Issue 8, defect 7: errors on a table header named the previous table; empty files, files
+    /// without a listener and invalid UTF-8 gave no line.
+    #[test]
+    fn file_level_errors_name_a_line_and_the_right_table() {
+        let err = Config::parse("[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nname = \"x\"\n", "k.toml")
+            .expect_err("no listen");
+        assert_eq!((err.line, err.field.as_str()), (Some(3), "listener.listen"), "{err}");
+        let err = Config::parse("", "k.toml").expect_err("empty");
+        assert_eq!((err.line, err.field.as_str()), (Some(1), "listener"), "{err}");
+        let err = Config::parse("[admin]\nlisten = \"127.0.0.1:0\"\n", "k.toml").expect_err("no listener");
+        assert_eq!((err.line, err.field.as_str()), (Some(2), "listener"), "{err}");
+        let dir = std::env::temp_dir().join(format!("keyroute-config-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, b"[[listener]]\nlisten = \"127.0.0.1:0\"\nname = \"\xff\"\n").expect("write");
+        let err = Config::load(&path).expect_err("not UTF-8");
+        assert_eq!((err.line, err.message.as_str()), (Some(3), "not valid UTF-8"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Issue 8, defect 7: settings accepted silently that can never work as written.
+    #[test]
+    fn contradictory_settings_are_refused() {
+        let key = "key = \"{path}?w={query.w}\"";
+        let workers = &GOOD[GOOD.find("[[pool.worker]]").expect("workers")..];
+        let no_workers = GOOD.replace(workers, "");
+        for (edit, field, needle) in [
+            (no_workers, "pool.thumbs.worker", "at least one"),
+            (
+                GOOD.replace("weight = 2", "weight = 0")
+                    .replace("address = \"127.0.0.1:9001\"", "address = \"127.0.0.1:9001\"\nweight = 0"),
+                "pool.thumbs.worker",
+                "every worker has weight 0",
+            ),
+            (
+                GOOD.replace(key, &format!("{key}\n[pool.passive]\nbase_ejection_ms = 60000\nmax_ejection_ms = 1000")),
+                "pool.thumbs.passive.base_ejection_ms",
+                "above passive.max_ejection_ms",
+            ),
+            (
+                GOOD.replace(key, &format!("{key}\n[pool.retry]\nper_try_timeout_ms = 5000\ndeadline_ms = 1000")),
+                "pool.thumbs.retry.per_try_timeout_ms",
+                "above retry.deadline_ms",
+            ),
+            (
+                GOOD.replace(
+                    "listen = \"127.0.0.1:0\"",
+                    "listen = \"127.0.0.1:8080\"\n[[listener]]\nlisten = \"0.0.0.0:8080\"",
+                ),
+                "listener.listener-2.listen",
+                "collides with listener.listener-1.listen",
+            ),
+            (
+                format!("[admin]\nlisten = \"127.0.0.1:8080\"\n{}", GOOD.replace("127.0.0.1:0", "127.0.0.1:8080")),
+                "listener.listener-1.listen",
+                "collides with admin.listen",
+            ),
+            (
+                GOOD.replace("127.0.0.1:9002", "0.0.0.0:9002"),
+                "pool.thumbs.worker.w2.address",
+                "not an address a worker can listen at",
+            ),
+            (GOOD.replace("name = \"w2\"", "name = \"w 2\""), "pool.thumbs.worker.name", "spaces"),
+            (
+                GOOD.replace(key, &format!("{key}\nstrategy = \"ring\"\nvnodes = 10000"))
+                    .replace("strategy = \"rendezvous\"\n", "")
+                    .replace("weight = 2", "weight = 500"),
+                "pool.thumbs.worker",
+                "points",
+            ),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.message.contains(needle), "{err}");
+            assert!(err.line.is_some(), "{err}");
+        }
+        // Valid but probably not meant: a warning, not an error.
+        let slow_probe = GOOD.replace(key, &format!("{key}\n[pool.health]\ninterval_ms = 100\ntimeout_ms = 500"));
+        let c = Config::parse(&slow_probe, "k.toml").expect("valid");
+        assert_eq!(c.warnings.len(), 1);
+        assert_eq!(c.warnings[0].field, "pool.thumbs.health.timeout_ms", "{}", c.warnings[0]);
+        assert!(Config::parse(GOOD, "k.toml").expect("valid").warnings.is_empty());
     }
 
     #[test]

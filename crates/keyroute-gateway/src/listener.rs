@@ -32,10 +32,11 @@ use crate::body::{BoxError, ProxyBody};
 use crate::metrics::ListenerMetrics;
 
 /// The bytes sent when a request head times out.
-const TIMEOUT_RESPONSE: &[u8] =
-    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+const TIMEOUT_RESPONSE: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
 /// Raises the soft open-file limit to the hard limit; returns (soft before, soft now).
+// `rlim_t` is `u64` on Linux but not everywhere.
+#[allow(clippy::unnecessary_cast)]
 pub fn raise_open_file_limit() -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
@@ -278,7 +279,17 @@ mod tests {
         let waits: Vec<(u64, bool)> = (0..9).map(|_| b.fail()).map(|(d, f)| (d.as_millis() as u64, f)).collect();
         assert_eq!(
             waits,
-            [(10, true), (20, false), (40, false), (80, false), (160, false), (320, false), (640, false), (1000, false), (1000, false)]
+            [
+                (10, true),
+                (20, false),
+                (40, false),
+                (80, false),
+                (160, false),
+                (320, false),
+                (640, false),
+                (1000, false),
+                (1000, false)
+            ]
         );
         b.reset();
         assert_eq!(b.fail(), (Duration::from_millis(10), true));

@@ -222,7 +222,10 @@ impl Collector for Scrape {
             "Share of recently seen keys remapped by the last membership change.",
             MetricType::Gauge,
             snaps.iter().map(|(p, _)| {
-                (labels(&[("pool", &p.name)]), Value::Float(f64::from_bits(p.metrics.last_remapped_ratio.load(Relaxed))))
+                (
+                    labels(&[("pool", &p.name)]),
+                    Value::Float(f64::from_bits(p.metrics.last_remapped_ratio.load(Relaxed))),
+                )
             }),
         )?;
         family(
@@ -234,10 +237,7 @@ impl Collector for Scrape {
         )?;
 
         // Per worker: (pool, worker, index) for every member of every pool.
-        let members: Vec<_> = snaps
-            .iter()
-            .flat_map(|(p, s)| (0..s.workers.len()).map(move |i| (p, s, i)))
-            .collect();
+        let members: Vec<_> = snaps.iter().flat_map(|(p, s)| (0..s.workers.len()).map(move |i| (p, s, i))).collect();
         let wl = |p: &Pool, s: &crate::pool::Snapshot, i: usize| {
             labels(&[("pool", &p.name), ("worker", &s.workers[i].name)])
         };
@@ -301,9 +301,13 @@ impl Collector for Scrape {
             MetricType::Counter,
             &|s, i| s.workers[i].metrics.retries.load(Relaxed),
         )?;
-        worker_family(&mut encoder, "keyroute_worker_ejections", "Passive ejections.", MetricType::Counter, &|s, i| {
-            s.workers[i].metrics.ejections.load(Relaxed)
-        })?;
+        worker_family(
+            &mut encoder,
+            "keyroute_worker_ejections",
+            "Passive ejections.",
+            MetricType::Counter,
+            &|s, i| s.workers[i].metrics.ejections.load(Relaxed),
+        )?;
         worker_family(
             &mut encoder,
             "keyroute_worker_connect_errors",
@@ -339,14 +343,18 @@ impl Collector for Scrape {
             }
         }
 
-        let listener = |encoder: &mut DescriptorEncoder<'_>, name, help, kind, get: &dyn Fn(&ListenerMetrics) -> u64| {
-            let samples =
-                self.listeners.iter().map(|(n, _, m)| (labels(&[("listener", n)]), Value::Int(get(m))));
-            family(encoder, name, help, kind, samples)
-        };
-        listener(&mut encoder, "keyroute_listener_connections", "Client connections open now.", MetricType::Gauge, &|m| {
-            m.open.load(Relaxed)
-        })?;
+        let listener =
+            |encoder: &mut DescriptorEncoder<'_>, name, help, kind, get: &dyn Fn(&ListenerMetrics) -> u64| {
+                let samples = self.listeners.iter().map(|(n, _, m)| (labels(&[("listener", n)]), Value::Int(get(m))));
+                family(encoder, name, help, kind, samples)
+            };
+        listener(
+            &mut encoder,
+            "keyroute_listener_connections",
+            "Client connections open now.",
+            MetricType::Gauge,
+            &|m| m.open.load(Relaxed),
+        )?;
         family(
             &mut encoder,
             "keyroute_listener_connection_limit",

@@ -525,11 +525,8 @@ impl Pool {
     /// The placement library refuses the workers, or the table is too large (validated
     /// configurations never fail here).
     pub fn new(config: PoolConfig, epoch: Instant) -> Result<Self, MembershipError> {
-        let members: Members = config
-            .workers
-            .iter()
-            .map(|w| (Arc::new(WorkerState::new(w, &config, epoch)), w.weight))
-            .collect();
+        let members: Members =
+            config.workers.iter().map(|w| (Arc::new(WorkerState::new(w, &config, epoch)), w.weight)).collect();
         let name = config.name.clone();
         let snapshot = build(Arc::new(config), members, 1, None)?;
         Ok(Pool {

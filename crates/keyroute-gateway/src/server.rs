@@ -484,7 +484,8 @@ impl GatewayHandle {
     /// The request path of client listener `index` (in configuration order), as a service that
     /// takes requests without a socket.
     pub fn service(&self, index: usize) -> Option<ProxyService> {
-        (index < self.shared.listeners.len()).then(|| ProxyService { shared: Arc::clone(&self.shared), listener: index })
+        (index < self.shared.listeners.len())
+            .then(|| ProxyService { shared: Arc::clone(&self.shared), listener: index })
     }
 
     /// Applies a new configuration: pools (strategy, key, workers, health, retries) and routes.

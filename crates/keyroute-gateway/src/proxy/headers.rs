@@ -137,7 +137,13 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
     }
     let rebuilt = match query {
         Some(q) => format!("{}?{q}", if path.is_empty() { "/" } else { &path }),
-        None => if path.is_empty() { "/".to_owned() } else { path.into_owned() },
+        None => {
+            if path.is_empty() {
+                "/".to_owned()
+            } else {
+                path.into_owned()
+            }
+        }
     };
     *uri = Uri::try_from(rebuilt).map_err(|_| BadHead::InvalidTarget)?;
     Ok(())
@@ -148,9 +154,8 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
 fn valid_authority(text: &str) -> Result<Authority, BadHead> {
     let a: Authority = text.parse().map_err(|_| BadHead::InvalidHost)?;
     let host = a.host();
-    let name_ok = |h: &str| {
-        !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
-    };
+    let name_ok =
+        |h: &str| !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
     let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         inner.parse::<std::net::Ipv6Addr>().is_ok()
     } else {
@@ -351,7 +356,10 @@ mod tests {
             canon(Version::HTTP_11, "http://a.example/x?y=1", &["b.example"]),
             Ok(("/x?y=1".into(), Some("a.example".into())))
         );
-        assert_eq!(canon(Version::HTTP_11, "http://a.example:8080", &[]), Ok(("/".into(), Some("a.example:8080".into()))));
+        assert_eq!(
+            canon(Version::HTTP_11, "http://a.example:8080", &[]),
+            Ok(("/".into(), Some("a.example:8080".into())))
+        );
         assert_eq!(canon(Version::HTTP_11, "http://u@a.example/x", &["a.example"]), Err(BadHead::InvalidTarget));
         assert_eq!(canon(Version::HTTP_11, "ftp://a.example/x", &["a.example"]), Err(BadHead::InvalidTarget));
     }
@@ -412,7 +420,9 @@ mod tests {
         assert!(b.looped(&h));
         a.append(&mut h);
         assert!(a.looped(&h));
-        assert!(h.get(header::VIA).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("1.0 fred, 1.1 keyroute-")));
+        assert!(
+            h.get(header::VIA).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("1.0 fred, 1.1 keyroute-"))
+        );
     }
 
     #[test]

@@ -34,8 +34,8 @@ use hyper::body::Body;
 use keyroute::Spill;
 use tokio::time::Instant;
 
-pub use self::headers::{Peer, REQUEST_ID};
 use self::guarded::{ClientBody, Guarded, Upload};
+pub use self::headers::{Peer, REQUEST_ID};
 use crate::body::{self, BoxError, ProxyBody};
 use crate::config::MissingKey;
 use crate::metrics::Outcome;
@@ -230,10 +230,18 @@ where
             tracing::warn!(request_id = %id, pool = %pool.name, workers = snap.workers.len(), reason = why.reason(), detail = %why, "no available worker");
             body::error(StatusCode::SERVICE_UNAVAILABLE, "no worker is available", why.reason(), id)
         }
-        Some(Failure::Timeout) => body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_timeout", id),
-        Some(Failure::Stalled) => body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_stalled", id),
-        Some(Failure::Connect(_)) => body::error(StatusCode::BAD_GATEWAY, "no worker could be reached", "upstream_connect", id),
-        Some(Failure::Upstream(_)) => body::error(StatusCode::BAD_GATEWAY, "the worker's response failed", "upstream_failed", id),
+        Some(Failure::Timeout) => {
+            body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_timeout", id)
+        }
+        Some(Failure::Stalled) => {
+            body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_stalled", id)
+        }
+        Some(Failure::Connect(_)) => {
+            body::error(StatusCode::BAD_GATEWAY, "no worker could be reached", "upstream_connect", id)
+        }
+        Some(Failure::Upstream(_)) => {
+            body::error(StatusCode::BAD_GATEWAY, "the worker's response failed", "upstream_failed", id)
+        }
     }
 }
 
@@ -295,7 +303,8 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         let send = worker.upstream.send(upstream);
         tokio::pin!(send);
         let r = loop {
-            let poll_until = if may_abandon && !stall.is_zero() { (Instant::now() + STALL_POLL).min(until) } else { until };
+            let poll_until =
+                if may_abandon && !stall.is_zero() { (Instant::now() + STALL_POLL).min(until) } else { until };
             tokio::select! {
                 r = &mut send => break Ok(r),
                 _ = tokio::time::sleep_until(poll_until) => {
@@ -340,11 +349,21 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         // The client's upload broke: its fault, whatever the connection then reported.
         _ if upload.failed() => {
             tracing::debug!(request_id = %id, worker = %worker.name, "the client's request body failed");
-            return Try::ClientFault(body::error(StatusCode::BAD_REQUEST, "the request body is invalid or incomplete", "bad_request_body", id));
+            return Try::ClientFault(body::error(
+                StatusCode::BAD_REQUEST,
+                "the request body is invalid or incomplete",
+                "bad_request_body",
+                id,
+            ));
         }
         Err(Failure::Timeout) if !replayable && !upload.done() => {
             tracing::debug!(request_id = %id, worker = %worker.name, "the client's upload was still incomplete at the timeout");
-            return Try::ClientFault(body::error(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time", "request_body_timeout", id));
+            return Try::ClientFault(body::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+                "request_body_timeout",
+                id,
+            ));
         }
         Ok(Err(e)) => {
             worker.metrics.record_class(None);

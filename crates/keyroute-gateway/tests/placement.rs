@@ -1,0 +1,106 @@
+//! Placement through the gateway: affinity, failover along the ranking, bounded loads.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use support::*;
+use tokio::task::JoinSet;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_same_worker_across_requests_and_gateways() {
+    let bs = backends(4).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let text = config_text(&refs, "strategy = \"rendezvous\"", "");
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let c = client();
+    let ks = keys(40);
+    let first = owners(&c, &a, &ks).await;
+    assert_eq!(owners(&c, &a, &ks).await, first);
+    assert_eq!(owners(&c, &b, &ks).await, first, "two gateways with one config agree");
+    let used: HashSet<&String> = first.values().collect();
+    assert!(used.len() >= 3, "40 keys should spread over the workers: {used:?}");
+    // The body is the backend's own name: the header tells the truth.
+    let (_, h, body) = get(&c, &format!("http://{}/thumb?k=img-1", a.addr)).await;
+    assert_eq!(h["x-keyroute-worker"], body);
+    assert!(h["x-seen-xff"].contains("127.0.0.1"), "X-Forwarded-For is added");
+    a.task.abort();
+    b.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_owner_moves_only_its_keys_to_their_runner_up_and_back() {
+    let mut bs = backends(4).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let text = config_text(
+        &refs,
+        "strategy = \"rendezvous\"\n[pool.health]\npath = \"/healthz\"\ninterval_ms = 30\ntimeout_ms = 200\nrise = 1\nfall = 1",
+        "",
+    );
+    let gw = start_gateway(&text).await;
+    let c = client();
+    let ks = keys(60);
+    let before = owners(&c, &gw, &ks).await;
+    // The runner-up of each key, from the admin API's ranking.
+    let mut runner_up = HashMap::new();
+    for k in &ks {
+        let (_, v) = admin(&gw, "GET", &format!("/placement?key=/thumb?k={k}"), "", None).await;
+        let ranking: Vec<String> = v["ranking"]
+            .as_array()
+            .expect("ranking")
+            .iter()
+            .map(|r| r["name"].as_str().unwrap_or("").to_owned())
+            .collect();
+        assert_eq!(ranking[0], before[k], "placement agrees with the proxy for {k}");
+        runner_up.insert(k.clone(), ranking[1].clone());
+    }
+    let victim = before["img-0"].clone();
+    let idx = bs.iter().position(|b| b.name == victim).expect("victim");
+    bs[idx].kill();
+    eventually(Duration::from_secs(5), "the health checks mark the victim unhealthy", || async {
+        worker_info(&gw, &victim).await["state"] == "unhealthy"
+    })
+    .await;
+    let during = owners(&c, &gw, &ks).await;
+    for k in &ks {
+        if before[k] == victim {
+            assert_eq!(during[k], runner_up[k], "{k} must go to its runner-up");
+        } else {
+            assert_eq!(during[k], before[k], "{k} did not belong to the dead worker and must not move");
+        }
+    }
+    bs[idx].restart().await;
+    eventually(Duration::from_secs(5), "the victim is healthy again", || async {
+        worker_info(&gw, &victim).await["state"] == "healthy"
+    })
+    .await;
+    assert_eq!(owners(&c, &gw, &ks).await, before, "keys come back when the owner recovers");
+    gw.task.abort();
+}
+
+/// A current-thread runtime makes decisions strictly sequential, so the cap is exact.
+#[tokio::test]
+async fn bounded_loads_cap_a_hot_keys_worker() {
+    let bs = backends(8).await;
+    for b in &bs {
+        b.delay_ms.store(100, SeqCst);
+    }
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let gw = start_gateway(&config_text(&refs, "strategy = \"bounded-rendezvous\"\nepsilon = 0.25", "")).await;
+    let mut set = JoinSet::new();
+    for _ in 0..32 {
+        let url = format!("http://{}/thumb?k=hot", gw.addr);
+        set.spawn(async move { get(&client(), &url).await.1["x-keyroute-worker"].clone() });
+    }
+    let mut served = HashMap::new();
+    while let Some(r) = set.join_next().await {
+        *served.entry(r.expect("task")).or_insert(0) += 1;
+    }
+    // 32 at once over 8 workers: capacity ceil(1.25 x 32 / 8) = 5 in flight per worker.
+    let peak = bs.iter().map(|b| b.peak.load(SeqCst)).max().unwrap_or(0);
+    assert!(peak <= 5, "a worker held {peak} requests at once: {served:?}");
+    assert!(served.len() >= 7, "the hot key spilled along its ranking: {served:?}");
+    gw.task.abort();
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs the Debian packages the tests use when they are
+# missing, then runs every test of the workspace. Extra arguments go to `cargo test`.
+#
+#   promtool (package prometheus): the gateway's /metrics is checked with `promtool check metrics`.
+#
+# Nothing is started: packages are installed with services disabled (policy-rc.d), and the tests
+# start what they need themselves, on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+
+if ((${#need[@]})); then
+    echo "scripts/test.sh: installing ${need[*]} (Debian packages the tests use)" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    policy=/usr/sbin/policy-rc.d
+    created_policy=0
+    if [ ! -e "$policy" ]; then
+        # Exit status 101: "action forbidden", so no package starts its daemon on install.
+        printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+        $sudo chmod +x "$policy"
+        created_policy=1
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    if [ "$created_policy" -eq 1 ]; then
+        $sudo rm -f "$policy"
+    fi
+fi
+
+exec cargo test --workspace "$@"
