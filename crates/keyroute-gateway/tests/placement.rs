@@ -104,3 +104,26 @@ async fn bounded_loads_cap_a_hot_keys_worker() {
     assert!(served.len() >= 7, "the hot key spilled along its ranking: {served:?}");
     gw.task.abort();
 }
+
+/// Issue 8, gaps: health checks reused pooled keep-alive connections, so a worker that stopped
+/// accepting connections stayed healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_stops_accepting_connections_fails_its_checks() {
+    let mut bs = backends(2).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let text = config_text(&refs, "[pool.health]\npath = \"/healthz\"\ninterval_ms = 50\nrise = 1\nfall = 2", "");
+    let gw = start_gateway(&text).await;
+    // Pooled connections to both workers.
+    let c = client();
+    for k in 0..20 {
+        let (s, _, _) = get(&c, &format!("http://{}/thumb?k={k}", gw.addr)).await;
+        assert_eq!(s, http::StatusCode::OK);
+    }
+    bs[0].stop_accepting();
+    eventually(Duration::from_secs(5), "w1 fails its checks on fresh connections", || async {
+        worker_info(&gw, "w1").await["state"] == "unhealthy"
+    })
+    .await;
+    assert_eq!(worker_info(&gw, "w2").await["state"], "healthy");
+    gw.task.abort();
+}

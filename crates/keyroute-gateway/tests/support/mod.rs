@@ -37,6 +37,7 @@ pub struct Backend {
     pub delay_ms: Arc<AtomicU64>,
     pub healthy: Arc<AtomicBool>,
     tasks: Option<JoinSet<()>>,
+    accept: Option<tokio::task::AbortHandle>,
 }
 
 impl Backend {
@@ -51,6 +52,7 @@ impl Backend {
             delay_ms: Arc::default(),
             healthy: Arc::new(AtomicBool::new(true)),
             tasks: None,
+            accept: None,
         };
         b.restart().await;
         b
@@ -71,7 +73,7 @@ impl Backend {
         );
         let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
         let conns2 = Arc::clone(&conns);
-        tasks.spawn(async move {
+        let accept = tasks.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { return };
                 let arrived = Arc::clone(&arrived);
@@ -143,6 +145,15 @@ impl Backend {
             drop(conns);
         });
         self.tasks = Some(tasks);
+        self.accept = Some(accept);
+    }
+
+    /// Closes the listening socket (new connections are refused) but keeps serving the
+    /// connections already open, as a worker whose accept loop died would.
+    pub fn stop_accepting(&mut self) {
+        if let Some(a) = self.accept.take() {
+            a.abort();
+        }
     }
 
     pub fn kill(&mut self) {
