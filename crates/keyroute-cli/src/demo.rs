@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -305,7 +304,6 @@ async fn run_case(
     let gw_task = tokio::spawn(async move {
         let _ = gateway.run(std::future::pending()).await;
     });
-    let pool = handle.pool("thumbs").context("the demo pool")?;
 
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
@@ -320,17 +318,16 @@ async fn run_case(
     for n in 0..total {
         let progress = n as f64 / total as f64;
         if scenario == "scale-out" && keys_remapped.is_none() && progress >= 0.5 {
-            let before = pool.snapshot();
+            let owners = |h: &keyroute_gateway::GatewayHandle| -> Result<Vec<Option<String>>> {
+                keys.iter().map(|k| h.owner("thumbs", k).context("the demo pool")).collect()
+            };
+            let before = owners(&handle)?;
             let w9 = &workers[WORKERS];
-            pool.add_worker(keyroute_gateway::config::WorkerConfig {
-                name: w9.name.clone(),
-                address: w9.addr,
-                weight: 1,
-                zone: None,
-            })
-            .context("adding the ninth worker")?;
-            let after = pool.snapshot();
-            keys_remapped = Some(remapped(&before, &after, keys));
+            let w9 = keyroute_gateway::WorkerConfig { name: w9.name.clone(), address: w9.addr, weight: 1, zone: None };
+            handle.add_worker("thumbs", w9).await.context("adding the ninth worker")?;
+            let after = owners(&handle)?;
+            let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+            keys_remapped = Some(moved as f64 / keys.len().max(1) as f64);
         }
         if scenario == "killed-worker" && !killed && progress >= 0.4 {
             // A crash, not a shutdown: the task and every connection it holds are dropped.
@@ -370,10 +367,10 @@ async fn run_case(
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let placed = handle.placements("thumbs").context("the demo pool")?;
     let owner_share = strategy.uses_key().then(|| {
-        let o: Vec<u64> = pool.metrics.outcomes.iter().map(|c| c.load(Relaxed)).collect();
-        let all: u64 = o.iter().sum();
-        if all == 0 { 0.0 } else { o[0] as f64 / all as f64 }
+        let all = placed.owner + placed.unavailable + placed.overloaded + placed.retry + placed.unkeyed;
+        if all == 0 { 0.0 } else { placed.owner as f64 / all as f64 }
     });
     handle.shutdown();
     let _ = tokio::time::timeout(Duration::from_secs(5), gw_task).await;
@@ -384,18 +381,6 @@ async fn run_case(
         let _ = tokio::time::timeout(Duration::from_secs(5), w.task).await;
     }
     Ok(summarise(scenario, strategy, &samples, elapsed, keys_remapped, owner_share))
-}
-
-fn remapped(
-    before: &keyroute_gateway::pool::Snapshot,
-    after: &keyroute_gateway::pool::Snapshot,
-    keys: &[String],
-) -> f64 {
-    let owner = |s: &keyroute_gateway::pool::Snapshot, k: &str| {
-        s.policy.owner(s.policy.key_hash(k.as_bytes())).map(|i| s.workers[i].name.clone())
-    };
-    let moved = keys.iter().filter(|k| owner(before, k) != owner(after, k)).count();
-    moved as f64 / keys.len().max(1) as f64
 }
 
 fn summarise(

@@ -36,10 +36,11 @@ use tokio::time::Instant;
 
 use crate::body::{self, ProxyBody};
 use crate::config::validate_worker;
+use crate::exposition::Scrape;
 use crate::key::{percent_decode, query_value};
-use crate::metrics::{CLASSES, Scrape};
+use crate::metrics::CLASSES;
 use crate::pool::{MembershipError, Pool};
-use crate::server::{AUTH_WINDOW, Shared};
+use crate::state::{AUTH_WINDOW, Shared};
 
 fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
     body::json(status, &value)
@@ -147,7 +148,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
     match endpoint {
         Endpoint::Healthz => return body::text(StatusCode::OK, "text/plain", "ok\n"),
         Endpoint::Readyz => {
-            return if crate::server::ready(shared) {
+            return if crate::state::ready(shared) {
                 body::text(StatusCode::OK, "text/plain", "ready\n")
             } else if shared.not_ready.load(Relaxed) {
                 body::text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready: shutting down\n")
@@ -170,7 +171,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return resp;
     }
-    let routing = shared.routing.load_full();
+    let routing = shared.front.routing.load_full();
     let pool_name = param(&req, "pool");
     let pool = || routing.pool(pool_name.as_deref()).map(Arc::clone).map_err(|e| fail(StatusCode::NOT_FOUND, e));
     let worker_name = path.strip_prefix("/workers/").map(percent_decode).unwrap_or_default();
@@ -187,7 +188,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
                     .collect(),
                 admin_auth_failures: shared.auth.failures.load(Relaxed),
             };
-            body::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", crate::metrics::render(scrape))
+            body::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", crate::exposition::render(scrape))
         }
         (Endpoint::Workers, Method::GET) => {
             let pools: Vec<Arc<Pool>> = match &pool_name {

@@ -35,6 +35,9 @@ pub enum GatewayError {
         /// The gateway's listener it points at.
         listener: SocketAddr,
     },
+    /// No pool has this name.
+    #[error("no pool named '{0}'")]
+    UnknownPool(String),
     /// A pool refused its workers.
     #[error("{0}")]
     Membership(MembershipError),

@@ -5,37 +5,86 @@
 //! over a key built from the request (`{path}?w={query.w}&h={query.h}` for the thumbnail service):
 //!
 //! - **Affinity with failover.** Hash strategies send a key to its owner; when the owner is
-//!   unhealthy, ejected, draining or over its bounded-load capacity, to the next worker of the
-//!   key's ranking (the document: "take the second entry in the ranking when the winner is down").
-//!   Never a full rehash: other keys stay where they are.
+//!   unhealthy, ejected, stalled, draining or over its bounded-load capacity, to the next worker of
+//!   the key's ranking (the document: "take the second entry in the ranking when the winner is
+//!   down"). Never a full rehash: other keys stay where they are.
 //! - **Load.** Requests in flight per worker, counted by a guard that the response body holds until
 //!   it ends. `p2c`, `least-loaded`, `affinity` and `bounded-*` read it.
-//! - **Health.** Active HTTP checks with rise/fall, and passive ejection after consecutive connect
-//!   errors or 5xx, for a doubling cooldown.
-//! - **Retries** of connect errors and timeouts on the next-ranked worker, for requests that can be
-//!   replayed (no body) and, once they may have reached a worker, only for idempotent methods.
-//! - **Hot membership changes**, atomically, through the admin API or a configuration reload.
-//! - **Metrics** in Prometheus text, and an admin API. See [`admin`] for the endpoints.
+//! - **Health.** Active HTTP checks on fresh connections with rise/fall; passive ejection after
+//!   consecutive connect errors, timeouts, 5xx or bodies cut short, for a doubling cooldown; and a
+//!   *stalled* state for a worker that holds requests and answers none.
+//! - **Retries** on the next-ranked worker, for requests that can be replayed (no body) and, once
+//!   they may have reached a worker, only for idempotent methods. A client's broken upload is the
+//!   client's error, never the worker's.
+//! - **Hot membership changes**, atomically, through the admin API or a configuration reload, with
+//!   tables built off the request threads.
+//! - **Hardening**: one reading of Host and the path (RFC 9112), loop detection, connection and
+//!   header limits, a head timeout, public errors that carry a reason class and a request id only.
+//! - **Metrics** in Prometheus text, and an admin API (`GET /workers`, `POST /workers`, `PATCH` and
+//!   `DELETE /workers/NAME`, `GET /placement?key=`, `/metrics`, `/healthz`, `/readyz`).
 //!
-//! One atomic snapshot per pool (configuration, placement table, members, generation) is swapped
-//! on every change; see [`pool`] for why health and load live beside it rather than in it.
+//! One atomic snapshot per pool (configuration, placement table with the members' weights,
+//! members, generation) is swapped on every change; health and load live in each worker's state,
+//! which the snapshot holds, so that they travel with the worker across snapshots.
+//!
+//! The public face is small: [`Config`] to load and validate a file, [`Gateway`] to bind and run,
+//! [`GatewayHandle`] to reload, change membership, inspect and stop, and [`ProxyService`] to call the
+//! request path without a socket.
+//!
+//! ## Layout
+//!
+//! Each module imports only those listed above it:
+//!
+//! | module | what |
+//! |---|---|
+//! | `body` | the body type, and the responses the gateway makes itself |
+//! | [`key`] | key templates |
+//! | `table` | node sets and the table size limit |
+//! | [`config`] | `raw` (serde structs), `validate` (one function per section), the validated types |
+//! | `health` | pure machines: `machine` (rise/fall), `eject` (passive ejection) |
+//! | `metrics` | counters owned by what they count |
+//! | `upstream` | per-worker connection pools |
+//! | `pool` | `endpoint` (a worker's live state), `snapshot` (what a request reads), the pool (build, then swap) |
+//! | `error` | the errors of starting and reloading |
+//! | `routing` | listeners' routes to pools |
+//! | `proxy` | `headers`, `guarded` (the two bodies), the request path as a service |
+//! | `exposition` | `/metrics` rendering |
+//! | `listener` | accepting within limits, the head timeout |
+//! | `state` | what the running gateway's tasks share |
+//! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
+//! | `admin` | the admin API |
+//! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, reload, shutdown |
 
 #![deny(missing_docs)]
 
-pub mod admin;
-pub mod body;
+// Modules in the order of their imports: each uses only those above it.
+mod admin;
+mod body;
 pub mod config;
 mod error;
-pub mod health;
+mod exposition;
+mod health;
 pub mod key;
 mod listener;
-pub mod metrics;
-pub mod pool;
-pub mod proxy;
+mod metrics;
+mod pool;
+mod prober;
+mod proxy;
+mod routing;
 mod server;
-pub mod upstream;
+mod state;
+mod table;
+mod upstream;
 
-pub use config::{Config, ConfigError};
+pub use body::{BoxError, ProxyBody};
+pub use config::{Config, ConfigError, WorkerConfig};
 pub use error::{GatewayError, ReloadError};
+pub use pool::MembershipError;
 pub use proxy::ProxyService;
-pub use server::{Gateway, GatewayHandle};
+pub use server::{Gateway, GatewayHandle, Placements};
+
+/// Entry points for the fuzz targets (`fuzz/`). Not part of the public API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::admin::fuzzing::{add_worker, patch_worker};
+}

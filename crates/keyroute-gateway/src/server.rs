@@ -1,15 +1,14 @@
 //! The running gateway: listeners and routing, health probing, reloads and graceful shutdown.
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -20,112 +19,28 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::body::ProxyBody;
-use crate::config::{Config, ListenerConfig, RouteConfig};
+use crate::config::{Config, WorkerConfig};
 use crate::error::{GatewayError, ReloadError};
-use crate::health::Transition;
 use crate::listener::{self, Backoff, ClockedBody, OpenConn, TimedIo};
 use crate::metrics::ListenerMetrics;
-use crate::pool::{Pool, State};
-use crate::proxy::{self, ProxyService, headers::Via};
+use crate::pool::Pool;
+use crate::proxy::{self, Front, ProxyService, headers::Via};
+use crate::routing::Routing;
+use crate::state::{AuthThrottle, Shared};
 
-/// The pools and each listener's routes, swapped whole on reload.
-#[derive(Debug)]
-pub(crate) struct Routing {
-    pub(crate) pools: Vec<Arc<Pool>>,
-    pub(crate) routes: Vec<Vec<RouteConfig>>,
-}
-
-impl Routing {
-    /// The pool for a request on `listener` with this host (without port) and normalised path.
-    pub(crate) fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<&Arc<Pool>> {
-        self.routes.get(listener)?.iter().find_map(|r| {
-            let host_ok = r.host.as_deref().is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)));
-            (host_ok && path.starts_with(&r.path_prefix)).then(|| &self.pools[r.pool])
-        })
-    }
-
-    pub(crate) fn pool(&self, name: Option<&str>) -> Result<&Arc<Pool>, String> {
-        match name {
-            Some(n) => self.pools.iter().find(|p| p.name == n).ok_or_else(|| "no such pool".to_owned()),
-            None if self.pools.len() == 1 => Ok(&self.pools[0]),
-            None => Err(format!(
-                "several pools ({}): name one with ?pool=",
-                self.pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
-            )),
-        }
-    }
-}
-
-/// Failed admin token attempts, per client address: more than [`AUTH_FAILURES`] in
-/// [`AUTH_WINDOW`] and the address gets 429 until the window ends.
-#[derive(Debug, Default)]
-pub(crate) struct AuthThrottle {
-    by_ip: Mutex<std::collections::HashMap<IpAddr, (u32, Instant)>>,
-    pub(crate) failures: AtomicU64,
-}
-
-/// Failed token attempts allowed per address and window.
-pub(crate) const AUTH_FAILURES: u32 = 10;
-/// The window.
-pub(crate) const AUTH_WINDOW: Duration = Duration::from_secs(60);
-
-impl AuthThrottle {
-    /// Whether `ip` is over its failures now.
-    pub(crate) fn blocked(&self, ip: IpAddr, now: Instant) -> bool {
-        let map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&ip).is_some_and(|(n, since)| *n >= AUTH_FAILURES && now.duration_since(*since) < AUTH_WINDOW)
-    }
-
-    /// Counts a failure from `ip`.
-    pub(crate) fn fail(&self, ip: IpAddr, now: Instant) {
-        self.failures.fetch_add(1, Relaxed);
-        let mut map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= 10_000 {
-            map.retain(|_, (_, since)| now.duration_since(*since) < AUTH_WINDOW);
-        }
-        let e = map.entry(ip).or_insert((0, now));
-        if now.duration_since(e.1) >= AUTH_WINDOW {
-            *e = (0, now);
-        }
-        e.0 += 1;
-    }
-}
-
-/// State shared by every connection, the admin API and background tasks.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) routing: ArcSwap<Routing>,
-    pub(crate) admin_token: Option<String>,
-    pub(crate) epoch: Instant,
-    pub(crate) listeners: Vec<ListenerConfig>,
-    pub(crate) listener_metrics: Vec<Arc<ListenerMetrics>>,
-    /// Each listener's connection limit in force.
-    pub(crate) connection_limits: Vec<usize>,
-    pub(crate) admin_listen: SocketAddr,
-    /// SIGTERM received: `/readyz` says not ready.
-    pub(crate) not_ready: AtomicBool,
-    /// Listeners closed: responses say `Connection: close`.
-    pub(crate) draining: AtomicBool,
-    /// Set by a shutdown request.
-    pub(crate) shutdown: watch::Sender<bool>,
-    /// Set when the listeners stop accepting (after the shutdown delay).
-    pub(crate) stop_accepting: watch::Sender<bool>,
-    pub(crate) probers: Mutex<Vec<String>>,
-    /// The shutdown delay and grace period in milliseconds (a reload may change them).
-    pub(crate) delay_ms: AtomicU64,
-    pub(crate) grace_ms: AtomicU64,
-    pub(crate) via: Via,
-    pub(crate) next_request: AtomicU64,
-    pub(crate) auth: AuthThrottle,
-}
-
-impl Shared {
-    /// Every address the gateway listens at: no worker may be one of them.
-    pub(crate) fn own_addrs(&self) -> Vec<SocketAddr> {
-        let mut v: Vec<SocketAddr> = self.listeners.iter().map(|l| l.listen).collect();
-        v.push(self.admin_listen);
-        v
-    }
+/// Placements of a pool's requests by outcome (the `keyroute_pool_requests_total` metric).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placements {
+    /// Served by the key's owner.
+    pub owner: u64,
+    /// Spilled: the owner was unhealthy, ejected, stalled or draining.
+    pub unavailable: u64,
+    /// Spilled: the owner was over its bounded-load capacity (or, with affinity, busier).
+    pub overloaded: u64,
+    /// Retries after a failed try.
+    pub retry: u64,
+    /// Not placed by key (the strategy does not, or the key was missing).
+    pub unkeyed: u64,
 }
 
 /// A bound, not yet running gateway.
@@ -196,7 +111,12 @@ impl Gateway {
         }
         Ok(Gateway {
             shared: Arc::new(Shared {
-                routing: ArcSwap::from_pointee(Routing { pools, routes }),
+                front: Arc::new(Front {
+                    routing: ArcSwap::from_pointee(Routing { pools, routes }),
+                    via: Via::random(),
+                    next_request: AtomicU64::new(crate::proxy::headers::random_u64()),
+                    draining: AtomicBool::new(false),
+                }),
                 admin_token: config.admin.token.clone(),
                 epoch,
                 listener_metrics: bound.iter().map(|_| Arc::default()).collect(),
@@ -204,14 +124,11 @@ impl Gateway {
                 connection_limits,
                 admin_listen,
                 not_ready: AtomicBool::new(false),
-                draining: AtomicBool::new(false),
                 shutdown: watch::channel(false).0,
                 stop_accepting: watch::channel(false).0,
                 probers: Mutex::new(Vec::new()),
                 delay_ms: AtomicU64::new(config.shutdown_delay.as_millis() as u64),
                 grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
-                via: Via::random(),
-                next_request: AtomicU64::new(crate::proxy::headers::random_u64()),
                 auth: AuthThrottle::default(),
             }),
             listeners,
@@ -251,7 +168,7 @@ impl Gateway {
             // before the loops subscribe is not lost.
             sender.send_replace(true);
         });
-        spawn_probers(&shared);
+        crate::prober::spawn_probers(&shared);
         let graceful = Arc::new(GracefulShutdown::new());
         let mut tasks = Vec::new();
         for (i, sock) in self.listeners.into_iter().enumerate() {
@@ -266,7 +183,7 @@ impl Gateway {
             tracing::info!(delay_ms = delay.as_millis() as u64, "shutting down: not ready, still accepting");
             tokio::time::sleep(delay).await;
         }
-        shared.draining.store(true, Relaxed);
+        shared.front.draining.store(true, Relaxed);
         shared.stop_accepting.send_replace(true);
         let grace = Duration::from_millis(shared.grace_ms.load(Relaxed));
         tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no new connections, draining requests");
@@ -378,7 +295,7 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
             let clock = Arc::clone(&clock);
             async move {
                 let resp: Response<ProxyBody> = match index {
-                    Some(i) => proxy::handle(&shared, i, req, &peer).await,
+                    Some(i) => proxy::handle(&shared.front, i, req, &peer).await,
                     None => crate::admin::handle(&shared, req, peer.addr).await,
                 };
                 Ok::<_, std::convert::Infallible>(resp.map(|b| ClockedBody::new(b, clock)))
@@ -394,98 +311,68 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
     }
 }
 
-fn spawn_probers(shared: &Arc<Shared>) {
-    let routing = shared.routing.load();
-    let mut running = shared.probers.lock().unwrap_or_else(|e| e.into_inner());
-    for pool in &routing.pools {
-        if running.contains(&pool.name) {
-            continue;
-        }
-        running.push(pool.name.clone());
-        let weak = Arc::downgrade(pool);
-        let shared = Arc::downgrade(shared);
-        tokio::spawn(probe_loop(weak, shared));
-    }
-}
-
-/// Probes one pool's workers forever (until the pool or the gateway goes away).
-async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
-    loop {
-        let Some(p) = pool.upgrade() else { return };
-        let snap = p.snapshot();
-        let health = snap.config.health.clone();
-        let Some(path) = health.path.clone() else {
-            drop((p, snap));
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            continue;
-        };
-        let probes = snap.workers.iter().map(|w| {
-            let w = Arc::clone(w);
-            let path = path.clone();
-            let pool_name = p.name.clone();
-            async move {
-                let ok = probe(&w, &path, health.timeout).await;
-                match w.observe_probe(ok) {
-                    Transition::Down => {
-                        tracing::warn!(pool = %pool_name, worker = %w.name, "worker failed its health checks")
-                    }
-                    Transition::Up => {
-                        tracing::info!(pool = %pool_name, worker = %w.name, "worker passed its health checks")
-                    }
-                    Transition::None => {}
-                }
-            }
-        });
-        // Probe every worker at once: one slow or dead worker must not delay the others' checks.
-        let mut running = tokio::task::JoinSet::new();
-        for f in probes {
-            running.spawn(f);
-        }
-        drop(snap);
-        drop(p);
-        while running.join_next().await.is_some() {}
-        if shared.upgrade().is_none_or(|s| *s.shutdown.borrow()) {
-            return;
-        }
-        tokio::time::sleep(health.interval).await;
-    }
-}
-
-/// One active check, on a fresh connection (as HAProxy checks): a worker that stops accepting
-/// connections fails its checks even while pooled keep-alive connections still work.
-async fn probe(worker: &crate::pool::WorkerState, path: &str, timeout: Duration) -> bool {
-    let Ok(uri) = http::Uri::try_from(path) else { return false };
-    let mut req = Request::new(crate::body::empty());
-    *req.uri_mut() = uri;
-    if let Ok(host) = http::HeaderValue::try_from(worker.address.to_string()) {
-        req.headers_mut().insert(http::header::HOST, host);
-    }
-    req.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-    let fut = async {
-        let (resp, _conn) = worker.upstream.send_fresh(req).await.ok()?;
-        let ok = resp.status().is_success();
-        resp.into_body().collect().await.ok()?;
-        Some(ok)
-    };
-    matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
-}
-
 impl GatewayHandle {
     /// Stops the gateway (as if its shutdown future completed).
     pub fn shutdown(&self) {
         self.shared.shutdown.send_replace(true);
     }
 
-    /// The pool named `name`.
-    pub fn pool(&self, name: &str) -> Option<Arc<Pool>> {
-        self.shared.routing.load().pools.iter().find(|p| p.name == name).cloned()
+    fn pool(&self, name: &str) -> Result<Arc<Pool>, GatewayError> {
+        self.shared
+            .front
+            .routing
+            .load()
+            .pools
+            .iter()
+            .find(|p| p.name == name)
+            .cloned()
+            .ok_or_else(|| GatewayError::UnknownPool(name.to_owned()))
+    }
+
+    /// Adds a worker to a pool (the admin API's `POST /workers`), building the new table on the
+    /// blocking pool. Returns the pool's new generation.
+    ///
+    /// # Errors
+    ///
+    /// No such pool, or the pool refuses the worker (a duplicate name, a table too large).
+    pub async fn add_worker(&self, pool: &str, worker: WorkerConfig) -> Result<u64, GatewayError> {
+        let pool = self.pool(pool)?;
+        tokio::task::spawn_blocking(move || pool.add_worker(worker).map_err(GatewayError::Membership))
+            .await
+            .unwrap_or(Err(GatewayError::Reload(ReloadError::Interrupted)))
+    }
+
+    /// The name of the worker that owns `key` in `pool` now (by the table alone: whether it is
+    /// available is not considered), or `None` when the strategy does not place by key or the
+    /// pool has no live worker.
+    ///
+    /// # Errors
+    ///
+    /// No such pool.
+    pub fn owner(&self, pool: &str, key: &str) -> Result<Option<String>, GatewayError> {
+        let snap = self.pool(pool)?.snapshot();
+        if !snap.policy.strategy().uses_key() {
+            return Ok(None);
+        }
+        Ok(snap.policy.owner(snap.policy.key_hash(key.as_bytes())).map(|i| snap.workers[i].name.clone()))
+    }
+
+    /// How a pool's requests were placed so far.
+    ///
+    /// # Errors
+    ///
+    /// No such pool.
+    pub fn placements(&self, pool: &str) -> Result<Placements, GatewayError> {
+        let p = self.pool(pool)?;
+        let o: Vec<u64> = p.metrics.outcomes.iter().map(|c| c.load(Relaxed)).collect();
+        Ok(Placements { owner: o[0], unavailable: o[1], overloaded: o[2], retry: o[3], unkeyed: o[4] })
     }
 
     /// The request path of client listener `index` (in configuration order), as a service that
     /// takes requests without a socket.
     pub fn service(&self, index: usize) -> Option<ProxyService> {
         (index < self.shared.listeners.len())
-            .then(|| ProxyService { shared: Arc::clone(&self.shared), listener: index })
+            .then(|| ProxyService { front: Arc::clone(&self.shared.front), listener: index })
     }
 
     /// Applies a new configuration: pools (strategy, key, workers, health, retries) and routes.
@@ -523,7 +410,7 @@ impl GatewayHandle {
         }
         self.shared.grace_ms.store(config.shutdown_grace.as_millis() as u64, Relaxed);
         self.shared.delay_ms.store(config.shutdown_delay.as_millis() as u64, Relaxed);
-        let old = self.shared.routing.load_full();
+        let old = self.shared.front.routing.load_full();
         let mut pools = Vec::new();
         for pc in &config.pools {
             match old.pools.iter().find(|p| p.name == pc.name) {
@@ -537,12 +424,12 @@ impl GatewayHandle {
             }
         }
         let routes = config.listeners.iter().map(|l| l.routes.clone()).collect();
-        self.shared.routing.store(Arc::new(Routing { pools, routes }));
+        self.shared.front.routing.store(Arc::new(Routing { pools, routes }));
         {
             let names: Vec<String> = config.pools.iter().map(|p| p.name.clone()).collect();
             self.shared.probers.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| names.contains(n));
         }
-        spawn_probers(&self.shared);
+        crate::prober::spawn_probers(&self.shared);
         tracing::info!(pools = config.pools.len(), "configuration reloaded");
         Ok(())
     }
@@ -575,18 +462,8 @@ impl GatewayHandle {
     /// Whether the gateway takes traffic: not shutting down, and every pool has an available
     /// worker.
     pub fn ready(&self) -> bool {
-        ready(&self.shared)
+        crate::state::ready(&self.shared)
     }
-}
-
-/// See [`GatewayHandle::ready`].
-pub(crate) fn ready(shared: &Shared) -> bool {
-    let now = Instant::now();
-    !shared.not_ready.load(Relaxed)
-        && shared.routing.load().pools.iter().all(|p| {
-            let s = p.snapshot();
-            (0..s.workers.len()).any(|i| s.weight(i) > 0 && s.state(i, now) == State::Healthy)
-        })
 }
 
 #[cfg(test)]
@@ -599,20 +476,5 @@ mod tests {
         assert_eq!(default_connection_limit(Some(1024), 2), 224);
         assert_eq!(default_connection_limit(Some(1 << 20), 1), 100_000);
         assert_eq!(default_connection_limit(Some(100), 1), 16);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn failed_tokens_are_throttled_per_address_and_window() {
-        let t = AuthThrottle::default();
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().expect("ip"), "10.0.0.2".parse().expect("ip"));
-        for _ in 0..AUTH_FAILURES {
-            assert!(!t.blocked(a, Instant::now()));
-            t.fail(a, Instant::now());
-        }
-        assert!(t.blocked(a, Instant::now()));
-        assert!(!t.blocked(b, Instant::now()));
-        tokio::time::advance(AUTH_WINDOW).await;
-        assert!(!t.blocked(a, Instant::now()));
-        assert_eq!(t.failures.load(Relaxed), u64::from(AUTH_FAILURES));
     }
 }

@@ -22,9 +22,10 @@ pub mod headers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
@@ -40,16 +41,29 @@ use crate::body::{self, BoxError, ProxyBody};
 use crate::config::MissingKey;
 use crate::metrics::Outcome;
 use crate::pool::{InFlight, Pool, Snapshot, Unavailable, WorkerState};
-use crate::server::Shared;
+use crate::routing::Routing;
 use crate::upstream::SendError;
 
 /// How often a try waiting for response headers looks at whether its worker has stalled.
 const STALL_POLL: Duration = Duration::from_millis(100);
 
+/// What the request path shares with the rest of the gateway.
+#[derive(Debug)]
+pub(crate) struct Front {
+    /// Pools and routes, swapped whole by a reload.
+    pub(crate) routing: ArcSwap<Routing>,
+    /// This gateway's `Via` entry.
+    pub(crate) via: headers::Via,
+    /// Request ids are made from this counter.
+    pub(crate) next_request: AtomicU64,
+    /// The listeners have closed: responses say `Connection: close`.
+    pub(crate) draining: AtomicBool,
+}
+
 /// The gateway's request path for one listener, callable without a socket.
 #[derive(Clone, Debug)]
 pub struct ProxyService {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) front: Arc<Front>,
     pub(crate) listener: usize,
 }
 
@@ -61,12 +75,12 @@ impl ProxyService {
         B: Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
-        handle(&self.shared, self.listener, req, &Peer::new(remote)).await
+        handle(&self.front, self.listener, req, &Peer::new(remote)).await
     }
 }
 
 /// Steps 1 and 2, then [`forward`].
-pub(crate) async fn handle<B>(shared: &Shared, listener: usize, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
+pub(crate) async fn handle<B>(shared: &Front, listener: usize, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
@@ -136,7 +150,7 @@ enum Try {
 
 /// Steps 3 to 6 for a routed request.
 async fn forward<B>(
-    shared: &Shared,
+    shared: &Front,
     pool: &Arc<Pool>,
     mut parts: Parts,
     body: B,

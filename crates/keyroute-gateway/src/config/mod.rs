@@ -1,0 +1,405 @@
+//! Configuration: a TOML file, parsed into raw structs that reject unknown fields, then validated
+//! into the types the gateway runs with. Every error names the file, the line and the field.
+//!
+//! See `examples/keyroute.toml` at the repository root for an annotated example of every field.
+
+mod raw;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::HeaderName;
+use keyroute::{Options, Strategy};
+
+pub use self::validate::MAX_NAME_BYTES;
+use self::validate::{Ctx, field_at, validate};
+pub(crate) use self::validate::{points_at, validate_worker, validate_worker_with};
+use crate::key::KeyTemplate;
+
+/// A configuration error: where, which field, and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {field}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The configuration file.
+    pub file: String,
+    /// The 1-based line, when known.
+    pub line: Option<usize>,
+    /// The field, as a dotted path (`pool.thumbs.strategy`).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The admin API.
+    pub admin: AdminConfig,
+    /// Client-facing listeners, each with its routes.
+    pub listeners: Vec<ListenerConfig>,
+    /// Worker pools.
+    pub pools: Vec<PoolConfig>,
+    /// After SIGTERM, how long `/readyz` reports not ready while the listeners still accept (so
+    /// that load balancers in front stop sending first).
+    pub shutdown_delay: Duration,
+    /// Then, how long the gateway waits for requests in flight before it cuts them.
+    pub shutdown_grace: Duration,
+    /// Settings that are valid but probably not what was meant (`serve --check` prints them,
+    /// `serve` logs them).
+    pub warnings: Vec<ConfigError>,
+}
+
+/// The admin listener.
+#[derive(Clone, Debug)]
+pub struct AdminConfig {
+    /// Where it listens (loopback by default).
+    pub listen: SocketAddr,
+    /// The bearer token; required when `listen` is not a loopback address.
+    pub token: Option<String>,
+}
+
+/// A client-facing listener.
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
+    /// Its name (for logs).
+    pub name: String,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Requests whose headers exceed this get 431.
+    pub max_header_bytes: usize,
+    /// Requests with more header fields than this get 431.
+    pub max_headers: usize,
+    /// A request head (after a connection opens, or after the previous response) that takes
+    /// longer than this to arrive gets 408 and the connection is closed.
+    pub header_timeout: Duration,
+    /// Connections held at once; past it the listener stops accepting until one closes (the
+    /// kernel's backlog holds the rest). `None`: derived from the open-file limit at start.
+    pub max_connections: Option<usize>,
+    /// Routes, tried in order.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// A route: requests matching host and path prefix go to a pool.
+#[derive(Clone, Debug)]
+pub struct RouteConfig {
+    /// The host to match (case-insensitive, port ignored); any host if `None`.
+    pub host: Option<String>,
+    /// The path prefix to match.
+    pub path_prefix: String,
+    /// The pool's index in [`Config::pools`].
+    pub pool: usize,
+}
+
+/// What to do with a request whose key template cannot be rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Route it by power of two choices instead.
+    P2c,
+    /// Answer 400 with the missing part named.
+    Reject,
+}
+
+/// A pool of workers and how requests are placed on them.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Its name.
+    pub name: String,
+    /// The placement strategy.
+    pub strategy: Strategy,
+    /// The strategy's options.
+    pub options: Options,
+    /// The key template.
+    pub key: KeyTemplate,
+    /// When the key is missing.
+    pub on_missing_key: MissingKey,
+    /// A response header naming the worker that served, if set.
+    pub worker_header: Option<HeaderName>,
+    /// Active health checks.
+    pub health: HealthConfig,
+    /// Passive ejection.
+    pub passive: PassiveConfig,
+    /// Retries.
+    pub retry: RetryConfig,
+    /// Upstream timeouts.
+    pub connect_timeout: Duration,
+    /// The workers.
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// Active HTTP health checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// The path probed with GET (`None` disables active checks).
+    pub path: Option<String>,
+    /// Between probes of one worker.
+    pub interval: Duration,
+    /// A probe slower than this fails.
+    pub timeout: Duration,
+    /// Consecutive successes that make an unhealthy worker healthy.
+    pub rise: u32,
+    /// Consecutive failures that make a healthy worker unhealthy.
+    pub fall: u32,
+}
+
+/// Passive ejection: consecutive connect errors or 5xx responses take a worker out for a while.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassiveConfig {
+    /// Consecutive failures that eject (0 disables).
+    pub consecutive_failures: u32,
+    /// The first ejection's length; each further ejection in a row doubles it.
+    pub base_ejection: Duration,
+    /// The longest ejection.
+    pub max_ejection: Duration,
+    /// A worker that holds tries waiting for headers and answers none of them for this long is
+    /// *stalled*: new requests go to the next worker of each key's ranking, and replayable
+    /// idempotent tries waiting on it are abandoned and retried there (zero disables).
+    pub stall: Duration,
+}
+
+/// Retries on the next worker of the key's ranking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryConfig {
+    /// Tries in all (1 = no retry).
+    pub attempts: u32,
+    /// Time to the response headers of one try.
+    pub per_try_timeout: Duration,
+    /// Time to the response headers over all tries.
+    pub deadline: Duration,
+}
+
+/// One worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Its name: its identity for placement.
+    pub name: String,
+    /// Where it listens.
+    pub address: SocketAddr,
+    /// Its weight (0 = drained).
+    pub weight: u32,
+    /// Its zone.
+    pub zone: Option<String>,
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, is not valid TOML, has an unknown field, or a value is invalid.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: None,
+            field: "(file)".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        let src = std::str::from_utf8(&bytes).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: Some(bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count() + 1),
+            field: "(file)".into(),
+            message: "not valid UTF-8".into(),
+        })?;
+        Config::parse(src, &file)
+    }
+
+    /// Validates configuration text (`file` names it in errors).
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load`].
+    pub fn parse(src: &str, file: &str) -> Result<Config, ConfigError> {
+        let ctx = Ctx { file: file.to_owned(), src, warnings: Default::default() };
+        let raw: raw::RawConfig = toml::from_str(src).map_err(|e| {
+            let line = e.span().map(|s| ctx.line(s.start));
+            // toml's message already quotes the offending key; keep its first line.
+            let message = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
+            let mut field = e.span().map(|s| field_at(src, s.start)).unwrap_or_else(|| "(toml)".into());
+            // "missing field `listen`" names the field the table lacks.
+            if let Some(missing) = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
+                field = if field == "(toml)" { missing.to_owned() } else { format!("{field}.{missing}") };
+            }
+            ConfigError { file: file.to_owned(), line, field, message }
+        })?;
+        validate(&ctx, raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[listener]]
+listen = "127.0.0.1:0"
+
+[[pool]]
+name = "thumbs"
+strategy = "rendezvous"
+key = "{path}?w={query.w}"
+
+[[pool.worker]]
+name = "w1"
+address = "127.0.0.1:9001"
+
+[[pool.worker]]
+name = "w2"
+address = "127.0.0.1:9002"
+weight = 2
+"#;
+
+    #[test]
+    fn a_good_config_validates() {
+        let c = Config::parse(GOOD, "k.toml").expect("valid");
+        assert_eq!(c.pools[0].workers.len(), 2);
+        assert_eq!(c.listeners[0].routes[0].pool, 0);
+        assert!(c.admin.listen.ip().is_loopback());
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        for (edit, line, field, needle) in [
+            (
+                GOOD.replace("strategy = \"rendezvous\"", "strategy = \"fastest\""),
+                7,
+                "pool.thumbs.strategy",
+                "unknown strategy",
+            ),
+            (GOOD.replace("weight = 2", "weight = 2\ncolour = \"red\""), 18, "pool.worker.colour", "unknown field"),
+            (GOOD.replace("127.0.0.1:9002", "nowhere"), 16, "pool.thumbs.worker.w2.address", "not an address"),
+            (GOOD.replace("{path}?w={query.w}", "{path}?w={query.w"), 8, "pool.thumbs.key", "unclosed"),
+            (GOOD.replace("name = \"w2\"", "name = \"w1\""), 15, "pool.thumbs.worker.name", "duplicate worker"),
+            (GOOD.replace("weight = 2", "weight = -2"), 17, "pool.worker.weight", "invalid value: integer `-2`"),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err("invalid");
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}");
+            assert!(err.message.contains(needle), "{err}");
+            assert!(err.to_string().starts_with(&format!("k.toml:{line}: {field}: ")), "{err}");
+        }
+    }
+
+    #[test]
+    fn values_that_would_fail_every_request_are_refused() {
+        let key = "key = \"{path}?w={query.w}\"";
+        for (edit, field) in [
+            (GOOD.replace(key, &format!("{key}\nconnect_timeout_ms = 0")), "pool.thumbs.connect_timeout_ms"),
+            (
+                GOOD.replace(key, &format!("{key}\n[pool.retry]\nper_try_timeout_ms = 0")),
+                "pool.thumbs.retry.per_try_timeout_ms",
+            ),
+            (GOOD.replace(key, &format!("{key}\n[pool.health]\ntimeout_ms = 0")), "pool.thumbs.health.timeout_ms"),
+            (GOOD.replace(key, &format!("{key}\n[pool.health]\npath = \"/health check\"")), "pool.thumbs.health.path"),
+            (
+                GOOD.replace(
+                    "listen = \"127.0.0.1:0\"",
+                    "listen = \"127.0.0.1:0\"\n[[listener.route]]\nhost = \"a.example:8080\"\npool = \"thumbs\"",
+                ),
+                "listener.listener-1.route.host",
+            ),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err("refused");
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    /// Issue 8, defect 7: errors on a table header named the previous table; empty files, files
+    /// without a listener and invalid UTF-8 gave no line.
+    #[test]
+    fn file_level_errors_name_a_line_and_the_right_table() {
+        let err = Config::parse("[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nname = \"x\"\n", "k.toml")
+            .expect_err("no listen");
+        assert_eq!((err.line, err.field.as_str()), (Some(3), "listener.listen"), "{err}");
+        let err = Config::parse("", "k.toml").expect_err("empty");
+        assert_eq!((err.line, err.field.as_str()), (Some(1), "listener"), "{err}");
+        let err = Config::parse("[admin]\nlisten = \"127.0.0.1:0\"\n", "k.toml").expect_err("no listener");
+        assert_eq!((err.line, err.field.as_str()), (Some(2), "listener"), "{err}");
+        let dir = std::env::temp_dir().join(format!("keyroute-config-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, b"[[listener]]\nlisten = \"127.0.0.1:0\"\nname = \"\xff\"\n").expect("write");
+        let err = Config::load(&path).expect_err("not UTF-8");
+        assert_eq!((err.line, err.message.as_str()), (Some(3), "not valid UTF-8"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Issue 8, defect 7: settings accepted silently that can never work as written.
+    #[test]
+    fn contradictory_settings_are_refused() {
+        let key = "key = \"{path}?w={query.w}\"";
+        let workers = &GOOD[GOOD.find("[[pool.worker]]").expect("workers")..];
+        let no_workers = GOOD.replace(workers, "");
+        for (edit, field, needle) in [
+            (no_workers, "pool.thumbs.worker", "at least one"),
+            (
+                GOOD.replace("weight = 2", "weight = 0")
+                    .replace("address = \"127.0.0.1:9001\"", "address = \"127.0.0.1:9001\"\nweight = 0"),
+                "pool.thumbs.worker",
+                "every worker has weight 0",
+            ),
+            (
+                GOOD.replace(key, &format!("{key}\n[pool.passive]\nbase_ejection_ms = 60000\nmax_ejection_ms = 1000")),
+                "pool.thumbs.passive.base_ejection_ms",
+                "above passive.max_ejection_ms",
+            ),
+            (
+                GOOD.replace(key, &format!("{key}\n[pool.retry]\nper_try_timeout_ms = 5000\ndeadline_ms = 1000")),
+                "pool.thumbs.retry.per_try_timeout_ms",
+                "above retry.deadline_ms",
+            ),
+            (
+                GOOD.replace(
+                    "listen = \"127.0.0.1:0\"",
+                    "listen = \"127.0.0.1:8080\"\n[[listener]]\nlisten = \"0.0.0.0:8080\"",
+                ),
+                "listener.listener-2.listen",
+                "collides with listener.listener-1.listen",
+            ),
+            (
+                format!("[admin]\nlisten = \"127.0.0.1:8080\"\n{}", GOOD.replace("127.0.0.1:0", "127.0.0.1:8080")),
+                "listener.listener-1.listen",
+                "collides with admin.listen",
+            ),
+            (
+                GOOD.replace("127.0.0.1:9002", "0.0.0.0:9002"),
+                "pool.thumbs.worker.w2.address",
+                "not an address a worker can listen at",
+            ),
+            (GOOD.replace("name = \"w2\"", "name = \"w 2\""), "pool.thumbs.worker.name", "spaces"),
+            (
+                GOOD.replace(key, &format!("{key}\nstrategy = \"ring\"\nvnodes = 10000"))
+                    .replace("strategy = \"rendezvous\"\n", "")
+                    .replace("weight = 2", "weight = 500"),
+                "pool.thumbs.worker",
+                "points",
+            ),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.message.contains(needle), "{err}");
+            assert!(err.line.is_some(), "{err}");
+        }
+        // Valid but probably not meant: a warning, not an error.
+        let slow_probe = GOOD.replace(key, &format!("{key}\n[pool.health]\ninterval_ms = 100\ntimeout_ms = 500"));
+        let c = Config::parse(&slow_probe, "k.toml").expect("valid");
+        assert_eq!(c.warnings.len(), 1);
+        assert_eq!(c.warnings[0].field, "pool.thumbs.health.timeout_ms", "{}", c.warnings[0]);
+        assert!(Config::parse(GOOD, "k.toml").expect("valid").warnings.is_empty());
+    }
+
+    #[test]
+    fn jump_with_weights_is_refused_at_load() {
+        let err = Config::parse(&GOOD.replace("\"rendezvous\"", "\"jump\""), "k.toml").expect_err("weights");
+        assert!(err.message.contains("jump hash cannot weight"), "{err}");
+    }
+
+    #[test]
+    fn a_public_admin_listener_needs_a_token() {
+        let with_admin = format!("[admin]\nlisten = \"0.0.0.0:9901\"\n{GOOD}");
+        let err = Config::parse(&with_admin, "k.toml").expect_err("token");
+        assert_eq!(err.field, "admin.listen");
+        let ok = format!("[admin]\nlisten = \"0.0.0.0:9901\"\ntoken = \"0123456789abcdef\"\n{GOOD}");
+        assert!(Config::parse(&ok, "k.toml").is_ok());
+    }
+}

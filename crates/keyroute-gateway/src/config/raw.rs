@@ -1,0 +1,104 @@
+//! The configuration file as written: serde structs that reject unknown fields, with each
+//! value's span kept so that errors can name the line.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) admin: Option<RawAdmin>,
+    #[serde(default)]
+    pub(super) listener: Vec<RawListener>,
+    #[serde(default)]
+    pub(super) pool: Vec<RawPool>,
+    pub(super) shutdown_grace_ms: Option<Spanned<u64>>,
+    pub(super) shutdown_delay_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    pub(super) listen: Option<Spanned<String>>,
+    pub(super) token: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListener {
+    pub(super) name: Option<String>,
+    pub(super) listen: Spanned<String>,
+    pub(super) max_header_bytes: Option<Spanned<usize>>,
+    pub(super) max_headers: Option<Spanned<usize>>,
+    pub(super) header_timeout_ms: Option<Spanned<u64>>,
+    pub(super) max_connections: Option<Spanned<usize>>,
+    #[serde(default)]
+    pub(super) route: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub(super) host: Option<Spanned<String>>,
+    pub(super) path_prefix: Option<Spanned<String>>,
+    pub(super) pool: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPool {
+    pub(super) name: Spanned<String>,
+    pub(super) strategy: Option<Spanned<String>>,
+    pub(super) key: Option<Spanned<String>>,
+    pub(super) normalize: Option<Spanned<Vec<String>>>,
+    pub(super) on_missing_key: Option<Spanned<String>>,
+    pub(super) hash: Option<Spanned<String>>,
+    pub(super) scheme: Option<Spanned<String>>,
+    pub(super) vnodes: Option<Spanned<u32>>,
+    pub(super) maglev_size: Option<Spanned<u32>>,
+    pub(super) epsilon: Option<Spanned<f64>>,
+    pub(super) choices: Option<Spanned<usize>>,
+    pub(super) worker_header: Option<Spanned<String>>,
+    pub(super) connect_timeout_ms: Option<Spanned<u64>>,
+    pub(super) health: Option<RawHealth>,
+    pub(super) passive: Option<RawPassive>,
+    pub(super) retry: Option<RawRetry>,
+    #[serde(default)]
+    pub(super) worker: Vec<RawWorker>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHealth {
+    pub(super) path: Option<Spanned<String>>,
+    pub(super) interval_ms: Option<Spanned<u64>>,
+    pub(super) timeout_ms: Option<Spanned<u64>>,
+    pub(super) rise: Option<Spanned<u32>>,
+    pub(super) fall: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPassive {
+    pub(super) consecutive_failures: Option<u32>,
+    pub(super) base_ejection_ms: Option<Spanned<u64>>,
+    pub(super) max_ejection_ms: Option<Spanned<u64>>,
+    pub(super) stall_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRetry {
+    pub(super) attempts: Option<Spanned<u32>>,
+    pub(super) per_try_timeout_ms: Option<Spanned<u64>>,
+    pub(super) deadline_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWorker {
+    pub(super) name: Spanned<String>,
+    pub(super) address: Spanned<String>,
+    pub(super) weight: Option<Spanned<u32>>,
+    pub(super) zone: Option<Spanned<String>>,
+}

@@ -1,0 +1,293 @@
+//! `/metrics`: a [`prometheus_client`] collector that walks the pools', workers' and listeners'
+//! counters at scrape time. Each family is described once and carries every pool's and worker's
+//! samples, in the Prometheus text format (0.0.4); a test checks the output with `promtool check
+//! metrics`.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use crate::metrics::{CLASSES, LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
+use crate::pool::{Pool, State};
+
+/// What `/metrics` shows: the pools, the listeners and the admin API's own counters.
+#[derive(Debug)]
+pub(crate) struct Scrape {
+    pub(crate) pools: Vec<Arc<Pool>>,
+    pub(crate) listeners: Vec<(String, u64, Arc<ListenerMetrics>)>,
+    pub(crate) admin_auth_failures: u64,
+}
+
+/// Renders a scrape in the Prometheus text format.
+pub(crate) fn render(scrape: Scrape) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut out = String::new();
+    if prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).is_err() {
+        // Writing to a String cannot fail; keep what was written.
+        tracing::error!("metrics encoding failed");
+    }
+    out
+}
+
+type Labels = Vec<(&'static str, Cow<'static, str>)>;
+
+/// A value a sample can carry.
+enum Value {
+    Int(u64),
+    Float(f64),
+}
+
+/// Encodes one family: its description once, then every sample.
+fn family(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    samples: impl IntoIterator<Item = (Labels, Value)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in samples {
+        let mut e = metric.encode_family(&labels)?;
+        match (kind, value) {
+            (MetricType::Counter, Value::Int(v)) => e.encode_counter::<NoLabelSet, _, u64>(&v, None)?,
+            (MetricType::Counter, Value::Float(v)) => e.encode_counter::<NoLabelSet, _, f64>(&v, None)?,
+            (_, Value::Int(v)) => e.encode_gauge(&(v.min(i64::MAX as u64) as i64))?,
+            (_, Value::Float(v)) => e.encode_gauge(&v)?,
+        }
+    }
+    Ok(())
+}
+
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (*k, Cow::Owned((*v).to_owned()))).collect()
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let snaps: Vec<_> = self.pools.iter().map(|p| (p, p.snapshot())).collect();
+        let now = Instant::now();
+        let pool_counter = |encoder: &mut DescriptorEncoder<'_>, name, help, get: &dyn Fn(&Pool) -> u64| {
+            let samples = snaps.iter().map(|(p, _)| (labels(&[("pool", &p.name)]), Value::Int(get(p))));
+            family(encoder, name, help, MetricType::Counter, samples)
+        };
+        let outcomes = snaps.iter().flat_map(|(p, _)| {
+            OUTCOMES.iter().enumerate().map(|(i, o)| {
+                (labels(&[("pool", &p.name), ("outcome", o)]), Value::Int(p.metrics.outcomes[i].load(Relaxed)))
+            })
+        });
+        family(
+            &mut encoder,
+            "keyroute_pool_requests",
+            "Placements by outcome: served by the key's owner, or spilled and why.",
+            MetricType::Counter,
+            outcomes,
+        )?;
+        pool_counter(&mut encoder, "keyroute_pool_no_worker", "Requests answered 503: no available worker.", &|p| {
+            p.metrics.no_worker.load(Relaxed)
+        })?;
+        pool_counter(
+            &mut encoder,
+            "keyroute_pool_missing_key",
+            "Requests whose key template could not be rendered.",
+            &|p| p.metrics.missing_key.load(Relaxed),
+        )?;
+        pool_counter(&mut encoder, "keyroute_pool_membership_changes", "Membership or weight changes.", &|p| {
+            p.metrics.membership_changes.load(Relaxed)
+        })?;
+        pool_counter(
+            &mut encoder,
+            "keyroute_pool_remapped_keys",
+            "Recently seen keys whose owner changed, over all membership changes.",
+            &|p| p.metrics.remapped_keys.load(Relaxed),
+        )?;
+        family(
+            &mut encoder,
+            "keyroute_pool_last_remapped_ratio",
+            "Share of recently seen keys remapped by the last membership change.",
+            MetricType::Gauge,
+            snaps.iter().map(|(p, _)| {
+                (
+                    labels(&[("pool", &p.name)]),
+                    Value::Float(f64::from_bits(p.metrics.last_remapped_ratio.load(Relaxed))),
+                )
+            }),
+        )?;
+        family(
+            &mut encoder,
+            "keyroute_pool_generation",
+            "The pool snapshot's generation.",
+            MetricType::Gauge,
+            snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation))),
+        )?;
+
+        // Per worker: (pool, worker, index) for every member of every pool.
+        let members: Vec<_> = snaps.iter().flat_map(|(p, s)| (0..s.workers.len()).map(move |i| (p, s, i))).collect();
+        let wl = |p: &Pool, s: &crate::pool::Snapshot, i: usize| {
+            labels(&[("pool", &p.name), ("worker", &s.workers[i].name)])
+        };
+        family(
+            &mut encoder,
+            "keyroute_worker_responses",
+            "Upstream responses by status class (error: no response, or a body cut short).",
+            MetricType::Counter,
+            members.iter().flat_map(|&(p, s, i)| {
+                CLASSES.iter().enumerate().map(move |(c, class)| {
+                    let mut l = wl(p, s, i);
+                    l.push(("class", Cow::Borrowed(class)));
+                    (l, Value::Int(s.workers[i].metrics.responses[c].load(Relaxed)))
+                })
+            }),
+        )?;
+        let worker_family = |encoder: &mut DescriptorEncoder<'_>,
+                             name: &str,
+                             help: &str,
+                             kind: MetricType,
+                             get: &dyn Fn(&crate::pool::Snapshot, usize) -> u64| {
+            family(encoder, name, help, kind, members.iter().map(|&(p, s, i)| (wl(p, s, i), Value::Int(get(s, i)))))
+        };
+        worker_family(
+            &mut encoder,
+            "keyroute_worker_in_flight",
+            "Requests in flight, until their response bodies end.",
+            MetricType::Gauge,
+            &|s, i| s.workers[i].in_flight(),
+        )?;
+        worker_family(&mut encoder, "keyroute_worker_weight", "The weight in use.", MetricType::Gauge, &|s, i| {
+            u64::from(s.weight(i))
+        })?;
+        worker_family(
+            &mut encoder,
+            "keyroute_worker_healthy",
+            "1 when the worker takes new requests.",
+            MetricType::Gauge,
+            &|s, i| u64::from(s.state(i, now) == State::Healthy),
+        )?;
+        family(
+            &mut encoder,
+            "keyroute_worker_state",
+            "The worker's state (1 for the current one).",
+            MetricType::Gauge,
+            members.iter().flat_map(|&(p, s, i)| {
+                let current = s.state(i, now);
+                [State::Healthy, State::Unhealthy, State::Ejected, State::Draining, State::Stalled].into_iter().map(
+                    move |st| {
+                        let mut l = wl(p, s, i);
+                        l.push(("state", Cow::Borrowed(st.name())));
+                        (l, Value::Int(u64::from(current == st)))
+                    },
+                )
+            }),
+        )?;
+        worker_family(
+            &mut encoder,
+            "keyroute_worker_retries",
+            "Failed tries that were retried on another worker.",
+            MetricType::Counter,
+            &|s, i| s.workers[i].metrics.retries.load(Relaxed),
+        )?;
+        worker_family(
+            &mut encoder,
+            "keyroute_worker_ejections",
+            "Passive ejections.",
+            MetricType::Counter,
+            &|s, i| s.workers[i].metrics.ejections.load(Relaxed),
+        )?;
+        worker_family(
+            &mut encoder,
+            "keyroute_worker_connect_errors",
+            "Connection failures.",
+            MetricType::Counter,
+            &|s, i| s.workers[i].metrics.connect_errors.load(Relaxed),
+        )?;
+        worker_family(
+            &mut encoder,
+            "keyroute_worker_truncated_responses",
+            "Responses whose body ended before its length or its last chunk.",
+            MetricType::Counter,
+            &|s, i| s.workers[i].metrics.truncated.load(Relaxed),
+        )?;
+        {
+            let mut metric = encoder.encode_descriptor(
+                "keyroute_worker_latency_seconds",
+                "Time to the upstream response headers (or to the failure).",
+                None,
+                MetricType::Histogram,
+            )?;
+            for &(p, s, i) in &members {
+                let m = &s.workers[i].metrics;
+                let mut cumulative = 0;
+                let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+                for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
+                    cumulative += m.latency_buckets[b].load(Relaxed);
+                    buckets.push((*le, cumulative));
+                }
+                let sum = m.latency_sum_us.load(Relaxed) as f64 / 1e6;
+                let l = wl(p, s, i);
+                metric.encode_family(&l)?.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)?;
+            }
+        }
+
+        let listener =
+            |encoder: &mut DescriptorEncoder<'_>, name, help, kind, get: &dyn Fn(&ListenerMetrics) -> u64| {
+                let samples = self.listeners.iter().map(|(n, _, m)| (labels(&[("listener", n)]), Value::Int(get(m))));
+                family(encoder, name, help, kind, samples)
+            };
+        listener(
+            &mut encoder,
+            "keyroute_listener_connections",
+            "Client connections open now.",
+            MetricType::Gauge,
+            &|m| m.open.load(Relaxed),
+        )?;
+        family(
+            &mut encoder,
+            "keyroute_listener_connection_limit",
+            "The most client connections the listener holds at once.",
+            MetricType::Gauge,
+            self.listeners.iter().map(|(n, limit, _)| (labels(&[("listener", n)]), Value::Int(*limit))),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_connections_accepted",
+            "Client connections accepted.",
+            MetricType::Counter,
+            &|m| m.accepted.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_connection_limit_reached",
+            "Times the listener stopped accepting because it held its connection limit.",
+            MetricType::Counter,
+            &|m| m.limited.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_accept_errors",
+            "Failed accept calls (for example, out of file descriptors).",
+            MetricType::Counter,
+            &|m| m.accept_errors.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_header_timeouts",
+            "Connections whose request head did not arrive within the header timeout (answered 408).",
+            MetricType::Counter,
+            &|m| m.header_timeouts.load(Relaxed),
+        )?;
+        family(
+            &mut encoder,
+            "keyroute_admin_auth_failures",
+            "Admin requests refused for a missing or wrong token.",
+            MetricType::Counter,
+            [(Labels::new(), Value::Int(self.admin_auth_failures))],
+        )?;
+        Ok(())
+    }
+}

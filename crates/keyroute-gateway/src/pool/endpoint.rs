@@ -1,0 +1,242 @@
+//! One worker as the gateway sees it: identity, routing state, load and counters; shared by every
+//! snapshot that lists it, so its health, ejection and in-flight count survive membership changes.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{PoolConfig, WorkerConfig};
+use crate::health::{Ejector, HealthMachine, Transition};
+use crate::metrics::WorkerMetrics;
+
+/// A worker's state for routing, as reported by the admin API and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Taking traffic.
+    Healthy,
+    /// Failing its active health checks.
+    Unhealthy,
+    /// Ejected after consecutive failures, until its ejection ends.
+    Ejected,
+    /// Leaving: takes no new requests, finishes those it holds.
+    Draining,
+    /// Holding requests that wait for response headers, and answering none of them for the
+    /// pool's stall window: hung, or as good as hung. Back to healthy at its next response.
+    Stalled,
+}
+
+impl State {
+    /// The state's name, as in metrics and the admin API.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Healthy => "healthy",
+            State::Unhealthy => "unhealthy",
+            State::Ejected => "ejected",
+            State::Draining => "draining",
+            State::Stalled => "stalled",
+        }
+    }
+}
+
+const HEALTHY: u8 = 0;
+const UNHEALTHY: u8 = 1;
+const DRAINING: u8 = 3;
+
+/// One worker: its identity, health, load and counters. Shared by every snapshot that lists it.
+///
+/// Its weight is not here: a weight is part of the member set, so it lives in the snapshot's
+/// node set (one owner per fact), and a weight change is a new snapshot.
+#[derive(Debug)]
+pub struct WorkerState {
+    /// The worker's name: its identity for placement.
+    pub name: String,
+    /// Where it listens.
+    pub address: SocketAddr,
+    /// Its zone.
+    pub zone: Option<String>,
+    in_flight: AtomicU64,
+    /// Pooled keep-alive connections to this worker.
+    pub upstream: crate::upstream::Upstream,
+    /// `HEALTHY`, `UNHEALTHY` or `DRAINING` (ejection is separate, by time).
+    state: AtomicU8,
+    /// Milliseconds since the gateway's epoch until which the worker is ejected; 0 if not.
+    ejected_until_ms: AtomicU64,
+    machines: Mutex<(HealthMachine, Ejector)>,
+    epoch: Instant,
+    /// Tries waiting for this worker's response headers.
+    awaiting: AtomicU64,
+    /// Milliseconds since the epoch of the worker's last sign of life: response headers, or the
+    /// moment a try started waiting on an idle worker.
+    progress_ms: AtomicU64,
+    /// Set by a response cut short, cleared by a complete one (to log a change once).
+    truncating: AtomicBool,
+    /// Counters.
+    pub metrics: WorkerMetrics,
+}
+
+impl WorkerState {
+    /// A new worker, healthy.
+    pub fn new(config: &WorkerConfig, pool: &PoolConfig, epoch: Instant) -> Self {
+        WorkerState {
+            name: config.name.clone(),
+            address: config.address,
+            zone: config.zone.clone(),
+            upstream: crate::upstream::Upstream::new(config.address, pool.connect_timeout),
+            in_flight: AtomicU64::new(0),
+            state: AtomicU8::new(HEALTHY),
+            ejected_until_ms: AtomicU64::new(0),
+            machines: Mutex::new((
+                HealthMachine::new(pool.health.rise, pool.health.fall),
+                Ejector::new(pool.passive.consecutive_failures, pool.passive.base_ejection, pool.passive.max_ejection),
+            )),
+            epoch,
+            awaiting: AtomicU64::new(0),
+            progress_ms: AtomicU64::new(0),
+            truncating: AtomicBool::new(false),
+            metrics: WorkerMetrics::default(),
+        }
+    }
+
+    /// Requests in flight (sent and not yet answered to the end of the body).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Relaxed)
+    }
+
+    fn ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// The routing state at `now`, with no stall window (see [`WorkerState::state_with`]).
+    pub fn state(&self) -> State {
+        self.state_with(Instant::now(), Duration::ZERO)
+    }
+
+    /// The routing state at `now`; `stall` is the pool's stall window (zero: never stalled).
+    pub fn state_with(&self, now: Instant, stall: Duration) -> State {
+        match self.state.load(Relaxed) {
+            DRAINING => State::Draining,
+            UNHEALTHY => State::Unhealthy,
+            // Read the clock only for a worker that has been ejected at some point.
+            _ if self.ejected_until_ms.load(Relaxed) != 0 && self.ejected_until_ms.load(Relaxed) > self.ms(now) => {
+                State::Ejected
+            }
+            _ if self.stalled(now, stall) => State::Stalled,
+            _ => State::Healthy,
+        }
+    }
+
+    /// Whether the worker holds tries waiting for headers and has answered none for `stall`
+    /// (zero disables).
+    pub fn stalled(&self, now: Instant, stall: Duration) -> bool {
+        !stall.is_zero()
+            && self.awaiting.load(Relaxed) > 0
+            && self.ms(now).saturating_sub(self.progress_ms.load(Relaxed)) > stall.as_millis() as u64
+    }
+
+    /// Counts a try waiting for headers until the returned guard drops.
+    pub fn await_headers(self: &Arc<Self>, now: Instant) -> Awaiting {
+        if self.awaiting.fetch_add(1, Relaxed) == 0 {
+            // An idle worker's stall clock starts with its first waiting try.
+            self.progress_ms.store(self.ms(now), Relaxed);
+        }
+        Awaiting(Arc::clone(self))
+    }
+
+    /// The worker sent response headers: a sign of life.
+    pub fn headers_arrived(&self, now: Instant) {
+        self.progress_ms.store(self.ms(now), Relaxed);
+    }
+
+    /// Notes a response cut short; true if the previous complete response was not (the first of
+    /// a run, worth a log line).
+    pub(crate) fn note_truncation(&self) -> bool {
+        !self.truncating.swap(true, Relaxed)
+    }
+
+    /// Feeds an active probe result; returns the transition.
+    pub fn observe_probe(&self, ok: bool) -> Transition {
+        let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+        let t = m.0.observe(ok);
+        match t {
+            Transition::Down => {
+                let _ = self.state.compare_exchange(HEALTHY, UNHEALTHY, Relaxed, Relaxed);
+            }
+            Transition::Up => {
+                let _ = self.state.compare_exchange(UNHEALTHY, HEALTHY, Relaxed, Relaxed);
+            }
+            Transition::None => {}
+        }
+        t
+    }
+
+    /// Feeds a request outcome (`ok` = a complete response that is not a 5xx); returns the
+    /// ejection length if this outcome ejects the worker. Outcomes of requests that were in
+    /// flight while the worker is ejected are ignored, and `may_eject = false` (the pool's
+    /// ejection cap is reached) keeps counting without ejecting.
+    pub fn observe_request(&self, ok: bool, may_eject: bool) -> Option<Duration> {
+        let now = Instant::now();
+        if ok {
+            self.truncating.store(false, Relaxed);
+        }
+        if self.state_with(now, Duration::ZERO) == State::Ejected {
+            return None;
+        }
+        let ejection = {
+            let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+            m.1.observe(ok)
+        }?;
+        if !may_eject {
+            return None;
+        }
+        self.ejected_until_ms.store(self.ms(now) + ejection.as_millis() as u64, Relaxed);
+        self.metrics.ejections.fetch_add(1, Relaxed);
+        Some(ejection)
+    }
+
+    /// Applies a reloaded pool's health, ejection and connect settings, keeping the current state.
+    pub(crate) fn retune(&self, pool: &PoolConfig) {
+        let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+        m.0 = m.0.retuned(pool.health.rise, pool.health.fall);
+        m.1 =
+            Ejector::retuned(pool.passive.consecutive_failures, pool.passive.base_ejection, pool.passive.max_ejection);
+        self.upstream.set_connect_timeout(pool.connect_timeout);
+    }
+
+    /// Marks the worker as draining (irreversible for this worker object).
+    pub fn drain(&self) {
+        self.state.store(DRAINING, Relaxed);
+    }
+}
+
+/// A try waiting for a worker's response headers; see [`WorkerState::await_headers`].
+#[derive(Debug)]
+pub struct Awaiting(Arc<WorkerState>);
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        self.0.awaiting.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Counts a request in flight on a worker until dropped: held by the response body, so it is
+/// released when the body ends (or the client goes away), not when the headers arrive.
+#[derive(Debug)]
+pub struct InFlight(Arc<WorkerState>);
+
+impl InFlight {
+    /// Starts counting.
+    pub fn new(worker: Arc<WorkerState>) -> Self {
+        worker.in_flight.fetch_add(1, Relaxed);
+        InFlight(worker)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}

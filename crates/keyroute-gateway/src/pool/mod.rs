@@ -1,0 +1,323 @@
+//! A pool: its workers, its placement, and one atomic snapshot of both.
+//!
+//! Each pool publishes a [`Snapshot`] through an `ArcSwap`: the pool's configuration, the placement
+//! policy (the keyroute table built over the current members), the members in table order, and a
+//! generation number. A membership or weight change builds a whole new snapshot and swaps it in;
+//! requests that already loaded the old one finish with it. So a request never sees a table built
+//! for one set of workers and a member list of another.
+//!
+//! Health and load are not in the snapshot: they change on every request and probe. They live in
+//! each worker's [`WorkerState`], which the snapshot holds by `Arc`, so they travel with the worker
+//! across snapshots (a worker keeps its in-flight count, health and ejection through a weight
+//! change) and can never belong to a different worker than the one the table names. Unhealthy,
+//! ejected or draining workers stay in the table; decisions skip them, so their keys fail over to
+//! the next worker of each key's ranking and nothing else moves.
+
+//!
+//! - [`endpoint`]: one worker's live state ([`WorkerState`]), and the RAII counts of its load.
+//! - [`snapshot`]: the immutable value requests read ([`Snapshot`]), and why it may have no worker.
+//! - here: [`Pool`], which applies a change by building a whole new snapshot (off the request
+//!   path) and only then swapping it in; nothing shared is edited before a build that can fail.
+
+pub mod endpoint;
+pub mod snapshot;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use keyroute::Policy;
+use tokio::time::Instant;
+
+pub use self::endpoint::{InFlight, State, WorkerState};
+pub use self::snapshot::{Snapshot, Unavailable};
+use crate::config::{PoolConfig, WorkerConfig};
+use crate::metrics::PoolMetrics;
+use crate::table::{check_table_size, node_set};
+
+/// Recently seen key hashes: a fixed sample that tells what share of live keys a membership change
+/// remaps (the table alone cannot say which keys exist).
+#[derive(Debug)]
+struct RecentKeys {
+    slots: Vec<AtomicU64>,
+    next: AtomicU64,
+}
+
+const RECENT: usize = 4096;
+
+impl RecentKeys {
+    fn new() -> Self {
+        RecentKeys { slots: (0..RECENT).map(|_| AtomicU64::new(0)).collect(), next: AtomicU64::new(0) }
+    }
+
+    fn record(&self, hash: u64) {
+        let i = self.next.fetch_add(1, Relaxed) as usize % RECENT;
+        self.slots[i].store(hash, Relaxed);
+    }
+
+    fn sample(&self) -> Vec<u64> {
+        let n = (self.next.load(Relaxed) as usize).min(RECENT);
+        let mut v: Vec<u64> = self.slots[..n].iter().map(|s| s.load(Relaxed)).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+/// A membership change the pool refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    /// No worker has that name.
+    #[error("no worker named '{worker}' in pool '{pool}'")]
+    UnknownWorker {
+        /// The name asked for.
+        worker: String,
+        /// The pool.
+        pool: String,
+    },
+    /// A worker with that name exists.
+    #[error("a worker named '{worker}' is already in pool '{pool}'")]
+    Duplicate {
+        /// The name.
+        worker: String,
+        /// The pool.
+        pool: String,
+    },
+    /// The table would be too large.
+    #[error("pool '{pool}': {message}")]
+    TooLarge {
+        /// The pool.
+        pool: String,
+        /// What is too large, and what to lower.
+        message: String,
+    },
+    /// The placement library refused the new set (for example a weight for jump hashing).
+    #[error("pool '{pool}': {source}")]
+    Placement {
+        /// The pool.
+        pool: String,
+        /// Why.
+        source: keyroute::Error,
+    },
+}
+
+/// A pool of workers. See the [module documentation](self).
+///
+/// Changes are synchronous and may take a while for a large table (a ring of millions of points
+/// takes hundreds of milliseconds to build): call them off the request path, as the admin API
+/// and reloads do (`spawn_blocking`). Readers never wait for them.
+#[derive(Debug)]
+pub struct Pool {
+    /// The pool's name.
+    pub name: String,
+    snapshot: ArcSwap<Snapshot>,
+    recent: RecentKeys,
+    /// Serialises changes (readers never wait).
+    change: Mutex<()>,
+    /// Counters.
+    pub metrics: PoolMetrics,
+    epoch: Instant,
+}
+
+/// A member list with weights: what a change proposes, before it is built.
+type Members = Vec<(Arc<WorkerState>, u32)>;
+
+impl Pool {
+    /// A pool from its configuration.
+    ///
+    /// # Errors
+    ///
+    /// The placement library refuses the workers, or the table is too large (validated
+    /// configurations never fail here).
+    pub fn new(config: PoolConfig, epoch: Instant) -> Result<Self, MembershipError> {
+        let members: Members =
+            config.workers.iter().map(|w| (Arc::new(WorkerState::new(w, &config, epoch)), w.weight)).collect();
+        let name = config.name.clone();
+        let snapshot = build(Arc::new(config), members, 1, None)?;
+        Ok(Pool {
+            name,
+            snapshot: ArcSwap::from_pointee(snapshot),
+            recent: RecentKeys::new(),
+            change: Mutex::new(()),
+            metrics: PoolMetrics::default(),
+            epoch,
+        })
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Notes a key hash in the recent sample.
+    pub fn record_key(&self, hash: u64) {
+        self.recent.record(hash);
+    }
+
+    /// Adds a worker.
+    ///
+    /// # Errors
+    ///
+    /// A duplicate name, or a set the strategy refuses.
+    pub fn add_worker(&self, config: WorkerConfig) -> Result<u64, MembershipError> {
+        self.change(|snap| {
+            if snap.worker(&config.name).is_some() {
+                return Err(MembershipError::Duplicate { worker: config.name.clone(), pool: self.name.clone() });
+            }
+            let mut members = members_of(snap);
+            members.push((Arc::new(WorkerState::new(&config, &snap.config, self.epoch)), config.weight));
+            Ok(members)
+        })
+    }
+
+    /// Removes a worker now (requests it holds still finish).
+    ///
+    /// # Errors
+    ///
+    /// No such worker.
+    pub fn remove_worker(&self, name: &str) -> Result<u64, MembershipError> {
+        self.remove_where(name, |w| w.name == name)
+    }
+
+    /// Removes this very worker object, if it is still a member: what a finished drain does, so that
+    /// a worker re-added (or kept by a reload) under the same name meanwhile is not removed.
+    ///
+    /// # Errors
+    ///
+    /// It is no longer a member.
+    pub fn remove_exact(&self, worker: &Arc<WorkerState>) -> Result<u64, MembershipError> {
+        self.remove_where(&worker.name, |w| Arc::ptr_eq(w, worker))
+    }
+
+    fn remove_where(&self, name: &str, hit: impl Fn(&Arc<WorkerState>) -> bool) -> Result<u64, MembershipError> {
+        self.change(|snap| {
+            let mut members = members_of(snap);
+            let before = members.len();
+            members.retain(|(w, _)| !hit(w));
+            if members.len() == before {
+                return Err(MembershipError::UnknownWorker { worker: name.to_owned(), pool: self.name.clone() });
+            }
+            Ok(members)
+        })
+    }
+
+    /// Sets a worker's weight (0 drains its share to the others). Nothing changes unless the new
+    /// table builds.
+    ///
+    /// # Errors
+    ///
+    /// No such worker, or a weight the strategy refuses, or a table too large.
+    pub fn set_weight(&self, name: &str, weight: u32) -> Result<u64, MembershipError> {
+        self.change(|snap| {
+            let Some((i, _)) = snap.worker(name) else {
+                return Err(MembershipError::UnknownWorker { worker: name.to_owned(), pool: self.name.clone() });
+            };
+            let mut members = members_of(snap);
+            members[i].1 = weight;
+            Ok(members)
+        })
+    }
+
+    /// Replaces the configuration and members (a reload): workers with the same name, address and
+    /// zone keep their state; others are new. Nothing shared changes unless the new table builds.
+    ///
+    /// # Errors
+    ///
+    /// A set the strategy refuses, or a table too large.
+    pub fn reconfigure(&self, config: PoolConfig) -> Result<u64, MembershipError> {
+        let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.snapshot();
+        let mut kept = Vec::new();
+        let members: Members = config
+            .workers
+            .iter()
+            .map(|w| match old.worker(&w.name) {
+                // The same worker: it keeps its health, load and counters, under the new settings.
+                Some((_, s)) if s.address == w.address && s.zone == w.zone && s.state() != State::Draining => {
+                    kept.push(Arc::clone(s));
+                    (Arc::clone(s), w.weight)
+                }
+                _ => (Arc::new(WorkerState::new(w, &config, self.epoch)), w.weight),
+            })
+            .collect();
+        let next = build(Arc::new(config), members, old.generation + 1, Some(&old))?;
+        for w in &kept {
+            w.retune(&next.config);
+        }
+        self.publish(&old, next)
+    }
+
+    fn change(&self, edit: impl FnOnce(&Snapshot) -> Result<Members, MembershipError>) -> Result<u64, MembershipError> {
+        let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.snapshot();
+        let members = edit(&old)?;
+        let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
+        self.publish(&old, next)
+    }
+
+    fn publish(&self, old: &Snapshot, next: Snapshot) -> Result<u64, MembershipError> {
+        // What share of the recently seen keys changes owner?
+        let sample = self.recent.sample();
+        let owner = |s: &Snapshot, h: u64| s.policy.owner(h).map(|i| s.workers[i].name.clone());
+        let moved = sample.iter().filter(|&&h| owner(old, h) != owner(&next, h)).count();
+        let ratio = if sample.is_empty() { 0.0 } else { moved as f64 / sample.len() as f64 };
+        self.metrics.membership_changes.fetch_add(1, Relaxed);
+        self.metrics.remapped_keys.fetch_add(moved as u64, Relaxed);
+        self.metrics.last_remapped_ratio.store(ratio.to_bits(), Relaxed);
+        let generation = next.generation;
+        tracing::info!(
+            pool = %self.name,
+            generation,
+            workers = next.workers.len(),
+            sampled_keys = sample.len(),
+            remapped = moved,
+            "membership changed"
+        );
+        self.snapshot.store(Arc::new(next));
+        Ok(generation)
+    }
+}
+
+fn members_of(snap: &Snapshot) -> Members {
+    snap.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), snap.weight(i))).collect()
+}
+
+/// Whether a pool configuration's members can be placed (for example, jump hashing refuses
+/// weights): checked for every pool before a reload changes any.
+///
+/// # Errors
+///
+/// As [`Pool::new`].
+pub fn check(config: &PoolConfig) -> Result<(), MembershipError> {
+    let placement = |source| MembershipError::Placement { pool: config.name.clone(), source };
+    let nodes =
+        node_set(config.workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref()))).map_err(placement)?;
+    check_table_size(config.strategy, &config.options, &nodes)
+        .map_err(|message| MembershipError::TooLarge { pool: config.name.clone(), message })?;
+    Policy::build(config.strategy, nodes, &config.options).map_err(placement)?;
+    Ok(())
+}
+
+fn build(
+    config: Arc<PoolConfig>,
+    members: Members,
+    generation: u64,
+    previous: Option<&Snapshot>,
+) -> Result<Snapshot, MembershipError> {
+    let placement = |source| MembershipError::Placement { pool: config.name.clone(), source };
+    let nodes =
+        node_set(members.iter().map(|(w, weight)| (w.name.as_str(), *weight, w.zone.as_deref()))).map_err(placement)?;
+    check_table_size(config.strategy, &config.options, &nodes)
+        .map_err(|message| MembershipError::TooLarge { pool: config.name.clone(), message })?;
+    let policy = match previous {
+        // Rebuild from the previous policy when the strategy is unchanged, so that slot tables
+        // rebalance instead of reassigning from scratch.
+        Some(prev) if prev.policy.strategy() == config.strategy && *prev.policy.options() == config.options => {
+            prev.policy.rebuild(nodes)
+        }
+        _ => Policy::build(config.strategy, nodes, &config.options),
+    }
+    .map_err(placement)?;
+    let workers = members.into_iter().map(|(w, _)| w).collect();
+    Ok(Snapshot { generation, config, policy, workers })
+}

@@ -1,0 +1,34 @@
+//! Routes: which pool a request goes to, by listener, host and (normalised) path prefix.
+
+use std::sync::Arc;
+
+use crate::config::RouteConfig;
+use crate::pool::Pool;
+
+/// The pools and each listener's routes, swapped whole on reload.
+#[derive(Debug)]
+pub(crate) struct Routing {
+    pub(crate) pools: Vec<Arc<Pool>>,
+    pub(crate) routes: Vec<Vec<RouteConfig>>,
+}
+
+impl Routing {
+    /// The pool for a request on `listener` with this host (without port) and normalised path.
+    pub(crate) fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<&Arc<Pool>> {
+        self.routes.get(listener)?.iter().find_map(|r| {
+            let host_ok = r.host.as_deref().is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)));
+            (host_ok && path.starts_with(&r.path_prefix)).then(|| &self.pools[r.pool])
+        })
+    }
+
+    pub(crate) fn pool(&self, name: Option<&str>) -> Result<&Arc<Pool>, String> {
+        match name {
+            Some(n) => self.pools.iter().find(|p| p.name == n).ok_or_else(|| "no such pool".to_owned()),
+            None if self.pools.len() == 1 => Ok(&self.pools[0]),
+            None => Err(format!(
+                "several pools ({}): name one with ?pool=",
+                self.pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+}

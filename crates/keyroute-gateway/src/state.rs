@@ -1,0 +1,114 @@
+//! What the running gateway's tasks share: the request path's [`Front`], the listeners and their
+//! counters, the admin token and its throttle, and the shutdown signals.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::ListenerConfig;
+use crate::metrics::ListenerMetrics;
+use crate::pool::State;
+use crate::proxy::Front;
+
+/// Failed admin token attempts, per client address: more than [`AUTH_FAILURES`] in
+/// [`AUTH_WINDOW`] and the address gets 429 until the window ends.
+#[derive(Debug, Default)]
+pub(crate) struct AuthThrottle {
+    by_ip: Mutex<std::collections::HashMap<IpAddr, (u32, Instant)>>,
+    pub(crate) failures: AtomicU64,
+}
+
+/// Failed token attempts allowed per address and window.
+pub(crate) const AUTH_FAILURES: u32 = 10;
+/// The window.
+pub(crate) const AUTH_WINDOW: Duration = Duration::from_secs(60);
+
+impl AuthThrottle {
+    /// Whether `ip` is over its failures now.
+    pub(crate) fn blocked(&self, ip: IpAddr, now: Instant) -> bool {
+        let map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&ip).is_some_and(|(n, since)| *n >= AUTH_FAILURES && now.duration_since(*since) < AUTH_WINDOW)
+    }
+
+    /// Counts a failure from `ip`.
+    pub(crate) fn fail(&self, ip: IpAddr, now: Instant) {
+        self.failures.fetch_add(1, Relaxed);
+        let mut map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= 10_000 {
+            map.retain(|_, (_, since)| now.duration_since(*since) < AUTH_WINDOW);
+        }
+        let e = map.entry(ip).or_insert((0, now));
+        if now.duration_since(e.1) >= AUTH_WINDOW {
+            *e = (0, now);
+        }
+        e.0 += 1;
+    }
+}
+
+/// State shared by every connection, the admin API and background tasks.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// What the request path reads: routes and pools, the Via entry, request ids, draining.
+    pub(crate) front: Arc<Front>,
+    pub(crate) admin_token: Option<String>,
+    pub(crate) epoch: Instant,
+    pub(crate) listeners: Vec<ListenerConfig>,
+    pub(crate) listener_metrics: Vec<Arc<ListenerMetrics>>,
+    /// Each listener's connection limit in force.
+    pub(crate) connection_limits: Vec<usize>,
+    pub(crate) admin_listen: SocketAddr,
+    /// SIGTERM received: `/readyz` says not ready.
+    pub(crate) not_ready: AtomicBool,
+    /// Set by a shutdown request.
+    pub(crate) shutdown: watch::Sender<bool>,
+    /// Set when the listeners stop accepting (after the shutdown delay).
+    pub(crate) stop_accepting: watch::Sender<bool>,
+    pub(crate) probers: Mutex<Vec<String>>,
+    /// The shutdown delay and grace period in milliseconds (a reload may change them).
+    pub(crate) delay_ms: AtomicU64,
+    pub(crate) grace_ms: AtomicU64,
+    pub(crate) auth: AuthThrottle,
+}
+
+impl Shared {
+    /// Every address the gateway listens at: no worker may be one of them.
+    pub(crate) fn own_addrs(&self) -> Vec<SocketAddr> {
+        let mut v: Vec<SocketAddr> = self.listeners.iter().map(|l| l.listen).collect();
+        v.push(self.admin_listen);
+        v
+    }
+}
+
+/// See [`GatewayHandle::ready`].
+pub(crate) fn ready(shared: &Shared) -> bool {
+    let now = Instant::now();
+    !shared.not_ready.load(Relaxed)
+        && shared.front.routing.load().pools.iter().all(|p| {
+            let s = p.snapshot();
+            (0..s.workers.len()).any(|i| s.weight(i) > 0 && s.state(i, now) == State::Healthy)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_tokens_are_throttled_per_address_and_window() {
+        let t = AuthThrottle::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().expect("ip"), "10.0.0.2".parse().expect("ip"));
+        for _ in 0..AUTH_FAILURES {
+            assert!(!t.blocked(a, Instant::now()));
+            t.fail(a, Instant::now());
+        }
+        assert!(t.blocked(a, Instant::now()));
+        assert!(!t.blocked(b, Instant::now()));
+        tokio::time::advance(AUTH_WINDOW).await;
+        assert!(!t.blocked(a, Instant::now()));
+        assert_eq!(t.failures.load(Relaxed), u64::from(AUTH_FAILURES));
+    }
+}
