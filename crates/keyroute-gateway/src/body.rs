@@ -7,10 +7,14 @@
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
+
+/// The request id header: kept from the client or made by the gateway, passed to the worker,
+/// and put in every error the gateway makes.
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Any error a body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -52,7 +56,7 @@ pub fn error(status: StatusCode, message: &'static str, reason: &'static str, re
         &serde_json::json!({ "error": message, "reason": reason, "status": status.as_u16(), "request_id": request_id }),
     );
     if let Ok(v) = HeaderValue::try_from(request_id) {
-        resp.headers_mut().insert(crate::proxy::REQUEST_ID.clone(), v);
+        resp.headers_mut().insert(REQUEST_ID.clone(), v);
     }
     resp
 }

@@ -173,12 +173,11 @@ impl WorkerState {
         t
     }
 
-    /// Feeds a request outcome (`ok` = a complete response that is not a 5xx); returns the
+    /// Feeds a request outcome at `now` (`ok` = a complete response that is not a 5xx); returns the
     /// ejection length if this outcome ejects the worker. Outcomes of requests that were in
     /// flight while the worker is ejected are ignored, and `may_eject = false` (the pool's
     /// ejection cap is reached) keeps counting without ejecting.
-    pub fn observe_request(&self, ok: bool, may_eject: bool) -> Option<Duration> {
-        let now = Instant::now();
+    pub fn observe_request(&self, ok: bool, may_eject: bool, now: Instant) -> Option<Duration> {
         if ok {
             self.truncating.store(false, Relaxed);
         }
@@ -238,5 +237,70 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn worker(pool_extra: &str) -> (Arc<WorkerState>, PoolConfig) {
+        let text = format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\n[[pool]]\nname = \"p\"\n{pool_extra}\n[[pool.worker]]\nname = \"w\"\naddress = \"127.0.0.1:9\"\n"
+        );
+        let config = Config::parse(&text, "t.toml").expect("valid");
+        let pool = config.pools[0].clone();
+        (Arc::new(WorkerState::new(&pool.workers[0], &pool, Instant::now())), pool)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ejection_lasts_its_cooldown_and_doubles_on_the_clock() {
+        let (w, _) =
+            worker("[pool.passive]\nconsecutive_failures = 2\nbase_ejection_ms = 1000\nmax_ejection_ms = 5000");
+        let now = Instant::now();
+        assert_eq!(w.observe_request(false, true, now), None);
+        assert_eq!(w.observe_request(false, true, now), Some(Duration::from_secs(1)));
+        assert_eq!(w.state_with(now, Duration::ZERO), State::Ejected);
+        // Outcomes of requests still in flight while ejected are ignored.
+        assert_eq!(w.observe_request(false, true, now), None);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(w.state_with(Instant::now(), Duration::ZERO), State::Ejected);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let now = Instant::now();
+        assert_eq!(w.state_with(now, Duration::ZERO), State::Healthy);
+        w.observe_request(false, true, now);
+        assert_eq!(
+            w.observe_request(false, true, now),
+            Some(Duration::from_secs(2)),
+            "the second ejection in a row doubles"
+        );
+        // The pool's cap: counted, not ejected.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let now = Instant::now();
+        w.observe_request(false, false, now);
+        assert_eq!(w.observe_request(false, false, now), None);
+        assert_eq!(w.state_with(now, Duration::ZERO), State::Healthy);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_stalls_when_it_answers_nothing_for_the_window() {
+        let (w, pool) = worker("");
+        let stall = pool.passive.stall;
+        assert_eq!(stall, Duration::from_secs(2), "the default window");
+        assert!(!w.stalled(Instant::now(), stall), "idle is not stalled");
+        let first = w.await_headers(Instant::now());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let second = w.await_headers(Instant::now());
+        tokio::time::advance(Duration::from_millis(600)).await;
+        // 2.1 s since the worker went from idle to waiting, with no response since.
+        assert!(w.stalled(Instant::now(), stall));
+        assert_eq!(w.state_with(Instant::now(), stall), State::Stalled);
+        assert!(!w.stalled(Instant::now(), Duration::ZERO), "a zero window disables it");
+        w.headers_arrived(Instant::now());
+        assert!(!w.stalled(Instant::now(), stall), "a response is a sign of life");
+        drop((first, second));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(!w.stalled(Instant::now(), stall), "nothing waiting, nothing stalled");
     }
 }

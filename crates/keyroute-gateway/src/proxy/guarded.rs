@@ -134,7 +134,7 @@ impl Guarded {
         if let Some(f) = self.state.take() {
             f.worker.metrics.record_class(Some(f.status));
             if f.status < 500 {
-                f.worker.observe_request(true, false);
+                f.worker.observe_request(true, false, tokio::time::Instant::now());
             }
             drop(f.guard);
             f.worker.upstream.checkin(f.conn);
@@ -148,7 +148,7 @@ impl Guarded {
             f.worker.metrics.truncated.fetch_add(1, Relaxed);
             let may_eject = f.snapshot.may_eject();
             let first = f.worker.note_truncation();
-            if let Some(ejection) = f.worker.observe_request(false, may_eject) {
+            if let Some(ejection) = f.worker.observe_request(false, may_eject, tokio::time::Instant::now()) {
                 tracing::warn!(worker = %f.worker.name, ejection_ms = ejection.as_millis() as u64, "worker ejected after consecutive failures (responses cut short)");
             } else if first {
                 tracing::warn!(worker = %f.worker.name, error = %error, "worker cut a response short");

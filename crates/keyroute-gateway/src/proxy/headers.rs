@@ -321,8 +321,7 @@ pub fn random_u64() -> u64 {
     h.finish()
 }
 
-/// The request id header.
-pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub use crate::body::REQUEST_ID;
 
 /// The request's id: its `X-Request-Id` when that is 1 to 128 visible ASCII characters, else a
 /// new one (`next` is a process-wide counter, started at a random value, mixed into 16 hex digits).

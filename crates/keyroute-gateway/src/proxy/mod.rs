@@ -346,7 +346,7 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
             worker.metrics.record_latency(latency);
             if status.is_server_error() {
                 // A 5xx is complete as a failure now; a success is settled when its body ends.
-                if worker.observe_request(false, snap.may_eject()).is_some() {
+                if worker.observe_request(false, snap.may_eject(), Instant::now()).is_some() {
                     tracing::warn!(worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive failures (5xx)");
                 }
             }
@@ -395,7 +395,7 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         }
     };
     worker.metrics.record_latency(latency);
-    if let Some(ejection) = worker.observe_request(false, snap.may_eject()) {
+    if let Some(ejection) = worker.observe_request(false, snap.may_eject(), Instant::now()) {
         tracing::warn!(worker = %worker.name, ejection_ms = ejection.as_millis() as u64, failure = %failure, "worker ejected after consecutive failures");
     }
     Try::Failed(failure)
