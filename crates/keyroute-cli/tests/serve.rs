@@ -89,10 +89,9 @@ fn gateway_and_workers_as_processes_with_reload_and_shutdown() {
             .arg("--cache-dir")
             .arg(&cache);
         if i == 0 {
+            // The first worker generates the images, before it logs that it listens (which
+            // spawn_and_wait waits for), so the second finds them.
             cmd.args(["--generate", "3"]);
-        } else {
-            // The first worker generates the images; wait for it before starting the second.
-            std::thread::sleep(Duration::from_millis(10));
         }
         // Keep the log receiver: a worker whose stderr reader is gone fails its next log write.
         let (child, addrs, logs) = spawn_and_wait(&mut cmd, &["worker listening"]);
@@ -168,7 +167,6 @@ fn gateway_and_workers_as_processes_with_reload_and_shutdown() {
     let (_, head, _) = http_get(front, "/thumb/img-001.jpg?w=100&h=100");
     assert!(head.contains("x-keyroute-worker: w1"), "w0 has weight 0: {head}");
     // --watch polls the file's modification time once a second.
-    std::thread::sleep(Duration::from_millis(1100));
     write_config("", 2);
     wait_for(2, "the --watch reload");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -165,18 +165,22 @@ async fn a_hung_worker_costs_no_get_and_loses_its_traffic_within_5_s() {
     let hang_at = Instant::now() + Duration::from_millis(500);
     let end = hang_at + Duration::from_secs(8);
     let failures = Arc::new(AtomicU64::new(0));
+    let slowest_us = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..6 {
-        let (url, failures) = (format!("http://{}/thumb", gw.addr), Arc::clone(&failures));
+        let (url, failures, slowest_us) =
+            (format!("http://{}/thumb", gw.addr), Arc::clone(&failures), Arc::clone(&slowest_us));
         tasks.spawn(async move {
             let c = client();
             let mut i = 0u64;
             while Instant::now() < end {
                 i += 1;
                 let uri = format!("{url}?k=key-{t}-{}", i % 40).parse().expect("uri");
+                let sent = Instant::now();
                 match tokio::time::timeout(Duration::from_secs(10), c.get(uri)).await {
                     Ok(Ok(r)) if r.status() == StatusCode::OK => {
                         let _ = r.into_body().collect().await;
+                        slowest_us.fetch_max(sent.elapsed().as_micros() as u64, SeqCst);
                     }
                     _ => {
                         failures.fetch_add(1, SeqCst);
@@ -199,7 +203,11 @@ async fn a_hung_worker_costs_no_get_and_loses_its_traffic_within_5_s() {
         }
     }
     while tasks.join_next().await.is_some() {}
-    eprintln!("hung worker: last new request {:.2} s after it hung", last_arrival.as_secs_f64());
+    eprintln!(
+        "hung worker: last new request {:.2} s after it hung; slowest GET {:.2} s",
+        last_arrival.as_secs_f64(),
+        slowest_us.load(SeqCst) as f64 / 1e6
+    );
     assert_eq!(failures.load(SeqCst), 0, "no GET failed");
     assert!(last_arrival < Duration::from_secs(5), "traffic left the hung worker after {last_arrival:?}");
     let info = worker_info(&gw, "w2").await;
