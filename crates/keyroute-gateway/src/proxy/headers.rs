@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery};
+use http::uri::PathAndQuery;
 use http::{Uri, Version};
 
 /// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded.
@@ -103,27 +103,26 @@ impl BadHead {
 /// The head is ambiguous or invalid; nothing is forwarded.
 pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) -> Result<(), BadHead> {
     let mut hosts = headers.get_all(header::HOST).iter();
-    let first = hosts.next().cloned();
+    let first = hosts.next();
     if hosts.next().is_some() {
         return Err(BadHead::DuplicateHost);
     }
-    let authority = match uri.authority() {
+    match uri.authority() {
         // Absolute form: its authority wins and replaces Host (RFC 9112 section 3.2.2).
         Some(a) => {
-            if a.as_str().contains('@') || !matches!(uri.scheme_str(), Some("http" | "https")) {
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || !valid_authority(a.as_str()) {
                 return Err(BadHead::InvalidTarget);
             }
-            Some(valid_authority(a.as_str())?)
+            let v = HeaderValue::try_from(a.as_str()).map_err(|_| BadHead::InvalidHost)?;
+            headers.insert(header::HOST, v);
         }
-        None => match &first {
-            Some(h) => Some(valid_authority(h.to_str().map_err(|_| BadHead::InvalidHost)?)?),
+        // Origin form: the one Host stays as it is, once it is known to be valid.
+        None => match first {
+            Some(h) if valid_authority(h.to_str().map_err(|_| BadHead::InvalidHost)?) => {}
+            Some(_) => return Err(BadHead::InvalidHost),
             None if version == Version::HTTP_11 => return Err(BadHead::MissingHost),
-            None => None,
+            None => {}
         },
-    };
-    if let Some(a) = authority {
-        let v = HeaderValue::try_from(a.as_str()).map_err(|_| BadHead::InvalidHost)?;
-        headers.insert(header::HOST, v);
     }
     let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
     let (path, query) = match pq.split_once('?') {
@@ -135,42 +134,37 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
     if origin_form && matches!(path, Cow::Borrowed(_)) {
         return Ok(());
     }
+    let path = if path.is_empty() { "/" } else { &path };
     let rebuilt = match query {
-        Some(q) => format!("{}?{q}", if path.is_empty() { "/" } else { &path }),
-        None => {
-            if path.is_empty() {
-                "/".to_owned()
-            } else {
-                path.into_owned()
-            }
-        }
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
     };
     *uri = Uri::try_from(rebuilt).map_err(|_| BadHead::InvalidTarget)?;
     Ok(())
 }
 
-/// A `host[:port]` as Host allows it: a registered name, IPv4 or bracketed IPv6, an optional
-/// numeric port, and nothing else (no user info, no path, no spaces).
-fn valid_authority(text: &str) -> Result<Authority, BadHead> {
-    let a: Authority = text.parse().map_err(|_| BadHead::InvalidHost)?;
-    let host = a.host();
-    let name_ok =
-        |h: &str| !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        inner.parse::<std::net::Ipv6Addr>().is_ok()
+/// Whether `text` is a `host[:port]` as Host allows it: a registered name (letters, digits, `-`,
+/// `.`, `_`), an IPv4 address or a bracketed IPv6 one, then an optional numeric port; nothing
+/// else (no user info, no path, no spaces). Allocates nothing.
+fn valid_authority(text: &str) -> bool {
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let Some((v6, after)) = rest.split_once(']') else { return false };
+        if v6.parse::<std::net::Ipv6Addr>().is_err() {
+            return false;
+        }
+        (None, after)
     } else {
-        name_ok(host)
+        match text.find(':') {
+            Some(i) => (Some(&text[..i]), &text[i..]),
+            None => (Some(text), ""),
+        }
     };
-    if !host_ok || a.as_str().contains('@') {
-        return Err(BadHead::InvalidHost);
+    if let Some(h) = host
+        && (h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')))
+    {
+        return false;
     }
-    // `host:` with an empty or non-numeric port is no use: a port must be a number.
-    match a.as_str().get(host.len()..) {
-        Some("") => {}
-        Some(rest) if rest.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok()) => {}
-        _ => return Err(BadHead::InvalidHost),
-    }
-    Ok(a)
+    port.is_empty() || port.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok())
 }
 
 /// The request's host without its port, lowercased by the caller as needed.
@@ -182,28 +176,43 @@ pub fn host_of(headers: &HeaderMap) -> Option<&str> {
     Some(h.rsplit_once(':').map_or(h, |(host, _)| host))
 }
 
-/// Removes dot segments (RFC 3986 section 5.2.4), treating `%2e`/`%2E` as `.`. Borrowed when
-/// nothing changes.
+/// 1 for a `.` segment, 2 for `..`, 0 otherwise, with `%2e`/`%2E` read as `.`.
+fn dots(segment: &str) -> usize {
+    let b = segment.as_bytes();
+    let (mut i, mut n) = (0, 0);
+    while i < b.len() {
+        if b[i] == b'.' {
+            i += 1;
+        } else if b[i] == b'%' && b.get(i + 1) == Some(&b'2') && matches!(b.get(i + 2), Some(b'e' | b'E')) {
+            i += 3;
+        } else {
+            return 0;
+        }
+        n += 1;
+        if n > 2 {
+            return 0;
+        }
+    }
+    n
+}
+
+/// Removes dot segments (RFC 3986 section 5.2.4), treating `%2e`/`%2E` as `.`. Borrowed (and
+/// nothing allocated) when there are none.
 pub fn normalize_path(path: &str) -> Cow<'_, str> {
-    let dotty = |s: &str| {
-        let d = s.replace("%2e", ".").replace("%2E", ".");
-        d == "." || d == ".."
-    };
-    if !path.split('/').any(dotty) {
+    if !path.split('/').any(|s| dots(s) > 0) {
         return Cow::Borrowed(path);
     }
     let mut out: Vec<&str> = Vec::new();
     let segments: Vec<&str> = path.split('/').collect();
     let last = segments.len() - 1;
     for (i, seg) in segments.iter().enumerate() {
-        let d = seg.replace("%2e", ".").replace("%2E", ".");
-        match d.as_str() {
-            "." => {
+        match dots(seg) {
+            1 => {
                 if i == last {
                     out.push("");
                 }
             }
-            ".." => {
+            2 => {
                 // Never above the root: the first (empty) segment stays.
                 if out.len() > 1 {
                     out.pop();
@@ -283,12 +292,16 @@ pub fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
 #[derive(Clone, Debug)]
 pub struct Via {
     entry: String,
+    /// The entry as a header value, for the common case of a request without `Via`.
+    value: HeaderValue,
 }
 
 impl Via {
     /// An entry with a fresh random id (loops are detected per process).
     pub fn random() -> Self {
-        Via { entry: format!("1.1 keyroute-{:012x}", random_u64() & 0xffff_ffff_ffff) }
+        let entry = format!("1.1 keyroute-{:012x}", random_u64() & 0xffff_ffff_ffff);
+        let value = HeaderValue::try_from(entry.as_str()).unwrap_or_else(|_| HeaderValue::from_static("1.1 keyroute"));
+        Via { entry, value }
     }
 
     /// Whether `headers` already passed through this gateway.
@@ -303,6 +316,10 @@ impl Via {
 
     /// Appends the entry.
     pub fn append(&self, headers: &mut HeaderMap) {
+        if !headers.contains_key(header::VIA) {
+            headers.insert(header::VIA, self.value.clone());
+            return;
+        }
         let joined = {
             let prev: Vec<&str> = headers.get_all(header::VIA).iter().filter_map(|v| v.to_str().ok()).collect();
             if prev.is_empty() { self.entry.clone() } else { format!("{}, {}", prev.join(", "), self.entry) }

@@ -213,11 +213,13 @@ where
             replayable,
             upload: &upload,
             id,
-            // Abandon a stalled worker only when there is somewhere else to go.
-            may_abandon: replayable
-                && idempotent(&parts.method)
-                && attempt + 1 < attempts
-                && snap.decide(hash, &[tried.as_slice(), &[decision.node]].concat(), now).is_some(),
+            may_abandon: replayable && idempotent(&parts.method) && attempt + 1 < attempts,
+            // Abandon a stalled worker only when there is somewhere else to go (asked only then).
+            elsewhere: &|| {
+                let mut skip = tried.clone();
+                skip.push(decision.node);
+                snap.decide(hash, &skip, Instant::now()).is_some()
+            },
         };
         match try_once(ctx, &mut body).await {
             Try::Answered(resp) => {
@@ -291,11 +293,12 @@ struct TryCtx<'a> {
     upload: &'a Upload,
     id: &'a str,
     may_abandon: bool,
+    elsewhere: &'a (dyn Fn() -> bool + Sync),
 }
 
 /// Steps 4 to 6 for one worker.
 async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
-    let TryCtx { snap, worker, parts, target, per_try, replayable, upload, id, may_abandon } = ctx;
+    let TryCtx { snap, worker, parts, target, per_try, replayable, upload, id, may_abandon, elsewhere } = ctx;
     let guard = InFlight::new(Arc::clone(worker));
     let waiting = worker.await_headers(Instant::now());
     let sent = Instant::now();
@@ -326,7 +329,7 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
                     if now >= until {
                         break Err(Failure::Timeout);
                     }
-                    if worker.stalled(now, stall) {
+                    if worker.stalled(now, stall) && elsewhere() {
                         break Err(Failure::Stalled);
                     }
                 }
