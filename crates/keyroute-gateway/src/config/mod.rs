@@ -311,6 +311,11 @@ weight = 2
         let err = Config::parse("[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nname = \"x\"\n", "k.toml")
             .expect_err("no listen");
         assert_eq!((err.line, err.field.as_str()), (Some(3), "listener.listen"), "{err}");
+        // Found by fuzzing: a lone `[` named the field "".
+        for text in ["[", "[[", "[]", "[[]]\n"] {
+            let err = Config::parse(text, "k.toml").expect_err("not TOML");
+            assert!(!err.field.is_empty() && err.line == Some(1), "{text:?}: {err}");
+        }
         let err = Config::parse("", "k.toml").expect_err("empty");
         assert_eq!((err.line, err.field.as_str()), (Some(1), "listener"), "{err}");
         let err = Config::parse("[admin]\nlisten = \"127.0.0.1:0\"\n", "k.toml").expect_err("no listener");

@@ -69,7 +69,10 @@ pub(super) fn field_at(src: &str, offset: usize) -> String {
     let start = src[..offset].rfind('\n').map_or(0, |i| i + 1);
     let end = src[offset..].find('\n').map_or(src.len(), |i| offset + i);
     let line = src[start..end].trim();
-    let header = |l: &str| l.starts_with('[').then(|| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    let header = |l: &str| {
+        let name = l.strip_prefix('[')?.trim_matches(|c| c == '[' || c == ']').trim();
+        (!name.is_empty()).then(|| name.to_owned())
+    };
     if let Some(t) = header(line) {
         return t;
     }
