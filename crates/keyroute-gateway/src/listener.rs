@@ -12,13 +12,14 @@
 //! - **The head timeout** (`header_timeout_ms`, 10 s by default): a request head that has not
 //!   fully arrived that long after the connection opened, or after the previous response ended, is
 //!   answered `408 Request Timeout` and the connection closed; an idle keep-alive connection (no
-//!   byte of a next request) is closed silently. The clock is [`HeadClock`]: the service stops it
-//!   when a head has been parsed, and the response body restarts it when it has been sent.
+//!   byte of a next request) is closed silently. The clock is [`HeadClock`]: the service stops it when a
+//!   head has been parsed; it restarts once the response has been sent and the request body has
+//!   been read or dropped. A 408 is written only between responses (nothing unflushed).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -95,28 +96,102 @@ impl Backoff {
     }
 }
 
-/// Whether a connection is waiting for a request head; shared by its IO, its service and its
-/// response bodies.
+/// Whether a connection is waiting for a request head; shared by its IO, its service, its request
+/// bodies and its response bodies. The clock runs from when a response has been sent *and* its
+/// request's body has been read (or dropped) until the next head has been parsed, so bytes of a
+/// body still arriving after an early response are never taken for a slow head.
 #[derive(Debug)]
 pub struct HeadClock {
     waiting: AtomicBool,
     restart: AtomicBool,
+    body_open: AtomicBool,
+    response_done: AtomicBool,
 }
 
 impl HeadClock {
     fn new() -> Arc<Self> {
-        Arc::new(HeadClock { waiting: AtomicBool::new(true), restart: AtomicBool::new(false) })
+        Arc::new(HeadClock {
+            waiting: AtomicBool::new(true),
+            restart: AtomicBool::new(false),
+            body_open: AtomicBool::new(false),
+            response_done: AtomicBool::new(false),
+        })
     }
 
-    /// A head has been parsed: the clock stops.
-    pub fn head_received(&self) {
-        self.waiting.store(false, Relaxed);
+    /// A head has been parsed (with a body to come, or not): the clock stops.
+    pub fn head_received(&self, body_open: bool) {
+        self.waiting.store(false, SeqCst);
+        self.response_done.store(false, SeqCst);
+        self.body_open.store(body_open, SeqCst);
     }
 
-    /// A response has been sent: the clock restarts for the next head.
+    /// The response has been sent: the clock restarts, once the request body is done too.
     pub fn response_sent(&self) {
-        self.restart.store(true, Relaxed);
-        self.waiting.store(true, Relaxed);
+        self.response_done.store(true, SeqCst);
+        if !self.body_open.load(SeqCst) {
+            self.start();
+        }
+    }
+
+    /// The request body has been read to its end, or dropped.
+    pub fn body_finished(&self) {
+        self.body_open.store(false, SeqCst);
+        if self.response_done.load(SeqCst) {
+            self.start();
+        }
+    }
+
+    fn start(&self) {
+        self.restart.store(true, SeqCst);
+        self.waiting.store(true, SeqCst);
+    }
+}
+
+/// A request body that tells its connection's [`HeadClock`] when it is done.
+pub struct ClockedRequest<B> {
+    inner: B,
+    clock: Arc<HeadClock>,
+    finished: bool,
+}
+
+impl<B> ClockedRequest<B> {
+    /// Wraps a request body.
+    pub fn new(inner: B, clock: Arc<HeadClock>) -> Self {
+        ClockedRequest { inner, clock, finished: false }
+    }
+
+    fn finish(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            self.clock.body_finished();
+        }
+    }
+}
+
+impl<B> Drop for ClockedRequest<B> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for ClockedRequest<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(poll, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) || self.inner.is_end_stream() {
+            self.finish();
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -131,6 +206,8 @@ pub struct TimedIo {
     /// No request has been received on this connection yet.
     first: bool,
     timed_out: bool,
+    /// Written bytes not yet flushed: no 408 may be written into the middle of a response.
+    dirty: bool,
     metrics: Arc<ListenerMetrics>,
 }
 
@@ -146,6 +223,7 @@ impl TimedIo {
             partial: false,
             first: true,
             timed_out: false,
+            dirty: false,
             metrics,
         };
         (io, clock)
@@ -158,16 +236,16 @@ impl AsyncRead for TimedIo {
         if this.timed_out {
             return Poll::Ready(Ok(()));
         }
-        let waiting = this.clock.waiting.load(Relaxed);
+        let waiting = this.clock.waiting.load(SeqCst);
         if waiting {
-            if this.clock.restart.swap(false, Relaxed) {
+            if this.clock.restart.swap(false, SeqCst) {
                 this.sleep.as_mut().reset(Instant::now() + this.timeout);
                 this.partial = false;
                 this.first = false;
             }
             if this.sleep.as_mut().poll(cx).is_ready() {
                 this.timed_out = true;
-                if this.partial || this.first {
+                if (this.partial || this.first) && !this.dirty {
                     this.metrics.header_timeouts.fetch_add(1, Relaxed);
                     // Best effort: the socket's send buffer is empty between requests.
                     let _ = Pin::new(&mut this.io).poll_write(cx, TIMEOUT_RESPONSE);
@@ -189,11 +267,16 @@ impl AsyncRead for TimedIo {
 
 impl AsyncWrite for TimedIo {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.dirty = true;
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.dirty = false;
+        }
+        r
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -205,6 +288,7 @@ impl AsyncWrite for TimedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.dirty = true;
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 

@@ -62,7 +62,7 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
         drop(snap);
         drop(p);
         while running.join_next().await.is_some() {}
-        if shared.upgrade().is_none_or(|s| *s.shutdown.borrow()) {
+        if shared.upgrade().is_none_or(|s| *s.stop_accepting.borrow()) {
             return;
         }
         tokio::time::sleep(health.interval).await;
@@ -80,7 +80,7 @@ async fn probe(worker: &crate::pool::WorkerState, path: &str, timeout: Duration)
     }
     req.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
     let fut = async {
-        let (resp, _conn) = worker.upstream.send_fresh(req).await.ok()?;
+        let (resp, _conn) = worker.upstream.send(req, false).await.ok()?;
         let ok = resp.status().is_success();
         resp.into_body().collect().await.ok()?;
         Some(ok)

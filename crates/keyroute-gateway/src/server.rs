@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::body::ProxyBody;
 use crate::config::{Config, WorkerConfig};
 use crate::error::{GatewayError, ReloadError};
-use crate::listener::{self, Backoff, ClockedBody, OpenConn, TimedIo};
+use crate::listener::{self, Backoff, ClockedBody, ClockedRequest, OpenConn, TimedIo};
 use crate::metrics::ListenerMetrics;
 use crate::pool::Pool;
 use crate::proxy::{self, Front, ProxyService, headers::Via};
@@ -130,6 +130,7 @@ impl Gateway {
                 delay_ms: AtomicU64::new(config.shutdown_delay.as_millis() as u64),
                 grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
                 auth: AuthThrottle::default(),
+                reload: Mutex::new(()),
             }),
             listeners,
             admin,
@@ -239,12 +240,16 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
     };
     let permits = Arc::new(Semaphore::new(limit));
     let mut backoff = Backoff::default();
+    let mut at_limit = false;
     loop {
         let permit = match Arc::clone(&permits).try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
                 metrics.limited.fetch_add(1, Relaxed);
-                tracing::warn!(listener = %name, limit, "connection limit reached; accepting again when one closes");
+                if !at_limit {
+                    at_limit = true;
+                    tracing::warn!(listener = %name, limit, "connection limit reached; accepting again when one closes");
+                }
                 tokio::select! {
                     p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
                     _ = rx.wait_for(|stop| *stop) => return,
@@ -259,6 +264,9 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
         let (stream, remote) = match accepted {
             Ok(x) => {
                 backoff.reset();
+                if at_limit && permits.available_permits() > limit / 10 {
+                    at_limit = false;
+                }
                 x
             }
             Err(e) => {
@@ -268,7 +276,10 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
                     if first {
                         tracing::warn!(listener = %name, error = %e, "accept failed: out of resources; backing off");
                     }
-                    tokio::time::sleep(wait).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = rx.wait_for(|stop| *stop) => return,
+                    }
                 } else {
                     tracing::debug!(listener = %name, error = %e, "accept failed");
                 }
@@ -289,14 +300,22 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
         let shared = Arc::clone(&shared);
         let peer = Arc::new(proxy::Peer::new(remote));
         let svc = service_fn(move |req: Request<Incoming>| {
-            clock.head_received();
+            use hyper::body::Body as _;
+            clock.head_received(!req.body().is_end_stream());
             let shared = Arc::clone(&shared);
             let peer = Arc::clone(&peer);
             let clock = Arc::clone(&clock);
             async move {
                 let resp: Response<ProxyBody> = match index {
-                    Some(i) => proxy::handle(&shared.front, i, req, &peer).await,
-                    None => crate::admin::handle(&shared, req, peer.addr).await,
+                    Some(i) => {
+                        let req = req.map(|b| ClockedRequest::new(b, Arc::clone(&clock)));
+                        proxy::handle(&shared.front, i, req, &peer).await
+                    }
+                    None => {
+                        // The admin API reads its (small) bodies whole before it answers.
+                        clock.body_finished();
+                        crate::admin::handle(&shared, req, peer.addr).await
+                    }
                 };
                 Ok::<_, std::convert::Infallible>(resp.map(|b| ClockedBody::new(b, clock)))
             }
@@ -404,25 +423,35 @@ impl GatewayHandle {
             return Err(GatewayError::Reload(ReloadError::Admin));
         }
         check_no_self_workers(&config, &self.shared.own_addrs())?;
-        // Validate every pool's new membership before changing any.
-        for pc in &config.pools {
-            crate::pool::check(pc).map_err(GatewayError::Membership)?;
+        // One reload at a time (SIGHUP and --watch may coincide), and every pool's new table built
+        // before any is published: a reload applies whole or not at all.
+        let _one = self.shared.reload.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.shared.front.routing.load_full();
+        enum Next<'a> {
+            Kept(&'a Arc<Pool>, crate::pool::Prepared<'a>),
+            New(Arc<Pool>),
         }
+        let mut next = Vec::new();
+        for pc in &config.pools {
+            next.push(match old.pools.iter().find(|p| p.name == pc.name) {
+                Some(p) => Next::Kept(p, p.prepare(pc.clone()).map_err(GatewayError::Membership)?),
+                None => {
+                    Next::New(Arc::new(Pool::new(pc.clone(), self.shared.epoch).map_err(GatewayError::Membership)?))
+                }
+            });
+        }
+        let pools: Vec<Arc<Pool>> = next
+            .into_iter()
+            .map(|n| match n {
+                Next::Kept(p, prepared) => {
+                    p.commit(prepared);
+                    Arc::clone(p)
+                }
+                Next::New(p) => p,
+            })
+            .collect();
         self.shared.grace_ms.store(config.shutdown_grace.as_millis() as u64, Relaxed);
         self.shared.delay_ms.store(config.shutdown_delay.as_millis() as u64, Relaxed);
-        let old = self.shared.front.routing.load_full();
-        let mut pools = Vec::new();
-        for pc in &config.pools {
-            match old.pools.iter().find(|p| p.name == pc.name) {
-                Some(p) => {
-                    p.reconfigure(pc.clone()).map_err(GatewayError::Membership)?;
-                    pools.push(Arc::clone(p));
-                }
-                None => {
-                    pools.push(Arc::new(Pool::new(pc.clone(), self.shared.epoch).map_err(GatewayError::Membership)?))
-                }
-            }
-        }
         let routes = config.listeners.iter().map(|l| l.routes.clone()).collect();
         self.shared.front.routing.store(Arc::new(Routing { pools, routes }));
         {

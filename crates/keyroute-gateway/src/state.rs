@@ -27,21 +27,45 @@ pub(crate) const AUTH_FAILURES: u32 = 10;
 /// The window.
 pub(crate) const AUTH_WINDOW: Duration = Duration::from_secs(60);
 
+/// The key failures are counted under: the address, or its /64 for IPv6 (one host usually has a
+/// whole /64 to send from).
+fn throttle_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
+/// The most addresses the throttle remembers; past it, expired entries are dropped, and if all
+/// are live the oldest are. A valid token is still never learnt this way: a throttled address
+/// gets 429 whatever it sends.
+const THROTTLE_ENTRIES: usize = 10_000;
+
 impl AuthThrottle {
     /// Whether `ip` is over its failures now.
     pub(crate) fn blocked(&self, ip: IpAddr, now: Instant) -> bool {
         let map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&ip).is_some_and(|(n, since)| *n >= AUTH_FAILURES && now.duration_since(*since) < AUTH_WINDOW)
+        map.get(&throttle_key(ip))
+            .is_some_and(|(n, since)| *n >= AUTH_FAILURES && now.duration_since(*since) < AUTH_WINDOW)
     }
 
     /// Counts a failure from `ip`.
     pub(crate) fn fail(&self, ip: IpAddr, now: Instant) {
         self.failures.fetch_add(1, Relaxed);
         let mut map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= 10_000 {
+        if map.len() >= THROTTLE_ENTRIES {
             map.retain(|_, (_, since)| now.duration_since(*since) < AUTH_WINDOW);
+            if map.len() >= THROTTLE_ENTRIES {
+                let mut starts: Vec<Instant> = map.values().map(|(_, since)| *since).collect();
+                starts.sort_unstable();
+                let cut = starts[starts.len() / 2];
+                map.retain(|_, (_, since)| *since > cut);
+            }
         }
-        let e = map.entry(ip).or_insert((0, now));
+        let e = map.entry(throttle_key(ip)).or_insert((0, now));
         if now.duration_since(e.1) >= AUTH_WINDOW {
             *e = (0, now);
         }
@@ -72,6 +96,8 @@ pub(crate) struct Shared {
     pub(crate) delay_ms: AtomicU64,
     pub(crate) grace_ms: AtomicU64,
     pub(crate) auth: AuthThrottle,
+    /// Serialises reloads.
+    pub(crate) reload: Mutex<()>,
 }
 
 impl Shared {
@@ -89,7 +115,7 @@ pub(crate) fn ready(shared: &Shared) -> bool {
     !shared.not_ready.load(Relaxed)
         && shared.front.routing.load().pools.iter().all(|p| {
             let s = p.snapshot();
-            (0..s.workers.len()).any(|i| s.weight(i) > 0 && s.state(i, now) == State::Healthy)
+            (0..s.workers.len()).any(|i| s.weight(i) > 0 && matches!(s.state(i, now), State::Healthy | State::Stalled))
         })
 }
 
@@ -107,8 +133,16 @@ mod tests {
         }
         assert!(t.blocked(a, Instant::now()));
         assert!(!t.blocked(b, Instant::now()));
+        // IPv6 addresses of one /64 count together; an IPv4-mapped address is its IPv4 one.
+        let v6: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
+        for _ in 0..AUTH_FAILURES {
+            t.fail(v6, Instant::now());
+        }
+        assert!(t.blocked("2001:db8:1:2:ffff::9".parse().expect("ip"), Instant::now()));
+        assert!(!t.blocked("2001:db8:1:3::1".parse().expect("ip"), Instant::now()));
+        assert!(t.blocked("::ffff:10.0.0.1".parse().expect("ip"), Instant::now()));
         tokio::time::advance(AUTH_WINDOW).await;
         assert!(!t.blocked(a, Instant::now()));
-        assert_eq!(t.failures.load(Relaxed), u64::from(AUTH_FAILURES));
+        assert_eq!(t.failures.load(Relaxed), u64::from(2 * AUTH_FAILURES));
     }
 }

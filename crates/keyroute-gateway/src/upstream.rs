@@ -38,6 +38,9 @@ pub enum SendError {
     /// No connection could be made (refused, unreachable, connect timeout): the worker never saw
     /// the request.
     Connect(String),
+    /// The gateway itself is out of file descriptors or memory: nobody's fault but its own, and
+    /// never counted against the worker.
+    Local(String),
     /// The request may have reached the worker (the connection failed while sending or before the
     /// response headers). `reused` says it was a pooled connection, which the worker may have
     /// closed as idle just then: worth one more try on a fresh connection, for a replayable request.
@@ -53,6 +56,7 @@ impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SendError::Connect(why) => write!(f, "connect: {why}"),
+            SendError::Local(why) => write!(f, "local: {why}"),
             SendError::Request { error: e, .. } => {
                 write!(f, "{e}")?;
                 let mut cur = std::error::Error::source(e);
@@ -97,6 +101,9 @@ impl Upstream {
         let timeout = Duration::from_millis(self.connect_timeout_ms.load(Relaxed));
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
             Ok(Ok(s)) => s,
+            Ok(Err(e)) if crate::listener::is_resource_exhaustion(&e) => {
+                return Err(SendError::Local(format!("connecting to {}: {e}", self.addr)));
+            }
             Ok(Err(e)) => return Err(SendError::Connect(format!("{}: {e}", self.addr))),
             Err(_) => return Err(SendError::Connect(format!("{}: timed out after {timeout:?}", self.addr))),
         };
@@ -123,20 +130,29 @@ impl Upstream {
                 idle.clear();
                 return None;
             }
-            if !c.is_closed() {
+            // Closed, or still busy (its previous request's body is still going out): not for
+            // this request.
+            if c.is_ready() {
                 return Some(c);
             }
         }
         None
     }
 
-    /// Sends a request: on a pooled connection if one is alive, else on a new one. Returns the
-    /// response and the connection, to be checked in when the response body ends.
-    pub async fn send(&self, mut req: Request<ProxyBody>) -> Result<(Response<Incoming>, Conn), SendError> {
-        while let Some(mut conn) = self.take_idle() {
-            if conn.ready().await.is_err() {
-                continue;
-            }
+    /// Sends a request: on a pooled connection if one is alive and `reuse` allows it, else on a
+    /// new one. Returns the response and the connection, to be checked in when the response body
+    /// ends.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::Connect`] when no connection could be made, [`SendError::Local`] when the
+    /// gateway itself is out of descriptors or memory, [`SendError::Request`] otherwise.
+    pub async fn send(
+        &self,
+        mut req: Request<ProxyBody>,
+        reuse: bool,
+    ) -> Result<(Response<Incoming>, Conn), SendError> {
+        while reuse && let Some(mut conn) = self.take_idle() {
             match conn.try_send_request(req).await {
                 Ok(resp) => return Ok((resp, conn)),
                 Err(mut e) => match e.take_message() {
@@ -146,16 +162,6 @@ impl Upstream {
                 },
             }
         }
-        let mut conn = self.connect().await?;
-        match conn.send_request(req).await {
-            Ok(resp) => Ok((resp, conn)),
-            Err(e) => Err(SendError::Request { error: e, reused: false }),
-        }
-    }
-
-    /// Sends a request on a new connection, never a pooled one (health checks: a worker that
-    /// stops accepting connections must fail them even while old connections still work).
-    pub async fn send_fresh(&self, req: Request<ProxyBody>) -> Result<(Response<Incoming>, Conn), SendError> {
         let mut conn = self.connect().await?;
         match conn.send_request(req).await {
             Ok(resp) => Ok((resp, conn)),

@@ -327,3 +327,36 @@ async fn passive_ejection_never_takes_out_more_than_half_the_pool() {
     assert_eq!(ejected, 2, "{v}");
     gw.task.abort();
 }
+
+/// Review finding: a client's slow upload made its worker look stalled (new requests went
+/// elsewhere, or got 503 in a one-worker pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_never_makes_its_worker_look_stalled() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A worker that reads the whole body before it answers.
+    let w = RawBackend::start(Arc::new(|_, _| Some(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()))).await;
+    let gw = start_gateway(&config_for(&[w.addr], "", "")).await;
+    let addr = gw.addr;
+    let upload = tokio::spawn(async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"POST /thumb?k=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\n\r\n").await.expect("head");
+        // 12 bytes over 3 s: longer than the 2 s stall window.
+        for _ in 0..12 {
+            s.write_all(b"x").await.expect("byte");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let mut buf = vec![0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("answer").expect("read");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    });
+    // Nothing else reaches the worker meanwhile (any response would count as a sign of life).
+    while !upload.is_finished() {
+        assert_ne!(worker_info(&gw, "w1").await["state"], "stalled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(upload.await.expect("upload").starts_with("HTTP/1.1 200"));
+    assert_eq!(worker_info(&gw, "w1").await["ejections"], 0);
+    let (s, _, body) = get(&client(), &format!("http://{}/thumb?k=2", gw.addr)).await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, "ok"));
+    gw.task.abort();
+}

@@ -238,3 +238,59 @@ async fn raw_partial(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
     String::from_utf8_lossy(&buf).into_owned()
 }
+
+/// Review finding: after an early response, the rest of a slow upload was taken for a slow next
+/// head, and a 408 was written after the complete response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_after_an_early_response_is_not_a_slow_head() {
+    // A worker that answers at once, then goes on reading the body.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let waddr = listener.local_addr().expect("addr");
+    let worker = tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nw1").await.is_err() {
+                    return;
+                }
+                while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let text = config_for(&[waddr], "", "").replace(
+        "listen = \"127.0.0.1:0\"\n\n[[pool]]",
+        "listen = \"127.0.0.1:0\"\nheader_timeout_ms = 300\n\n[[pool]]",
+    );
+    let gw = start_gateway(&text).await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"POST /thumb?k=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 20\r\n\r\nfirst").await.expect("write");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\r\n\r\nw1") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("response").expect("read");
+        assert!(n > 0, "closed before the response");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    // The rest of the body, slowly: 15 bytes over 900 ms, three times the head timeout.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if s.write_all(b"xxxxx").await.is_err() {
+            break;
+        }
+    }
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut rest)).await;
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(!rest.contains("408"), "a 408 after a complete response: {rest:?}");
+    gw.task.abort();
+    worker.abort();
+}

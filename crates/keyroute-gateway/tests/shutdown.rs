@@ -89,3 +89,25 @@ async fn a_grace_period_that_cuts_requests_is_an_error() {
     assert!(matches!(result, Err(GatewayError::GraceExpired { connections: 1 })), "{result:?}");
     slow.abort();
 }
+
+/// Connections that never sent a request do not hold the shutdown until their head timeout, nor
+/// count as requests cut by a grace period shorter than it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_new_connections_do_not_hold_the_shutdown() {
+    let bs = backends(1).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let config = Config::parse(&config_text(&refs, "", "shutdown_grace_ms = 1000"), "t.toml").expect("valid");
+    let gw = Gateway::bind(config).await.expect("bind");
+    let (addr, handle) = (gw.local_addrs()[0], gw.handle());
+    let run = tokio::spawn(gw.run(std::future::pending()));
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    let (s, _, _) = get(&client(), &format!("http://{addr}/thumb?k=1")).await;
+    assert_eq!(s, StatusCode::OK);
+    handle.shutdown();
+    let result = tokio::time::timeout(Duration::from_secs(5), run).await.expect("stops").expect("task");
+    assert!(result.is_ok(), "{result:?}");
+    drop(idle);
+}

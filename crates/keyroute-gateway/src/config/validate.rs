@@ -50,6 +50,9 @@ impl Ctx<'_> {
     }
 }
 
+/// The longest ejection or stall window a configuration may set, in milliseconds.
+const DAY_MS: u64 = 86_400_000;
+
 fn ms(v: Option<&Spanned<u64>>, default: u64) -> Duration {
     Duration::from_millis(v.map_or(default, |s| *s.get_ref()))
 }
@@ -88,7 +91,8 @@ pub(super) fn field_at(src: &str, offset: usize) -> String {
 
 /// Whether two listen addresses would collide (same port, and the same IP or either a wildcard).
 fn collide(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    a.port() != 0 && a.port() == b.port() && (x == y || x.is_unspecified() || y.is_unspecified())
 }
 
 /// Whether `ip` is one of this machine's own addresses (loopback, a wildcard, or an address a
@@ -99,7 +103,9 @@ fn is_local(ip: IpAddr) -> bool {
 
 /// Whether a worker at `worker` would be the gateway itself, listening at `own`.
 pub(crate) fn points_at(worker: SocketAddr, own: SocketAddr) -> bool {
-    worker.port() == own.port() && (worker.ip() == own.ip() || (own.ip().is_unspecified() && is_local(worker.ip())))
+    // `::ffff:127.0.0.1` is 127.0.0.1, and `::` listens on IPv4 too.
+    let (w, o) = (worker.ip().to_canonical(), own.ip().to_canonical());
+    worker.port() == own.port() && (w == o || (o.is_unspecified() && is_local(w)))
 }
 
 /// One field of a worker that failed validation.
@@ -462,6 +468,17 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         let x = p.passive.as_ref();
         let base_ejection = ms(x.and_then(|x| x.base_ejection_ms.as_ref()), 10_000);
         let max_ejection = ms(x.and_then(|x| x.max_ejection_ms.as_ref()), 300_000);
+        for (v, name) in [
+            (x.and_then(|x| x.base_ejection_ms.as_ref()), "passive.base_ejection_ms"),
+            (x.and_then(|x| x.max_ejection_ms.as_ref()), "passive.max_ejection_ms"),
+            (x.and_then(|x| x.stall_ms.as_ref()), "passive.stall_ms"),
+        ] {
+            if let Some(v) = v
+                && *v.get_ref() > DAY_MS
+            {
+                return ctx.err(Some(v.span()), field(name), format!("must be at most {DAY_MS} (a day)"));
+            }
+        }
         if base_ejection > max_ejection {
             return ctx.err(
                 x.and_then(|x| x.base_ejection_ms.as_ref().or(x.max_ejection_ms.as_ref())).map(Spanned::span),
@@ -570,4 +587,23 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
         workers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_at_the_gateways_own_address_is_found_in_any_spelling() {
+        let own: SocketAddr = "127.0.0.1:9901".parse().expect("addr");
+        for w in ["127.0.0.1:9901", "[::ffff:127.0.0.1]:9901"] {
+            assert!(points_at(w.parse().expect("addr"), own), "{w}");
+        }
+        assert!(!points_at("127.0.0.1:9902".parse().expect("addr"), own));
+        let any: SocketAddr = "0.0.0.0:8080".parse().expect("addr");
+        for w in ["127.0.0.1:8080", "[::1]:8080", "[::ffff:127.0.0.1]:8080"] {
+            assert!(points_at(w.parse().expect("addr"), any), "{w}");
+        }
+        assert!(collide("[::ffff:127.0.0.1]:8080".parse().expect("addr"), "127.0.0.1:8080".parse().expect("addr")));
+    }
 }

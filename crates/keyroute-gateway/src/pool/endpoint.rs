@@ -137,6 +137,12 @@ impl WorkerState {
             && self.ms(now).saturating_sub(self.progress_ms.load(Relaxed)) > stall.as_millis() as u64
     }
 
+    /// When the worker will count as stalled if nothing arrives from it meanwhile (1 ms past the
+    /// window, as [`WorkerState::stalled`] needs more than the window).
+    pub fn stall_deadline(&self, stall: Duration) -> Instant {
+        self.epoch + Duration::from_millis(self.progress_ms.load(Relaxed)) + stall + Duration::from_millis(1)
+    }
+
     /// Counts a try waiting for headers until the returned guard drops.
     pub fn await_headers(self: &Arc<Self>, now: Instant) -> Awaiting {
         if self.awaiting.fetch_add(1, Relaxed) == 0 {
@@ -178,7 +184,8 @@ impl WorkerState {
     /// flight while the worker is ejected are ignored, and `may_eject = false` (the pool's
     /// ejection cap is reached) keeps counting without ejecting.
     pub fn observe_request(&self, ok: bool, may_eject: bool, now: Instant) -> Option<Duration> {
-        if ok {
+        // Read first: this line is shared with the in-flight count, written on every request.
+        if ok && self.truncating.load(Relaxed) {
             self.truncating.store(false, Relaxed);
         }
         if self.state_with(now, Duration::ZERO) == State::Ejected {
@@ -191,7 +198,7 @@ impl WorkerState {
         if !may_eject {
             return None;
         }
-        self.ejected_until_ms.store(self.ms(now) + ejection.as_millis() as u64, Relaxed);
+        self.ejected_until_ms.store(self.ms(now).saturating_add(ejection.as_millis() as u64), Relaxed);
         self.metrics.ejections.fetch_add(1, Relaxed);
         Some(ejection)
     }

@@ -119,6 +119,16 @@ pub struct Pool {
     epoch: Instant,
 }
 
+/// A reload's new snapshot for one pool, built and not yet published; the pool's change lock is
+/// held meanwhile.
+#[derive(Debug)]
+pub(crate) struct Prepared<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    old: Arc<Snapshot>,
+    next: Snapshot,
+    kept: Vec<Arc<WorkerState>>,
+}
+
 /// A member list with weights: what a change proposes, before it is built.
 type Members = Vec<(Arc<WorkerState>, u32)>;
 
@@ -218,14 +228,17 @@ impl Pool {
         })
     }
 
-    /// Replaces the configuration and members (a reload): workers with the same name, address and
-    /// zone keep their state; others are new. Nothing shared changes unless the new table builds.
+    /// A reload's change: new configuration and members; workers with the same name, address and
+    /// zone keep their state, others are new. Builds the snapshot a reload would publish, holding
+    /// the pool's change lock until it is
+    /// committed (or dropped, which changes nothing): a reload prepares every pool first, then
+    /// commits them all.
     ///
     /// # Errors
     ///
     /// A set the strategy refuses, or a table too large.
-    pub fn reconfigure(&self, config: PoolConfig) -> Result<u64, MembershipError> {
-        let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
+    pub(crate) fn prepare(&self, config: PoolConfig) -> Result<Prepared<'_>, MembershipError> {
+        let guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.snapshot();
         let mut kept = Vec::new();
         let members: Members = config
@@ -241,6 +254,12 @@ impl Pool {
             })
             .collect();
         let next = build(Arc::new(config), members, old.generation + 1, Some(&old))?;
+        Ok(Prepared { _guard: guard, old, next, kept })
+    }
+
+    /// Publishes a prepared snapshot; returns its generation.
+    pub(crate) fn commit(&self, prepared: Prepared<'_>) -> u64 {
+        let Prepared { _guard, old, next, kept } = prepared;
         for w in &kept {
             w.retune(&next.config);
         }
@@ -252,10 +271,10 @@ impl Pool {
         let old = self.snapshot();
         let members = edit(&old)?;
         let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
-        self.publish(&old, next)
+        Ok(self.publish(&old, next))
     }
 
-    fn publish(&self, old: &Snapshot, next: Snapshot) -> Result<u64, MembershipError> {
+    fn publish(&self, old: &Snapshot, next: Snapshot) -> u64 {
         // What share of the recently seen keys changes owner?
         let sample = self.recent.sample();
         let owner = |s: &Snapshot, h: u64| s.policy.owner(h).map(|i| s.workers[i].name.clone());
@@ -274,28 +293,12 @@ impl Pool {
             "membership changed"
         );
         self.snapshot.store(Arc::new(next));
-        Ok(generation)
+        generation
     }
 }
 
 fn members_of(snap: &Snapshot) -> Members {
     snap.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), snap.weight(i))).collect()
-}
-
-/// Whether a pool configuration's members can be placed (for example, jump hashing refuses
-/// weights): checked for every pool before a reload changes any.
-///
-/// # Errors
-///
-/// As [`Pool::new`].
-pub fn check(config: &PoolConfig) -> Result<(), MembershipError> {
-    let placement = |source| MembershipError::Placement { pool: config.name.clone(), source };
-    let nodes =
-        node_set(config.workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref()))).map_err(placement)?;
-    check_table_size(config.strategy, &config.options, &nodes)
-        .map_err(|message| MembershipError::TooLarge { pool: config.name.clone(), message })?;
-    Policy::build(config.strategy, nodes, &config.options).map_err(placement)?;
-    Ok(())
 }
 
 fn build(

@@ -72,14 +72,24 @@ impl Snapshot {
     }
 
     /// Chooses a worker for a key hash (or none, for p2c), skipping unavailable workers and those in
-    /// `tried`.
+    /// `tried`. Stalled workers are skipped too, unless no other worker is available: a stall
+    /// steers traffic away, it never empties a pool.
     pub fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
         let loads = |i: usize| self.workers.get(i).map_or(0, |w| w.in_flight());
-        let eligible = |i: usize| !tried.contains(&i) && self.state(i, now) == State::Healthy;
-        RNG.with(|rng| {
-            let mut rng = rng.borrow_mut();
-            self.policy.decide(hash, &loads, eligible, &mut *rng)
-        })
+        let pick = |ok: &dyn Fn(State) -> bool| {
+            let eligible = |i: usize| !tried.contains(&i) && ok(self.state(i, now));
+            RNG.with(|rng| {
+                let mut rng = rng.borrow_mut();
+                self.policy.decide(hash, &loads, eligible, &mut *rng)
+            })
+        };
+        pick(&|s| s == State::Healthy).or_else(|| pick(&|s| s == State::Stalled))
+    }
+
+    /// Whether a worker other than `node` (and those in `tried`) could take a request now.
+    pub fn has_other(&self, tried: &[usize], node: usize, now: Instant) -> bool {
+        (0..self.workers.len())
+            .any(|i| i != node && !tried.contains(&i) && self.weight(i) > 0 && self.state(i, now) == State::Healthy)
     }
 
     /// Whether passive ejection may take out one more worker: at most half the pool, since past

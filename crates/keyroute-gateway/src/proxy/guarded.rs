@@ -25,9 +25,19 @@ use crate::upstream::Conn;
 pub struct Upload {
     failed: AtomicBool,
     done: AtomicBool,
+    /// The last poll of the client's body found no data yet: the upload waits on the client
+    /// (rather than on the worker, which stops polling it when it stops reading).
+    waiting_on_client: AtomicBool,
+    /// The request came without a body.
+    empty: AtomicBool,
 }
 
 impl Upload {
+    /// Whether the upload, when last polled, was waiting for the client's bytes.
+    pub fn waiting_on_client(&self) -> bool {
+        self.waiting_on_client.load(Relaxed)
+    }
+
     /// The client's body failed: its error, not the worker's.
     pub fn failed(&self) -> bool {
         self.failed.load(Relaxed)
@@ -36,6 +46,11 @@ impl Upload {
     /// The client's body was read to its end.
     pub fn done(&self) -> bool {
         self.done.load(Relaxed)
+    }
+
+    /// The request had no body to send.
+    pub fn nothing_sent(&self) -> bool {
+        self.empty.load(Relaxed)
     }
 }
 
@@ -48,7 +63,14 @@ pub struct ClientBody<B> {
 
 impl<B> ClientBody<B> {
     /// Wraps a body; `upload` records how it ends.
-    pub fn new(inner: B, upload: Arc<Upload>) -> Self {
+    pub fn new(inner: B, upload: Arc<Upload>) -> Self
+    where
+        B: Body,
+    {
+        if inner.is_end_stream() {
+            upload.empty.store(true, Relaxed);
+            upload.done.store(true, Relaxed);
+        }
         ClientBody { inner, upload }
     }
 }
@@ -62,7 +84,9 @@ where
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        self.upload.waiting_on_client.store(poll.is_pending(), Relaxed);
+        match poll {
             Poll::Ready(Some(Err(e))) => {
                 self.upload.failed.store(true, Relaxed);
                 Poll::Ready(Some(Err(e.into())))
@@ -109,6 +133,7 @@ struct Finish {
     worker: Arc<WorkerState>,
     snapshot: Arc<Snapshot>,
     status: u16,
+    upload: Arc<Upload>,
 }
 
 impl Guarded {
@@ -121,8 +146,9 @@ impl Guarded {
         worker: Arc<WorkerState>,
         snapshot: Arc<Snapshot>,
         status: u16,
+        upload: Arc<Upload>,
     ) -> Self {
-        let mut g = Guarded { inner, state: Some(Finish { guard, conn, worker, snapshot, status }) };
+        let mut g = Guarded { inner, state: Some(Finish { guard, conn, worker, snapshot, status, upload }) };
         if g.inner.is_end_stream() {
             g.complete();
         }
@@ -137,13 +163,23 @@ impl Guarded {
                 f.worker.observe_request(true, false, tokio::time::Instant::now());
             }
             drop(f.guard);
-            f.worker.upstream.checkin(f.conn);
+            // A connection whose request body is still going out (the worker answered early) is
+            // not reusable yet: drop it rather than make the next request wait behind the upload.
+            if f.upload.done() || f.upload.nothing_sent() {
+                f.worker.upstream.checkin(f.conn);
+            }
         }
     }
 
     /// The worker's body failed mid-way: an upstream failure.
     fn fail(&mut self, error: &hyper::Error) {
         if let Some(f) = self.state.take() {
+            // The client's own upload broke the exchange, or a 5xx already counted as a failure:
+            // nothing more against the worker.
+            if f.upload.failed() || f.status >= 500 {
+                f.worker.metrics.record_class(Some(f.status));
+                return;
+            }
             f.worker.metrics.record_class(None);
             f.worker.metrics.truncated.fetch_add(1, Relaxed);
             let may_eject = f.snapshot.may_eject();

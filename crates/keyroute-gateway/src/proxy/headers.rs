@@ -7,8 +7,10 @@
 //!   is not a valid authority, is refused with 400 — so the host a route matched is always the one
 //!   the worker sees.
 //! - **The path** is normalised before routing (dot segments removed, RFC 3986 section 5.2.4,
-//!   with `%2e` read as `.`), and the normalised path is what the worker receives, so
-//!   `/thumb/../admin` can neither match a `/thumb/` route nor reach `/admin` behind it.
+//!   with `%2e` read as `.` and `;params` ignored), and the normalised path is what the worker
+//!   receives, so `/thumb/../admin` can neither match a `/thumb/` route nor reach `/admin` behind
+//!   it. A path with a backslash or an encoded slash or backslash (`%2F`, `%5C`) is refused with
+//!   400: servers disagree on what it means.
 //! - **Hop-by-hop headers** (RFC 9110 section 7.6.1) are not forwarded, nor the headers that
 //!   `Connection` names.
 //! - **Framing**: a message that came chunked loses any Content-Length (RFC 9112 section 6.3), in
@@ -107,6 +109,14 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
     if hosts.next().is_some() {
         return Err(BadHead::DuplicateHost);
     }
+    // Even with an absolute-form target, an HTTP/1.1 request must carry one valid Host
+    // (RFC 9112 section 3.2); the target's authority then replaces it.
+    match first {
+        Some(h) if valid_authority(h.to_str().map_err(|_| BadHead::InvalidHost)?) => {}
+        Some(_) => return Err(BadHead::InvalidHost),
+        None if version == Version::HTTP_11 => return Err(BadHead::MissingHost),
+        None => {}
+    }
     match uri.authority() {
         // Absolute form: its authority wins and replaces Host (RFC 9112 section 3.2.2).
         Some(a) => {
@@ -117,18 +127,18 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
             headers.insert(header::HOST, v);
         }
         // Origin form: the one Host stays as it is, once it is known to be valid.
-        None => match first {
-            Some(h) if valid_authority(h.to_str().map_err(|_| BadHead::InvalidHost)?) => {}
-            Some(_) => return Err(BadHead::InvalidHost),
-            None if version == Version::HTTP_11 => return Err(BadHead::MissingHost),
-            None => {}
-        },
+        None => {}
     }
     let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
     let (path, query) = match pq.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (pq, None),
     };
+    // Encoded slashes and backslashes (raw or encoded) mean different paths to different
+    // servers: a route must not match one reading and the worker act on another.
+    if path.contains('\\') || has_escape(path, b'2', b'f') || has_escape(path, b'5', b'c') {
+        return Err(BadHead::InvalidTarget);
+    }
     let path = if path.is_empty() || path == "*" { Cow::Borrowed(path) } else { normalize_path(path) };
     let origin_form = uri.scheme().is_none() && uri.authority().is_none();
     if origin_form && matches!(path, Cow::Borrowed(_)) {
@@ -176,8 +186,15 @@ pub fn host_of(headers: &HeaderMap) -> Option<&str> {
     Some(h.rsplit_once(':').map_or(h, |(host, _)| host))
 }
 
-/// 1 for a `.` segment, 2 for `..`, 0 otherwise, with `%2e`/`%2E` read as `.`.
+/// Whether `path` holds the escape `%` `hi` `lo` (either case of the letter).
+fn has_escape(path: &str, hi: u8, lo: u8) -> bool {
+    path.as_bytes().windows(3).any(|w| w[0] == b'%' && w[1] == hi && w[2].to_ascii_lowercase() == lo)
+}
+
+/// 1 for a `.` segment, 2 for `..`, 0 otherwise, with `%2e`/`%2E` read as `.` and any `;params`
+/// ignored (`..;x` is `..` to servlet containers).
 fn dots(segment: &str) -> usize {
+    let segment = segment.split_once(';').map_or(segment, |(s, _)| s);
     let b = segment.as_bytes();
     let (mut i, mut n) = (0, 0);
     while i < b.len() {
@@ -373,7 +390,7 @@ mod tests {
             Ok(("/x?y=1".into(), Some("a.example".into())))
         );
         assert_eq!(
-            canon(Version::HTTP_11, "http://a.example:8080", &[]),
+            canon(Version::HTTP_11, "http://a.example:8080", &["x"]),
             Ok(("/".into(), Some("a.example:8080".into())))
         );
         assert_eq!(canon(Version::HTTP_11, "http://u@a.example/x", &["a.example"]), Err(BadHead::InvalidTarget));
@@ -406,9 +423,21 @@ mod tests {
             ("/..", "/"),
             ("/a/..b/c", "/a/..b/c"),
             ("/plain/path", "/plain/path"),
+            ("/thumb/..;/admin", "/admin"),
+            ("/thumb/.;x/a", "/thumb/a"),
         ] {
             assert_eq!(canon(Version::HTTP_11, raw, &["h"]).map(|(u, _)| u), Ok(want.to_owned()), "{raw}");
         }
+    }
+
+    #[test]
+    fn ambiguous_slashes_are_refused() {
+        for raw in ["/thumb/..%2fadmin", "/thumb/..%2Fadmin", "/thumb/..%5cadmin", "/thumb/a%5Cb", "/thumb/..\\admin"] {
+            assert_eq!(canon(Version::HTTP_11, raw, &["h"]), Err(BadHead::InvalidTarget), "{raw}");
+        }
+        // Absolute form still needs a valid Host on HTTP/1.1.
+        assert_eq!(canon(Version::HTTP_11, "http://a.example/x", &[]), Err(BadHead::MissingHost));
+        assert_eq!(canon(Version::HTTP_11, "http://a.example/x", &["a b"]), Err(BadHead::InvalidHost));
     }
 
     #[test]

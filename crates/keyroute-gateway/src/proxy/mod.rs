@@ -44,9 +44,6 @@ use crate::pool::{InFlight, Pool, Snapshot, Unavailable, WorkerState};
 use crate::routing::Routing;
 use crate::upstream::SendError;
 
-/// How often a try waiting for response headers looks at whether its worker has stalled.
-const STALL_POLL: Duration = Duration::from_millis(100);
-
 /// What the request path shares with the rest of the gateway.
 #[derive(Debug)]
 pub(crate) struct Front {
@@ -144,7 +141,8 @@ impl Failure {
 enum Try {
     Answered(Response<ProxyBody>),
     Failed(Failure),
-    /// The client's upload failed or stalled: answered without blaming the worker.
+    /// Not the worker's fault (the client's upload failed or stalled, or the gateway ran out of
+    /// resources): answered without blaming the worker, and not retried.
     ClientFault(Response<ProxyBody>),
 }
 
@@ -215,11 +213,7 @@ where
             id,
             may_abandon: replayable && idempotent(&parts.method) && attempt + 1 < attempts,
             // Abandon a stalled worker only when there is somewhere else to go (asked only then).
-            elsewhere: &|| {
-                let mut skip = tried.clone();
-                skip.push(decision.node);
-                snap.decide(hash, &skip, Instant::now()).is_some()
-            },
+            elsewhere: &|| snap.has_other(&tried, decision.node, Instant::now()),
         };
         match try_once(ctx, &mut body).await {
             Try::Answered(resp) => {
@@ -290,7 +284,7 @@ struct TryCtx<'a> {
     target: &'a Uri,
     per_try: Duration,
     replayable: bool,
-    upload: &'a Upload,
+    upload: &'a Arc<Upload>,
     id: &'a str,
     may_abandon: bool,
     elsewhere: &'a (dyn Fn() -> bool + Sync),
@@ -300,12 +294,15 @@ struct TryCtx<'a> {
 async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
     let TryCtx { snap, worker, parts, target, per_try, replayable, upload, id, may_abandon, elsewhere } = ctx;
     let guard = InFlight::new(Arc::clone(worker));
-    let waiting = worker.await_headers(Instant::now());
+    // Only a request without a body waits on the worker alone from the start; one with a body may
+    // be waiting on its client's upload, which must never make the worker look stalled.
+    let waiting = replayable.then(|| worker.await_headers(Instant::now()));
     let sent = Instant::now();
-    let stall = snap.config.passive.stall;
+    let stall = if may_abandon { snap.config.passive.stall } else { Duration::ZERO };
     // One more try on a fresh connection to the same worker when a pooled connection failed
     // under a replayable, idempotent request: the worker may just have closed it as idle.
     let mut fresh_retry = replayable && idempotent(&parts.method);
+    let mut fresh = false;
     let until = sent + per_try;
     let result = loop {
         let mut upstream = Request::new(body.take().unwrap_or_else(body::empty));
@@ -317,14 +314,15 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         {
             upstream.headers_mut().insert(header::HOST, v);
         }
-        let send = worker.upstream.send(upstream);
+        let send = worker.upstream.send(upstream, !fresh);
         tokio::pin!(send);
         let r = loop {
-            let poll_until =
-                if may_abandon && !stall.is_zero() { (Instant::now() + STALL_POLL).min(until) } else { until };
+            // Wake at the try's deadline, or when the worker would have stalled (re-read after
+            // each wake: any response from it moves that moment on).
+            let wake = if stall.is_zero() { until } else { worker.stall_deadline(stall).min(until) };
             tokio::select! {
                 r = &mut send => break Ok(r),
-                _ = tokio::time::sleep_until(poll_until) => {
+                _ = tokio::time::sleep_until(wake) => {
                     let now = Instant::now();
                     if now >= until {
                         break Err(Failure::Timeout);
@@ -336,7 +334,10 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
             }
         };
         match r {
-            Ok(Err(SendError::Request { reused: true, .. })) if fresh_retry => fresh_retry = false,
+            Ok(Err(SendError::Request { reused: true, .. })) if fresh_retry => {
+                fresh_retry = false;
+                fresh = true;
+            }
             r => break r,
         }
     };
@@ -360,7 +361,15 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
             {
                 head.headers.insert(h.clone(), v);
             }
-            let guarded = Guarded::new(incoming, guard, conn, Arc::clone(worker), Arc::clone(snap), status.as_u16());
+            let guarded = Guarded::new(
+                incoming,
+                guard,
+                conn,
+                Arc::clone(worker),
+                Arc::clone(snap),
+                status.as_u16(),
+                Arc::clone(upload),
+            );
             return Try::Answered(Response::from_parts(head, guarded.boxed_unsync()));
         }
         // The client's upload broke: its fault, whatever the connection then reported.
@@ -373,12 +382,24 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
                 id,
             ));
         }
-        Err(Failure::Timeout) if !replayable && !upload.done() => {
+        // Still uploading at the timeout, because the client was slow to send (not because the
+        // worker stopped reading): the client's fault.
+        Err(Failure::Timeout) if !replayable && !upload.done() && upload.waiting_on_client() => {
             tracing::debug!(request_id = %id, worker = %worker.name, "the client's upload was still incomplete at the timeout");
             return Try::ClientFault(body::error(
                 StatusCode::REQUEST_TIMEOUT,
                 "the request body did not arrive in time",
                 "request_body_timeout",
+                id,
+            ));
+        }
+        // The gateway is out of descriptors or memory: nobody's fault but its own.
+        Ok(Err(SendError::Local(why))) => {
+            tracing::error!(request_id = %id, worker = %worker.name, error = %why, "cannot open an upstream connection");
+            return Try::ClientFault(body::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the gateway is out of resources",
+                "gateway_overloaded",
                 id,
             ));
         }
@@ -389,7 +410,7 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
                     worker.metrics.connect_errors.fetch_add(1, Relaxed);
                     Failure::Connect(why)
                 }
-                e @ SendError::Request { .. } => Failure::Upstream(e.to_string()),
+                e => Failure::Upstream(e.to_string()),
             }
         }
         Err(f) => {
