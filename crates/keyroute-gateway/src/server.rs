@@ -428,13 +428,13 @@ impl GatewayHandle {
         let _one = self.shared.reload.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.shared.front.routing.load_full();
         enum Next<'a> {
-            Kept(&'a Arc<Pool>, crate::pool::Prepared<'a>),
+            Kept(&'a Arc<Pool>, Box<crate::pool::Prepared<'a>>),
             New(Arc<Pool>),
         }
         let mut next = Vec::new();
         for pc in &config.pools {
             next.push(match old.pools.iter().find(|p| p.name == pc.name) {
-                Some(p) => Next::Kept(p, p.prepare(pc.clone()).map_err(GatewayError::Membership)?),
+                Some(p) => Next::Kept(p, Box::new(p.prepare(pc.clone()).map_err(GatewayError::Membership)?)),
                 None => {
                     Next::New(Arc::new(Pool::new(pc.clone(), self.shared.epoch).map_err(GatewayError::Membership)?))
                 }
@@ -444,7 +444,7 @@ impl GatewayHandle {
             .into_iter()
             .map(|n| match n {
                 Next::Kept(p, prepared) => {
-                    p.commit(prepared);
+                    p.commit(*prepared);
                     Arc::clone(p)
                 }
                 Next::New(p) => p,

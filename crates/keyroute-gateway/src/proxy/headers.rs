@@ -117,17 +117,14 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
         None if version == Version::HTTP_11 => return Err(BadHead::MissingHost),
         None => {}
     }
-    match uri.authority() {
-        // Absolute form: its authority wins and replaces Host (RFC 9112 section 3.2.2).
-        Some(a) => {
-            if !matches!(uri.scheme_str(), Some("http" | "https")) || !valid_authority(a.as_str()) {
-                return Err(BadHead::InvalidTarget);
-            }
-            let v = HeaderValue::try_from(a.as_str()).map_err(|_| BadHead::InvalidHost)?;
-            headers.insert(header::HOST, v);
+    // Absolute form: its authority wins and replaces Host (RFC 9112 section 3.2.2). In origin
+    // form, the one Host stays as it is.
+    if let Some(a) = uri.authority() {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || !valid_authority(a.as_str()) {
+            return Err(BadHead::InvalidTarget);
         }
-        // Origin form: the one Host stays as it is, once it is known to be valid.
-        None => {}
+        let v = HeaderValue::try_from(a.as_str()).map_err(|_| BadHead::InvalidHost)?;
+        headers.insert(header::HOST, v);
     }
     let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
     let (path, query) = match pq.split_once('?') {
