@@ -353,7 +353,17 @@ async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Re
         .collect()
         .await
         .map_err(|_| fail(StatusCode::BAD_REQUEST, "the body could not be read (at most 64 KiB)"))?;
-    serde_json::from_slice(&body.to_bytes()).map_err(|e| fail(StatusCode::BAD_REQUEST, format!("the body: {e}")))
+    parse_object(&body.to_bytes()).map_err(|e| fail(StatusCode::BAD_REQUEST, format!("the body: {e}")))
+}
+
+/// A JSON object into `T` (serde would also take an array of the fields in order; the API takes
+/// objects only).
+fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if !v.is_object() {
+        return Err("must be a JSON object".into());
+    }
+    serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
 fn describe(p: &Pool) -> serde_json::Value {
@@ -419,8 +429,11 @@ mod tests {
     fn admin_bodies_refuse_unknown_fields() {
         assert!(serde_json::from_str::<PatchWorker>(r#"{"weight": 2, "colour": "red"}"#).is_err());
         assert!(serde_json::from_str::<AddWorker>(r#"{"name": "a", "address": "127.0.0.1:1", "wieght": 2}"#).is_err());
-        let add: AddWorker = serde_json::from_str(r#"{"name": "a", "address": "127.0.0.1:1"}"#).expect("valid");
+        let add: AddWorker = parse_object(br#"{"name": "a", "address": "127.0.0.1:1"}"#).expect("valid");
         assert_eq!(add.weight, 1);
+        // Found by fuzzing: serde also took arrays of the fields.
+        assert!(parse_object::<AddWorker>(br#"["w7", "127.0.0.1:9007", 2, "a"]"#).is_err());
+        assert!(parse_object::<PatchWorker>(b"[7]").is_err());
     }
 }
 
@@ -434,12 +447,12 @@ pub mod fuzzing {
     /// Parses a `POST /workers` body and validates the worker against `own` addresses (host
     /// names are not resolved); returns whether it was accepted. Never panics.
     pub fn add_worker(body: &[u8], own: &[std::net::SocketAddr]) -> bool {
-        let Ok(add) = serde_json::from_slice::<AddWorker>(body) else { return false };
+        let Ok(add) = super::parse_object::<AddWorker>(body) else { return false };
         validate_worker_with(&add.name, &add.address, add.weight, add.zone.as_deref(), own, |_| None).is_ok()
     }
 
     /// Parses a `PATCH /workers/NAME` body; returns the weight if valid.
     pub fn patch_worker(body: &[u8]) -> Option<u32> {
-        serde_json::from_slice::<PatchWorker>(body).ok().map(|p| p.weight)
+        super::parse_object::<PatchWorker>(body).ok().map(|p| p.weight)
     }
 }

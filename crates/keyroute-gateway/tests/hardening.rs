@@ -294,3 +294,23 @@ async fn an_upload_after_an_early_response_is_not_a_slow_head() {
     gw.task.abort();
     worker.abort();
 }
+
+/// Found by fuzzing: a GET with a chunked body reached the worker without it (hyper sends no
+/// body for a GET without framing headers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_keeps_its_framing_whatever_the_method() {
+    let echo = RawBackend::start(std::sync::Arc::new(|head: &str, _: &[u8]| {
+        let body = head.to_ascii_lowercase();
+        Some(format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes())
+    }))
+    .await;
+    let gw = start_gateway(&config_for(&[echo.addr], "", "")).await;
+    for method in ["GET", "POST"] {
+        let req = format!(
+            "{method} /thumb?k=1 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let resp = raw(gw.addr, req.as_bytes()).await;
+        assert!(resp.starts_with("HTTP/1.1 200") && resp.contains("transfer-encoding: chunked"), "{method}: {resp}");
+    }
+    gw.task.abort();
+}

@@ -311,6 +311,12 @@ weight = 2
         let err = Config::parse("[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nname = \"x\"\n", "k.toml")
             .expect_err("no listen");
         assert_eq!((err.line, err.field.as_str()), (Some(3), "listener.listen"), "{err}");
+        // Found by fuzzing: a comment after a table header ended up in the field.
+        let err = Config::parse("[admin] # the admin API\ncolour = \"red\"\n", "k.toml").expect_err("unknown");
+        assert_eq!(err.field, "admin.colour", "{err}");
+        let err = Config::parse("[[listener]]  # public\nlisten = \"127.0.0.1:0\"\ncolour = 1\n", "k.toml")
+            .expect_err("unknown");
+        assert_eq!(err.field, "listener.colour", "{err}");
         // Found by fuzzing: a lone `[` named the field "".
         for text in ["[", "[[", "[]", "[[]]\n"] {
             let err = Config::parse(text, "k.toml").expect_err("not TOML");

@@ -72,8 +72,11 @@ pub(super) fn field_at(src: &str, offset: usize) -> String {
     let start = src[..offset].rfind('\n').map_or(0, |i| i + 1);
     let end = src[offset..].find('\n').map_or(src.len(), |i| offset + i);
     let line = src[start..end].trim();
+    // `[table]` or `[[array]]`, maybe followed by a comment: the name is what the brackets hold.
     let header = |l: &str| {
-        let name = l.strip_prefix('[')?.trim_matches(|c| c == '[' || c == ']').trim();
+        let inner = l.strip_prefix('[')?;
+        let inner = inner.strip_prefix('[').unwrap_or(inner);
+        let name = inner.split(']').next().unwrap_or("").trim();
         (!name.is_empty()).then(|| name.to_owned())
     };
     if let Some(t) = header(line) {

@@ -61,6 +61,23 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether the request's `Content-Length` values (if any) are one valid number that agrees with
+/// the body's exact length, when that is known.
+pub fn framing_ok(headers: &HeaderMap, exact: Option<u64>) -> bool {
+    let mut length = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        let Some(n) = v.to_str().ok().and_then(|t| t.trim().parse::<u64>().ok()) else { return false };
+        if length.is_some_and(|l| l != n) {
+            return false;
+        }
+        length = Some(n);
+    }
+    match (length, exact) {
+        (Some(l), Some(e)) => l == e,
+        _ => true,
+    }
+}
+
 /// Why a request's head was refused before routing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BadHead {
@@ -435,6 +452,19 @@ mod tests {
         // Absolute form still needs a valid Host on HTTP/1.1.
         assert_eq!(canon(Version::HTTP_11, "http://a.example/x", &[]), Err(BadHead::MissingHost));
         assert_eq!(canon(Version::HTTP_11, "http://a.example/x", &["a b"]), Err(BadHead::InvalidHost));
+    }
+
+    #[test]
+    fn content_lengths_must_agree() {
+        let mut h = HeaderMap::new();
+        assert!(framing_ok(&h, Some(3)));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        assert!(framing_ok(&h, Some(3)) && framing_ok(&h, None));
+        assert!(!framing_ok(&h, Some(4)));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("4"));
+        assert!(!framing_ok(&h, None));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static(""));
+        assert!(!framing_ok(&h, None));
     }
 
     #[test]

@@ -88,6 +88,11 @@ where
         tracing::warn!(request_id = %id, client = %peer.addr, "request looped back to this gateway");
         return body::error(StatusCode::LOOP_DETECTED, "the request looped back to this gateway", "loop", &id);
     }
+    // The listener's parser has checked the framing already; a caller of `ProxyService::call`
+    // may not have.
+    if !headers::framing_ok(&parts.headers, body.size_hint().exact()) {
+        return body::error(StatusCode::BAD_REQUEST, "the Content-Length is invalid", "invalid_content_length", &id);
+    }
     if let Err(bad) = headers::canonicalize(parts.version, &mut parts.uri, &mut parts.headers) {
         tracing::debug!(request_id = %id, client = %peer.addr, reason = bad.reason(), "bad request head");
         return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), &id);
@@ -172,6 +177,11 @@ where
 
     // The upstream request's fixed parts.
     headers::strip_hop_by_hop(&mut parts.headers);
+    // A body whose length is not known (it came chunked) goes on chunked: hyper would otherwise
+    // send a GET or HEAD without it.
+    if !body.is_end_stream() && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+        parts.headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
     headers::add_forwarded(&mut parts.headers, peer);
     shared.via.append(&mut parts.headers);
     if let Ok(v) = HeaderValue::try_from(id) {
