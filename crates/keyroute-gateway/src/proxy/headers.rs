@@ -47,9 +47,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         if HOP_BY_HOP.contains(name) || name == header::TRANSFER_ENCODING {
             drop.push(name.clone());
             if name == header::CONNECTION {
-                let listed = value.to_str().ok().into_iter().flat_map(|v| v.split(','));
+                // As bytes: a value with non-ASCII bytes in it still names the headers it lists.
+                let listed = value.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii);
                 // `Connection: host` must not strip the Host header an HTTP/1.1 request needs.
-                drop.extend(listed.filter_map(|n| HeaderName::try_from(n.trim()).ok()).filter(|n| n != header::HOST));
+                drop.extend(listed.filter_map(|n| HeaderName::from_bytes(n).ok()).filter(|n| n != header::HOST));
             }
             if name == header::TRANSFER_ENCODING {
                 drop.push(header::CONTENT_LENGTH);
@@ -480,6 +481,12 @@ mod tests {
         assert!(!h.contains_key(header::TRANSFER_ENCODING));
         assert!(!h.contains_key("x-secret"));
         assert!(h.contains_key(header::HOST));
+        // Found by fuzzing: a Connection value with non-ASCII bytes was not read at all.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_bytes(b"x-secret, caf\xc3\xa9").expect("value"));
+        h.insert("x-secret", HeaderValue::from_static("s"));
+        strip_hop_by_hop(&mut h);
+        assert!(!h.contains_key("x-secret"));
     }
 
     #[test]
