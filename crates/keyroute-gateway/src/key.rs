@@ -37,6 +37,17 @@ enum Part {
     Cookie(String),
 }
 
+/// Why a key template was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// The template text itself (an unknown placeholder, an unclosed `{`, a bad header name).
+    #[error("{0}")]
+    Template(String),
+    /// A normalisation name.
+    #[error("{0}")]
+    Normalize(String),
+}
+
 /// A template part the request did not have.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MissingPart(pub String);
@@ -48,7 +59,7 @@ impl KeyTemplate {
     ///
     /// An unknown placeholder, an unclosed `{`, an invalid header name, or an unknown normalisation,
     /// as a message naming it.
-    pub fn parse(template: &str, normalize: &[String]) -> Result<Self, String> {
+    pub fn parse(template: &str, normalize: &[String]) -> Result<Self, TemplateError> {
         let mut parts = Vec::new();
         let mut lit = String::new();
         let mut chars = template.chars().peekable();
@@ -62,20 +73,20 @@ impl KeyTemplate {
                     chars.next();
                     lit.push('}');
                 }
-                '}' => return Err("unmatched '}' (write '}}' for a literal brace)".into()),
+                '}' => return Err(TemplateError::Template("unmatched '}' (write '}}' for a literal brace)".into())),
                 '{' => {
                     let mut name = String::new();
                     loop {
                         match chars.next() {
                             Some('}') => break,
                             Some(c) => name.push(c),
-                            None => return Err(format!("unclosed placeholder '{{{name}'")),
+                            None => return Err(TemplateError::Template(format!("unclosed placeholder '{{{name}'"))),
                         }
                     }
                     if !lit.is_empty() {
                         parts.push(Part::Literal(std::mem::take(&mut lit)));
                     }
-                    parts.push(placeholder(&name)?);
+                    parts.push(placeholder(&name).map_err(TemplateError::Template)?);
                 }
                 c => lit.push(c),
             }
@@ -88,7 +99,11 @@ impl KeyTemplate {
             match n.as_str() {
                 "lowercase" => lowercase = true,
                 "decode" => decode = true,
-                other => return Err(format!("unknown normalisation '{other}' (expected lowercase or decode)")),
+                other => {
+                    return Err(TemplateError::Normalize(format!(
+                        "unknown normalisation '{other}' (expected lowercase or decode)"
+                    )));
+                }
             }
         }
         Ok(KeyTemplate { parts, lowercase, decode, source: template.to_owned() })
@@ -260,8 +275,8 @@ mod tests {
             ("{query.}", "unknown placeholder"),
         ] {
             let err = KeyTemplate::parse(t, &[]).expect_err(t);
-            assert!(err.contains(needle), "{t}: {err}");
+            assert!(matches!(&err, TemplateError::Template(m) if m.contains(needle)), "{t}: {err}");
         }
-        assert!(KeyTemplate::parse("{path}", &["upper".into()]).is_err());
+        assert!(matches!(KeyTemplate::parse("{path}", &["upper".into()]), Err(TemplateError::Normalize(_))));
     }
 }

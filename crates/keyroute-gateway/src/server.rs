@@ -290,9 +290,13 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
         let open = OpenConn::new(&metrics);
         let (io, clock) = TimedIo::new(stream, timeout, Arc::clone(&metrics));
         let mut builder = http1::Builder::new();
+        builder.max_buf_size(max_buf.max(8192));
+        // hyper parses into an inline array of 100 headers unless told another count, and then
+        // fills a vector of that size for every request: set it only when it differs.
+        if max_headers != 100 {
+            builder.max_headers(max_headers);
+        }
         builder
-            .max_buf_size(max_buf.max(8192))
-            .max_headers(max_headers)
             .writev(false)
             .timer(TokioTimer::new())
             // The head timeout is TimedIo's, which answers 408.

@@ -382,12 +382,13 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
     let key = match KeyTemplate::parse(&key_text, &normalize) {
         Ok(k) => k,
         Err(e) => {
-            let (span, f) = if e.contains("normalisation") {
-                (p.normalize.as_ref().map(Spanned::span), field("normalize"))
-            } else {
-                (p.key.as_ref().map(Spanned::span), field("key"))
+            let (span, f) = match &e {
+                crate::key::TemplateError::Normalize(_) => {
+                    (p.normalize.as_ref().map(Spanned::span), field("normalize"))
+                }
+                crate::key::TemplateError::Template(_) => (p.key.as_ref().map(Spanned::span), field("key")),
             };
-            return ctx.err(span, f, e);
+            return ctx.err(span, f, e.to_string());
         }
     };
     let on_missing_key = match p.on_missing_key.as_ref().map(|s| s.get_ref().as_str()) {

@@ -203,6 +203,15 @@ impl WorkerState {
         Some(ejection)
     }
 
+    /// A complete response that is not a 5xx: the failure streak starts over (no clock needed).
+    pub fn observe_success(&self) {
+        if self.truncating.load(Relaxed) {
+            self.truncating.store(false, Relaxed);
+        }
+        let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+        m.1.observe(true);
+    }
+
     /// Applies a reloaded pool's health, ejection and connect settings, keeping the current state.
     pub(crate) fn retune(&self, pool: &PoolConfig) {
         let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());

@@ -160,7 +160,7 @@ impl Guarded {
         if let Some(f) = self.state.take() {
             f.worker.metrics.record_class(Some(f.status));
             if f.status < 500 {
-                f.worker.observe_request(true, false, tokio::time::Instant::now());
+                f.worker.observe_success();
             }
             drop(f.guard);
             // A connection whose request body is still going out (the worker answered early) is

@@ -306,8 +306,8 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
     let guard = InFlight::new(Arc::clone(worker));
     // Only a request without a body waits on the worker alone from the start; one with a body may
     // be waiting on its client's upload, which must never make the worker look stalled.
-    let waiting = replayable.then(|| worker.await_headers(Instant::now()));
     let sent = Instant::now();
+    let waiting = replayable.then(|| worker.await_headers(sent));
     let stall = if may_abandon { snap.config.passive.stall } else { Duration::ZERO };
     // One more try on a fresh connection to the same worker when a pooled connection failed
     // under a replayable, idempotent request: the worker may just have closed it as idle.
@@ -352,15 +352,16 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         }
     };
     drop(waiting);
-    let latency = sent.elapsed();
+    let arrived = Instant::now();
+    let latency = arrived.saturating_duration_since(sent);
     let failure = match result {
         Ok(Ok((resp, conn))) => {
-            worker.headers_arrived(Instant::now());
+            worker.headers_arrived(arrived);
             let status = resp.status();
             worker.metrics.record_latency(latency);
             if status.is_server_error() {
                 // A 5xx is complete as a failure now; a success is settled when its body ends.
-                if worker.observe_request(false, snap.may_eject(), Instant::now()).is_some() {
+                if worker.observe_request(false, snap.may_eject(), arrived).is_some() {
                     tracing::warn!(worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive failures (5xx)");
                 }
             }
@@ -429,7 +430,7 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         }
     };
     worker.metrics.record_latency(latency);
-    if let Some(ejection) = worker.observe_request(false, snap.may_eject(), Instant::now()) {
+    if let Some(ejection) = worker.observe_request(false, snap.may_eject(), arrived) {
         tracing::warn!(worker = %worker.name, ejection_ms = ejection.as_millis() as u64, failure = %failure, "worker ejected after consecutive failures");
     }
     Try::Failed(failure)
