@@ -151,7 +151,6 @@ pub(crate) fn validate_worker(
     zone: Option<&str>,
     own: &[SocketAddr],
 ) -> Result<WorkerConfig, WorkerFieldError> {
-    let resolve = |a: &str| a.to_socket_addrs().ok().and_then(|mut it| it.next());
     validate_worker_with(name, address, weight, zone, own, resolve)
 }
 
@@ -171,12 +170,8 @@ pub(crate) fn validate_worker_with(
         check_label("zone", z)?;
     }
     let bad_address = |message: String| WorkerFieldError { field: "address", message };
-    let addr = match address.parse::<SocketAddr>() {
-        Ok(a) => a,
-        Err(_) => match resolve(address) {
-            Some(a) => a,
-            None => return Err(bad_address(format!("'{}' is not an address (host:port)", address.escape_debug()))),
-        },
+    let Some(addr) = socket_addr(address, resolve) else {
+        return Err(bad_address(format!("'{}' is not an address (host:port)", address.escape_debug())));
     };
     if addr.ip().is_unspecified() || addr.ip().is_multicast() || addr.port() == 0 {
         return Err(bad_address(format!("{addr} is not an address a worker can listen at")));
@@ -323,14 +318,21 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     })
 }
 
+/// A host name resolved now (the first address), for `host:port` values.
+fn resolve(text: &str) -> Option<SocketAddr> {
+    text.to_socket_addrs().ok().and_then(|mut it| it.next())
+}
+
+/// An `ip:port`, else a `host:port` resolved by `resolve`.
+fn socket_addr(text: &str, resolve: impl Fn(&str) -> Option<SocketAddr>) -> Option<SocketAddr> {
+    text.parse::<SocketAddr>().ok().or_else(|| resolve(text))
+}
+
 fn parse_addr(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<SocketAddr, ConfigError> {
     let text = s.get_ref();
-    if let Ok(a) = text.parse::<SocketAddr>() {
-        return Ok(a);
-    }
-    match text.to_socket_addrs().map(|mut it| it.next()) {
-        Ok(Some(a)) => Ok(a),
-        _ => ctx.err(Some(s.span()), field, format!("'{text}' is not an address (host:port)")),
+    match socket_addr(text, resolve) {
+        Some(a) => Ok(a),
+        None => ctx.err(Some(s.span()), field, format!("'{text}' is not an address (host:port)")),
     }
 }
 

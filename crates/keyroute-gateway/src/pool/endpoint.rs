@@ -179,21 +179,18 @@ impl WorkerState {
         t
     }
 
-    /// Feeds a request outcome at `now` (`ok` = a complete response that is not a 5xx); returns the
-    /// ejection length if this outcome ejects the worker. Outcomes of requests that were in
+    /// Feeds a failure at `now` (a connect error, a timeout, a stall, a 5xx, a body cut short);
+    /// returns the ejection length if it ejects the worker. Failures of requests that were in
     /// flight while the worker is ejected are ignored, and `may_eject = false` (the pool's
-    /// ejection cap is reached) keeps counting without ejecting.
-    pub fn observe_request(&self, ok: bool, may_eject: bool, now: Instant) -> Option<Duration> {
-        // Read first: this line is shared with the in-flight count, written on every request.
-        if ok && self.truncating.load(Relaxed) {
-            self.truncating.store(false, Relaxed);
-        }
+    /// ejection cap is reached) keeps counting without ejecting. Successes go to
+    /// [`WorkerState::observe_success`].
+    pub fn observe_failure(&self, may_eject: bool, now: Instant) -> Option<Duration> {
         if self.state_with(now, Duration::ZERO) == State::Ejected {
             return None;
         }
         let ejection = {
             let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
-            m.1.observe(ok)
+            m.1.observe(false)
         }?;
         if !may_eject {
             return None;
@@ -275,27 +272,23 @@ mod tests {
         let (w, _) =
             worker("[pool.passive]\nconsecutive_failures = 2\nbase_ejection_ms = 1000\nmax_ejection_ms = 5000");
         let now = Instant::now();
-        assert_eq!(w.observe_request(false, true, now), None);
-        assert_eq!(w.observe_request(false, true, now), Some(Duration::from_secs(1)));
+        assert_eq!(w.observe_failure(true, now), None);
+        assert_eq!(w.observe_failure(true, now), Some(Duration::from_secs(1)));
         assert_eq!(w.state_with(now, Duration::ZERO), State::Ejected);
         // Outcomes of requests still in flight while ejected are ignored.
-        assert_eq!(w.observe_request(false, true, now), None);
+        assert_eq!(w.observe_failure(true, now), None);
         tokio::time::advance(Duration::from_millis(999)).await;
         assert_eq!(w.state_with(Instant::now(), Duration::ZERO), State::Ejected);
         tokio::time::advance(Duration::from_millis(2)).await;
         let now = Instant::now();
         assert_eq!(w.state_with(now, Duration::ZERO), State::Healthy);
-        w.observe_request(false, true, now);
-        assert_eq!(
-            w.observe_request(false, true, now),
-            Some(Duration::from_secs(2)),
-            "the second ejection in a row doubles"
-        );
+        w.observe_failure(true, now);
+        assert_eq!(w.observe_failure(true, now), Some(Duration::from_secs(2)), "the second ejection in a row doubles");
         // The pool's cap: counted, not ejected.
         tokio::time::advance(Duration::from_secs(3)).await;
         let now = Instant::now();
-        w.observe_request(false, false, now);
-        assert_eq!(w.observe_request(false, false, now), None);
+        w.observe_failure(false, now);
+        assert_eq!(w.observe_failure(false, now), None);
         assert_eq!(w.state_with(now, Duration::ZERO), State::Healthy);
     }
 

@@ -30,7 +30,7 @@ use keyroute::Policy;
 use tokio::time::Instant;
 
 pub use self::endpoint::{InFlight, State, WorkerState};
-pub use self::snapshot::{Snapshot, Unavailable};
+pub use self::snapshot::Snapshot;
 use crate::config::{PoolConfig, WorkerConfig};
 use crate::metrics::PoolMetrics;
 use crate::table::{check_table_size, node_set};

@@ -42,6 +42,24 @@ impl fmt::Display for Unavailable {
     }
 }
 
+impl Unavailable {
+    /// The public reason class of a 503.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unavailable::NoWorkers => "pool_empty",
+            Unavailable::AllDrained => "all_weights_zero",
+            Unavailable::All(state) => match state {
+                State::Unhealthy => "all_unhealthy",
+                State::Ejected => "all_ejected",
+                State::Draining => "all_draining",
+                State::Stalled => "all_stalled",
+                State::Healthy => "all_tried",
+            },
+            Unavailable::Mixed { .. } => "all_unavailable",
+        }
+    }
+}
+
 /// Everything a request needs from its pool, swapped atomically.
 #[derive(Debug)]
 pub struct Snapshot {

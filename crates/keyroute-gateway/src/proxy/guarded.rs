@@ -28,8 +28,6 @@ pub struct Upload {
     /// The last poll of the client's body found no data yet: the upload waits on the client
     /// (rather than on the worker, which stops polling it when it stops reading).
     waiting_on_client: AtomicBool,
-    /// The request came without a body.
-    empty: AtomicBool,
 }
 
 impl Upload {
@@ -47,11 +45,6 @@ impl Upload {
     pub fn done(&self) -> bool {
         self.done.load(Relaxed)
     }
-
-    /// The request had no body to send.
-    pub fn nothing_sent(&self) -> bool {
-        self.empty.load(Relaxed)
-    }
 }
 
 /// The client's request body on its way upstream. See the [module documentation](self).
@@ -67,8 +60,8 @@ impl<B> ClientBody<B> {
     where
         B: Body,
     {
+        // No body at all: nothing left to upload.
         if inner.is_end_stream() {
-            upload.empty.store(true, Relaxed);
             upload.done.store(true, Relaxed);
         }
         ClientBody { inner, upload }
@@ -165,7 +158,7 @@ impl Guarded {
             drop(f.guard);
             // A connection whose request body is still going out (the worker answered early) is
             // not reusable yet: drop it rather than make the next request wait behind the upload.
-            if f.upload.done() || f.upload.nothing_sent() {
+            if f.upload.done() {
                 f.worker.upstream.checkin(f.conn);
             }
         }
@@ -184,7 +177,7 @@ impl Guarded {
             f.worker.metrics.truncated.fetch_add(1, Relaxed);
             let may_eject = f.snapshot.may_eject();
             let first = f.worker.note_truncation();
-            if let Some(ejection) = f.worker.observe_request(false, may_eject, tokio::time::Instant::now()) {
+            if let Some(ejection) = f.worker.observe_failure(may_eject, tokio::time::Instant::now()) {
                 tracing::warn!(worker = %f.worker.name, ejection_ms = ejection.as_millis() as u64, "worker ejected after consecutive failures (responses cut short)");
             } else if first {
                 tracing::warn!(worker = %f.worker.name, error = %error, "worker cut a response short");

@@ -29,7 +29,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Body;
 use keyroute::Spill;
@@ -40,7 +40,7 @@ pub use self::headers::{Peer, REQUEST_ID};
 use crate::body::{self, BoxError, ProxyBody};
 use crate::config::MissingKey;
 use crate::metrics::Outcome;
-use crate::pool::{InFlight, Pool, Snapshot, Unavailable, WorkerState};
+use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
 use crate::routing::Routing;
 use crate::upstream::SendError;
 
@@ -187,7 +187,6 @@ where
     if let Ok(v) = HeaderValue::try_from(id) {
         parts.headers.insert(REQUEST_ID.clone(), v);
     }
-    let target: Uri = parts.uri.clone();
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
     let retry = &snap.config.retry;
@@ -198,7 +197,7 @@ where
     let mut last: Option<Failure> = None;
 
     for attempt in 0..attempts {
-        let now = Instant::now();
+        let now = if attempt == 0 { started } else { Instant::now() };
         if now >= deadline {
             last = last.or(Some(Failure::Timeout));
             break;
@@ -216,7 +215,6 @@ where
             snap: &snap,
             worker: &worker,
             parts: &parts,
-            target: &target,
             per_try: retry.per_try_timeout.min(deadline - now),
             replayable,
             upload: &upload,
@@ -291,7 +289,6 @@ struct TryCtx<'a> {
     snap: &'a Arc<Snapshot>,
     worker: &'a Arc<WorkerState>,
     parts: &'a Parts,
-    target: &'a Uri,
     per_try: Duration,
     replayable: bool,
     upload: &'a Arc<Upload>,
@@ -302,7 +299,7 @@ struct TryCtx<'a> {
 
 /// Steps 4 to 6 for one worker.
 async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
-    let TryCtx { snap, worker, parts, target, per_try, replayable, upload, id, may_abandon, elsewhere } = ctx;
+    let TryCtx { snap, worker, parts, per_try, replayable, upload, id, may_abandon, elsewhere } = ctx;
     let guard = InFlight::new(Arc::clone(worker));
     // Only a request without a body waits on the worker alone from the start; one with a body may
     // be waiting on its client's upload, which must never make the worker look stalled.
@@ -317,7 +314,7 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
     let result = loop {
         let mut upstream = Request::new(body.take().unwrap_or_else(body::empty));
         *upstream.method_mut() = parts.method.clone();
-        *upstream.uri_mut() = target.clone();
+        *upstream.uri_mut() = parts.uri.clone();
         *upstream.headers_mut() = parts.headers.clone();
         if !upstream.headers().contains_key(header::HOST)
             && let Ok(v) = HeaderValue::try_from(worker.address.to_string())
@@ -361,7 +358,7 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
             worker.metrics.record_latency(latency);
             if status.is_server_error() {
                 // A 5xx is complete as a failure now; a success is settled when its body ends.
-                if worker.observe_request(false, snap.may_eject(), arrived).is_some() {
+                if worker.observe_failure(snap.may_eject(), arrived).is_some() {
                     tracing::warn!(worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive failures (5xx)");
                 }
             }
@@ -430,26 +427,8 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         }
     };
     worker.metrics.record_latency(latency);
-    if let Some(ejection) = worker.observe_request(false, snap.may_eject(), arrived) {
+    if let Some(ejection) = worker.observe_failure(snap.may_eject(), arrived) {
         tracing::warn!(worker = %worker.name, ejection_ms = ejection.as_millis() as u64, failure = %failure, "worker ejected after consecutive failures");
     }
     Try::Failed(failure)
-}
-
-impl Unavailable {
-    /// The public reason class of a 503.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Unavailable::NoWorkers => "pool_empty",
-            Unavailable::AllDrained => "all_weights_zero",
-            Unavailable::All(state) => match state {
-                crate::pool::State::Unhealthy => "all_unhealthy",
-                crate::pool::State::Ejected => "all_ejected",
-                crate::pool::State::Draining => "all_draining",
-                crate::pool::State::Stalled => "all_stalled",
-                crate::pool::State::Healthy => "all_tried",
-            },
-            Unavailable::Mixed { .. } => "all_unavailable",
-        }
-    }
 }

@@ -62,40 +62,24 @@ impl Backend {
         let listener = TcpListener::bind(self.addr).await.expect("bind backend");
         self.addr = listener.local_addr().expect("addr");
         let mut tasks = JoinSet::new();
-        let arrived = Arc::clone(&self.arrived);
-        let (name, served, current, peak, delay, healthy) = (
-            self.name.clone(),
-            Arc::clone(&self.served),
-            Arc::clone(&self.current),
-            Arc::clone(&self.peak),
-            Arc::clone(&self.delay_ms),
-            Arc::clone(&self.healthy),
-        );
+        let h = Handles {
+            name: self.name.clone(),
+            served: Arc::clone(&self.served),
+            arrived: Arc::clone(&self.arrived),
+            current: Arc::clone(&self.current),
+            peak: Arc::clone(&self.peak),
+            delay: Arc::clone(&self.delay_ms),
+            healthy: Arc::clone(&self.healthy),
+        };
         let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
         let conns2 = Arc::clone(&conns);
         let accept = tasks.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { return };
-                let arrived = Arc::clone(&arrived);
-                let (name, served, current, peak, delay, healthy) = (
-                    name.clone(),
-                    Arc::clone(&served),
-                    Arc::clone(&current),
-                    Arc::clone(&peak),
-                    Arc::clone(&delay),
-                    Arc::clone(&healthy),
-                );
+                let h = h.clone();
                 conns2.lock().await.spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let arrived = Arc::clone(&arrived);
-                        let (name, served, current, peak, delay, healthy) = (
-                            name.clone(),
-                            Arc::clone(&served),
-                            Arc::clone(&current),
-                            Arc::clone(&peak),
-                            Arc::clone(&delay),
-                            Arc::clone(&healthy),
-                        );
+                        let Handles { name, served, arrived, current, peak, delay, healthy } = h.clone();
                         async move {
                             if req.uri().path() == "/healthz" {
                                 let status =
@@ -161,6 +145,18 @@ impl Backend {
             t.abort_all();
         }
     }
+}
+
+/// A backend's counters and settings, cloned into each connection and request.
+#[derive(Clone)]
+struct Handles {
+    name: String,
+    served: Arc<AtomicU64>,
+    arrived: Arc<AtomicU64>,
+    current: Arc<AtomicU64>,
+    peak: Arc<AtomicU64>,
+    delay: Arc<AtomicU64>,
+    healthy: Arc<AtomicBool>,
 }
 
 /// A running gateway under test.
