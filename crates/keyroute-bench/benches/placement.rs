@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use keyroute::hash::{RandomSource, SplitMix64};
-use keyroute::{HashRing, JumpHash, Maglev, Node, NodeSet, Placement, Ranking, Rendezvous, SlotTable};
+use keyroute::{HashRing, JumpHash, Maglev, MovePlan, Node, NodeSet, Placement, Ranking, Rendezvous, SlotTable};
 
 const SIZES: [usize; 3] = [8, 80, 1000];
 
@@ -215,9 +215,13 @@ fn build(c: &mut Criterion) {
     });
     let slots = SlotTable::new(node_set(100, false));
     let grown = node_set(101, false);
-    g.bench_function("slots-rebalance/n=100->101", |b| {
+    g.bench_function("slots/n=8", |b| {
+        let set = node_set(8, false);
+        b.iter(|| SlotTable::new(black_box(set.clone())))
+    });
+    g.bench_function("slots-plan/n=100->101", |b| {
         b.iter(|| {
-            let (_, plan) = slots.rebalance(black_box(grown.clone()));
+            let plan = MovePlan::between(&slots, &SlotTable::new(black_box(grown.clone())));
             assert!(!plan.is_empty());
         })
     });

@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// Where each key goes: one line per key, `KEY<TAB>NODE` (then a tab and each further replica).
     Place(PlaceArgs),
+    /// The slot moves between two node sets: one line per slot, `SLOT<TAB>FROM<TAB>TO`.
+    SlotPlan(SlotPlanArgs),
     /// Simulations: what moves, what balances, what a fleet does under each strategy.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -196,6 +198,19 @@ pub struct PlaceArgs {
     pub json: bool,
     /// Keys to place; without any, keys are read from standard input, one per line.
     pub keys: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SlotPlanArgs {
+    /// The nodes before the change: NAME[:weight=W][:zone=Z],...
+    #[arg(long)]
+    pub before: String,
+    /// The nodes after the change.
+    #[arg(long)]
+    pub after: String,
+    /// One JSON object per line instead of tab-separated text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Where the keys of an analysis come from.

@@ -3,10 +3,10 @@
 use std::io::{BufRead, BufWriter, Write};
 
 use anyhow::Result;
-use keyroute::{NodeSet, Table, ZoneAware};
+use keyroute::{MovePlan, NodeSet, SlotTable, Table, ZoneAware};
 
 use crate::Usage;
-use crate::cli::{PlaceArgs, parse_nodes};
+use crate::cli::{PlaceArgs, SlotPlanArgs, parse_nodes};
 
 pub fn run(args: &PlaceArgs) -> Result<()> {
     let strategy = args.strategy.strategy()?;
@@ -74,4 +74,31 @@ fn placed<'a>(table: &Table, nodes: &'a NodeSet, hash: u64, k: usize, zone_aware
     } else {
         table.ranked_hash(hash).take(k).map(names).collect()
     }
+}
+
+/// `keyroute slot-plan`: the difference of the two sets' slot tables (each a function of its set
+/// alone), one move per line, and a summary on standard error.
+pub fn slot_plan(args: &SlotPlanArgs) -> Result<()> {
+    let before = SlotTable::new(parse_nodes("--before", &args.before)?);
+    let after = SlotTable::new(parse_nodes("--after", &args.after)?);
+    let plan = MovePlan::between(&before, &after);
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    for m in &plan.moves {
+        let from = m.from.as_deref();
+        if args.json {
+            serde_json::to_writer(&mut out, &serde_json::json!({ "slot": m.slot, "from": from, "to": m.to }))?;
+            out.write_all(b"\n")?;
+        } else {
+            writeln!(out, "{}\t{}\t{}", m.slot, from.unwrap_or("-"), m.to)?;
+        }
+    }
+    out.flush()?;
+    eprintln!(
+        "{} of {} slots move ({:.2}%)",
+        plan.len(),
+        keyroute::slots::SLOT_COUNT,
+        100.0 * plan.len() as f64 / keyroute::slots::SLOT_COUNT as f64
+    );
+    Ok(())
 }

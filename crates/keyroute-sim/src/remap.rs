@@ -1,7 +1,7 @@
 //! `sim remap`: what moves when the node set changes.
 //!
-//! For every key, its owner before and after the change (the after-table is *rebuilt from* the
-//! before-table, as a running system would: slot tables rebalance rather than reassign). Reported:
+//! For every key, its owner before and after the change (each table a function of its node set
+//! alone, as every gateway builds it). Reported:
 //! the keys that moved and where (the from -> to matrix), the ideal (the least any placement must
 //! move: the total variation between the weight shares before and after, e.g. `1/(n+1)` when a node
 //! joins `n` equal ones), and with a traffic log, the share of *requests* whose key moved, which is

@@ -21,7 +21,7 @@ fn main() -> Result<(), keyroute::Error> {
         ("modulo", Strategy::Modulo, Options::default()),
     ] {
         let Some(b) = Table::build(strategy, before.clone(), &options)? else { continue };
-        // A membership change rebuilds from the previous table (slot tables rebalance).
+        // A membership change builds the table of the new set.
         let a = b.rebuild(after.clone(), &options)?;
         let mut counts = [0u32; 3];
         let (mut moved, mut elsewhere) = (0u32, 0u32);

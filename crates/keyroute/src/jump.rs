@@ -17,6 +17,10 @@
 //!   renumbers every later bucket and moves most keys. So a node that fails in the middle must be
 //!   handled by failover, not by removal: keyroute keeps a drained node (weight 0) in its position
 //!   and sends its keys on along the key's fallback ranking, moving only that node's keys.
+//! - **A function of the set.** Bucket `b` is the `b`-th node in the canonical order of the names
+//!   ([`NodeSet::canonical`]: by name, numbers compared as numbers), not in listing order, so
+//!   `shard-0, ..., shard-10` are buckets 0 to 10 however they are listed, and a new shard that
+//!   sorts last is the new last bucket.
 //! - **No weights.** Jump hashing has no notion of weight; nodes must have weight 1 (or 0, drained).
 //!
 //! # Cost
@@ -54,7 +58,8 @@ pub fn jump_consistent_hash(mut key: u64, buckets: u32) -> u32 {
     b.max(0) as u32
 }
 
-/// A jump-hash table over a node list: node `i` is bucket `i`. See the [module documentation](self).
+/// A jump-hash table over a node set: bucket `b` is the `b`-th node in canonical name order. See the
+/// [module documentation](self).
 ///
 /// A node of weight 0 keeps its bucket, but its keys go on to the next node of the key's fallback
 /// ranking (weighted rendezvous over the other live nodes), so draining a node moves only its keys.
@@ -73,6 +78,8 @@ pub fn jump_consistent_hash(mut key: u64, buckets: u32) -> u32 {
 pub struct JumpHash {
     nodes: NodeSet,
     hasher: KeyHasher,
+    /// Bucket -> node index, or empty when the nodes are listed in canonical order (identity).
+    order: Box<[u32]>,
     fallback: Rendezvous,
 }
 
@@ -102,8 +109,9 @@ impl JumpHash {
                 ),
             ));
         }
+        let order = if nodes.is_canonical() { Vec::new() } else { nodes.canonical_indices() };
         let fallback = Rendezvous::with_hasher(nodes.clone(), hasher);
-        Ok(JumpHash { nodes, hasher, fallback })
+        Ok(JumpHash { nodes, hasher, order: order.into(), fallback })
     }
 }
 
@@ -122,7 +130,10 @@ impl Placement for JumpHash {
         if self.nodes.is_empty() {
             return None;
         }
-        let b = jump_consistent_hash(hash, self.nodes.len() as u32) as usize;
+        let mut b = jump_consistent_hash(hash, self.nodes.len() as u32) as usize;
+        if let Some(&i) = self.order.get(b) {
+            b = i as usize;
+        }
         if self.nodes.nodes()[b].is_live() {
             return Some(b);
         }

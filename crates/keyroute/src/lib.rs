@@ -16,8 +16,8 @@
 //! | `rendezvous` | [`Rendezvous`] | minimal movement; best balance; weights by the log method; ranked list | `O(n)`, ~0.5 ns/node | cache-affine fleets up to a few hundred nodes (the default) |
 //! | `ring` | [`HashRing`] | minimal movement; balance `~1/sqrt(V)`; preference list | `O(1)` (bucket index) | thousands of nodes; ring-compatible clients; replication |
 //! | `maglev` | [`Maglev`] | near-perfect balance; small excess movement | `O(1)`, one read | lookup-heavy balancers, connection hashing |
-//! | `jump` | [`JumpHash`] | perfect balance; minimal movement if only the last bucket changes | `O(ln n)`, no memory | numbered shards that only grow |
-//! | `slots` | [`SlotTable`] | balance within one slot; explicit minimal move plans | `O(1)` | sharded stores; Redis Cluster |
+//! | `jump` | [`JumpHash`] | perfect balance; minimal movement if only the last bucket (in name order) changes | `O(ln n)`, no memory | numbered shards that only grow |
+//! | `slots` | [`SlotTable`] | rendezvous over 16,384 slots, no node above `s + 3 sqrt(s)`; explicit move plans | `O(1)` | sharded stores; Redis Cluster |
 //! | `modulo` | [`Modulo`] | balance; **no** stability (`N/(N+1)` of keys move) | `O(1)` | fixed fleets; the control in experiments |
 //! | `bounded-ring`, `bounded-rendezvous` | [`BoundedLoad`] | no node above `ceil((1+e) x mean)` while any has room | ranking walk | hot keys on a cache-affine fleet |
 //! | `affinity` | [`choices::affinity`] | less loaded of the key's top two | two scores | locality and load at once |
@@ -29,7 +29,10 @@
 //!
 //! - A [`Node`] has a name (its identity for hashing), a weight (0 = drained: owns nothing) and an
 //!   optional zone; a [`NodeSet`] is a validated set of them.
-//! - Each hash strategy is an **immutable table** built from a node set. A membership or weight
+//! - Each hash strategy is an **immutable table** built from a node set, and a **function of the
+//!   set alone**: the same names and weights give the same placement whatever order they are
+//!   listed in or history they came from, on every process (tested through random join, leave and
+//!   reweight histories). A membership or weight
 //!   change builds a new table, and whoever serves lookups swaps it in atomically (never edit a
 //!   table that others read). Builds are fast enough to run on every change.
 //! - Lookups are **total**: an empty set, or one whose nodes are all drained, answers `None`.
@@ -62,7 +65,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod error;
-mod node;
+pub mod node;
 mod strategy;
 
 pub mod bounded;

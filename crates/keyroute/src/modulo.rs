@@ -23,7 +23,8 @@
 //! the control in an experiment. Otherwise use [`Rendezvous`] or
 //! [`HashRing`](crate::HashRing).
 //!
-//! Node order matters: node `i` is remainder `i` (of the slots, in listing order).
+//! The remainders are numbered in the canonical order of the names ([`NodeSet::canonical`]), not in
+//! the order the nodes are listed, so the table is a function of the member set.
 
 use crate::hash::KeyHasher;
 use crate::rendezvous::Fallback;
@@ -47,7 +48,8 @@ pub const MAX_SLOTS: u64 = 1 << 24;
 pub struct Modulo {
     nodes: NodeSet,
     hasher: KeyHasher,
-    /// One entry per unit of weight, or empty when every live weight is 1 and no node is drained.
+    /// One entry per unit of weight in canonical order, or empty when every weight is 1 and the
+    /// nodes are listed in canonical order (then remainder `i` is node `i`).
     slots: Box<[u32]>,
     fallback: Rendezvous,
 }
@@ -74,15 +76,14 @@ impl Modulo {
                 format!("modulo over a total weight of {} is above the limit of {MAX_SLOTS}", nodes.total_weight()),
             ));
         }
-        let plain = nodes.nodes().iter().all(|n| n.weight() == 1);
+        let plain = nodes.nodes().iter().all(|n| n.weight() == 1) && nodes.is_canonical();
         let slots = if plain {
             Vec::new()
         } else {
             nodes
-                .nodes()
-                .iter()
-                .enumerate()
-                .flat_map(|(i, n)| std::iter::repeat_n(i as u32, n.weight() as usize))
+                .canonical_indices()
+                .into_iter()
+                .flat_map(|i| std::iter::repeat_n(i, nodes.nodes()[i as usize].weight() as usize))
                 .collect()
         };
         let fallback = Rendezvous::with_hasher(nodes.clone(), hasher);

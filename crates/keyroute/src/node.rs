@@ -1,10 +1,13 @@
 //! Node identity: a name, a weight and an optional zone, and the validated set a table is built from.
 //!
 //! A node's **name** is its identity for placement: every strategy hashes names, never addresses or
-//! positions, so two gateways that list the same nodes place every key the same way. (Exceptions,
-//! documented on each: [`Modulo`](crate::Modulo) and [`JumpHash`](crate::JumpHash) number their
-//! buckets in the order the nodes are given, and a [`SlotTable`](crate::SlotTable) keeps its own
-//! assignment.)
+//! positions, so two gateways that list the same nodes place every key the same way. Two
+//! primitives number their buckets by position instead, [`Modulo`](crate::Modulo) and
+//! [`JumpHash`](crate::JumpHash); [`NodeSet::canonical`] orders a set by name (numbers in names
+//! compared as numbers, so `shard-9` comes before `shard-10`), and
+//! [`Table::build`](crate::Table::build) builds every strategy from the canonical order, so every
+//! table it builds is a function of the member set alone, whatever order or history the members
+//! came in.
 //!
 //! A **weight** is a non-negative integer; a node's share of keys is proportional to it. Weight 0
 //! means *drained*: the node stays in the set (so its index is stable and it can come back) but owns
@@ -299,6 +302,42 @@ impl NodeSet {
         self.inner.zone_count as usize
     }
 
+    /// The same nodes in canonical order: by name, with runs of digits compared as numbers
+    /// ([`canonical_cmp`]). Free when the set is already in that order.
+    ///
+    /// Every strategy built from the canonical order is a function of the member set alone; this is
+    /// the order [`Table::build`](crate::Table::build) uses.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let set = keyroute::NodeSet::parse("shard-10,shard-9,b,a")?;
+    /// assert_eq!(set.canonical().to_string(), "a,b,shard-9,shard-10");
+    /// # Ok::<(), keyroute::Error>(())
+    /// ```
+    pub fn canonical(&self) -> NodeSet {
+        if self.is_canonical() {
+            return self.clone();
+        }
+        let mut nodes = self.nodes().to_vec();
+        nodes.sort_by(|a, b| canonical_cmp(a.name(), b.name()));
+        // The same names, reordered: still unique.
+        NodeSet::try_new(nodes).unwrap_or_else(|_| self.clone())
+    }
+
+    /// The node indices in canonical order ([`NodeSet::canonical`]): position `b` of the result is
+    /// the index of the `b`-th node by name. What positional strategies number their buckets by.
+    pub fn canonical_indices(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.len() as u32).collect();
+        order.sort_by(|&a, &b| canonical_cmp(self.nodes()[a as usize].name(), self.nodes()[b as usize].name()));
+        order
+    }
+
+    /// Whether the nodes are in canonical order ([`NodeSet::canonical`]).
+    pub fn is_canonical(&self) -> bool {
+        self.nodes().windows(2).all(|w| canonical_cmp(w[0].name(), w[1].name()).is_lt())
+    }
+
     /// The same nodes plus `node` at the end.
     ///
     /// # Errors
@@ -336,6 +375,56 @@ impl fmt::Display for NodeSet {
         }
         Ok(())
     }
+}
+
+/// The canonical order of node names: byte-wise, except that runs of ASCII digits compare as
+/// numbers (`n2 < n10`); names equal as numbers (`n01`, `n1`) fall back to byte order. A total
+/// order: distinct names never compare equal.
+///
+/// # Examples
+///
+/// ```
+/// use keyroute::node::canonical_cmp;
+/// use std::cmp::Ordering::*;
+/// assert_eq!(canonical_cmp("w9", "w10"), Less);
+/// assert_eq!(canonical_cmp("w10", "x1"), Less);
+/// assert_eq!(canonical_cmp("w01", "w1"), Less);
+/// ```
+pub fn canonical_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    while i < x.len() && j < y.len() {
+        if x[i].is_ascii_digit() && y[j].is_ascii_digit() {
+            let run = |s: &[u8], mut k: usize| {
+                while k < s.len() && s[k] == b'0' {
+                    k += 1;
+                }
+                let start = k;
+                while k < s.len() && s[k].is_ascii_digit() {
+                    k += 1;
+                }
+                (start, k)
+            };
+            let ((xs, xe), (ys, ye)) = (run(x, i), run(y, j));
+            // Without leading zeros, a longer run is a larger number; equal lengths compare bytewise.
+            let order = (xe - xs).cmp(&(ye - ys)).then_with(|| x[xs..xe].cmp(&y[ys..ye]));
+            if order != Ordering::Equal {
+                return order;
+            }
+            i = xe;
+            j = ye;
+        } else {
+            match x[i].cmp(&y[j]) {
+                Ordering::Equal => {
+                    i += 1;
+                    j += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+    (x.len() - i).cmp(&(y.len() - j)).then_with(|| x.cmp(y))
 }
 
 fn parse_node(token: &str) -> Result<Node, String> {
@@ -405,6 +494,29 @@ mod tests {
         let set = NodeSet::parse("a:zone=x,b,c:zone=x,d:zone=y,e").expect("valid");
         assert_eq!(set.zone_ids(), &[0, 1, 0, 2, 3]);
         assert_eq!(set.zone_count(), 4);
+    }
+
+    #[test]
+    fn canonical_order_is_total_and_numeric() {
+        use std::cmp::Ordering::*;
+        for (a, b, want) in [
+            ("a", "b", Less),
+            ("a", "a", Equal),
+            ("w2", "w10", Less),
+            ("w10", "w2", Greater),
+            ("w007", "w7", Less),
+            ("w7", "w007", Greater),
+            ("w7x", "w7", Greater),
+            ("10.0.0.2:80", "10.0.0.10:80", Less),
+            ("", "0", Less),
+            ("9", "a", Less),
+        ] {
+            assert_eq!(canonical_cmp(a, b), want, "{a} vs {b}");
+        }
+        let set = NodeSet::parse("w10,w9,w1,v").expect("valid");
+        assert_eq!(set.canonical().to_string(), "v,w1,w9,w10");
+        assert!(set.canonical().is_canonical());
+        assert!(!set.is_canonical());
     }
 
     #[test]

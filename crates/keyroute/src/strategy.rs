@@ -225,16 +225,15 @@ impl Table {
         Ok(Some(table))
     }
 
-    /// The table for a changed node set, built for minimal movement from this one: a fresh build for
-    /// every strategy whose placement is a function of the node set, and for [`SlotTable`] a
-    /// [`rebalance`](SlotTable::rebalance) (a fresh slot table would reassign ranges from scratch).
+    /// The table of the same strategy and options for a changed node set. Every table is a function
+    /// of its node set, so this is a fresh build: the result does not depend on this table.
     ///
     /// # Errors
     ///
     /// The table's own construction errors.
     pub fn rebuild(&self, nodes: NodeSet, options: &Options) -> Result<Table, Error> {
         let strategy = match self {
-            Table::Slots(t) => return Ok(Table::Slots(t.rebalance(nodes).0)),
+            Table::Slots(_) => Strategy::Slots,
             Table::Modulo(_) => Strategy::Modulo,
             Table::Ring(_) => Strategy::Ring,
             Table::Rendezvous(_) => Strategy::Rendezvous,
@@ -400,8 +399,8 @@ impl Policy {
         }
     }
 
-    /// The policy for a changed node set, keeping what should carry over: the same strategy and
-    /// options, and for slot tables the previous assignment (see [`Table::rebuild`]).
+    /// The policy of the same strategy and options for a changed node set (a fresh build: see
+    /// [`Table::rebuild`]).
     ///
     /// # Errors
     ///

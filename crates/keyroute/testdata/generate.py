@@ -9,7 +9,7 @@ of them does not follow the contract.
 
 Usage: pip install xxhash && python3 crates/keyroute/testdata/generate.py
 """
-import binascii, bisect, hashlib, os, struct, subprocess, sys, tempfile
+import binascii, bisect, hashlib, math, os, struct, subprocess, sys, tempfile
 import xxhash
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -224,6 +224,69 @@ LARGE_SETS = [(f"{'weighted' if w else 'equal'}-{n}", large_set(n, w)) for n in 
 PICK_KEYS = [f"obj/{i}.jpg".encode() for i in range(300)]
 
 
+SLOT_COUNT = 16384
+DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def slot_table(nodes):
+    """SlotTable::new: each slot to its top rendezvous node (key hash mix64(slot)); no node above
+    ceil(s + 3 sqrt(s)) for its exact share s; a capped node keeps its highest-scoring slots (ties by
+    slot), and the others, in slot order, go to the first node of their ranking under its cap."""
+    owners = [None] * SLOT_COUNT
+    total = sum(n[1] for n in nodes)
+    if not any(n[1] > 0 for n in nodes):
+        return owners, 0
+    caps = []
+    for _, w, _ in nodes:
+        share = float(SLOT_COUNT) * float(w) / float(total)
+        caps.append(0 if w == 0 else min(math.ceil(share + 3.0 * math.sqrt(share)), SLOT_COUNT))
+    seeds = [xxh3(n[0].encode(), NODE_SEED) for n in nodes]
+    equal = len({n[1] for n in nodes if n[1] > 0}) == 1
+    ranks = name_ranks(nodes)
+    live = [i for i, n in enumerate(nodes) if n[1] > 0]
+    for slot in range(SLOT_COUNT):
+        h = mix64(slot)
+        if equal:
+            owners[slot] = max(live, key=lambda i: (mix64(h ^ seeds[i]), -ranks[i]))
+        else:
+            owners[slot] = rendezvous_ranking(nodes, h)[0]
+    counts = [0] * len(nodes)
+    for o in owners:
+        counts[o] += 1
+    bumped = []
+    for i in range(len(nodes)):
+        if counts[i] > caps[i]:
+            mine = sorted((s for s in range(SLOT_COUNT) if owners[s] == i), key=lambda s: (-mix64(mix64(s) ^ seeds[i]), s))
+            for s in mine[caps[i]:]:
+                owners[s] = None
+                bumped.append(s)
+            counts[i] = caps[i]
+    for s in sorted(bumped):
+        for i in rendezvous_ranking(nodes, mix64(s)):
+            if counts[i] < caps[i]:
+                owners[s] = i
+                counts[i] += 1
+                break
+    return owners, sum(1 for _ in bumped)
+
+
+def encode_owners(owners, n):
+    width = 1 if n <= 36 else 2
+    out = []
+    for o in owners:
+        if width == 1:
+            out.append(DIGITS[o])
+        else:
+            out.append(DIGITS[o // 36] + DIGITS[o % 36])
+    return "".join(out)
+
+
+SLOT_SETS = SETS + [
+    "a:weight=1,b:weight=1000",
+    ",".join(f"c{i}" for i in range(1000)),
+]
+
+
 def main():
     with open(os.path.join(HERE, "hash.tsv"), "w") as f:
         f.write("# key_hex\txxh3_64\txxh3_64(seed=NODE_SEED)\tmd5_64\tmix64(xxh3_64)\n")
@@ -280,6 +343,15 @@ def main():
                 at = bisect.bisect_left(xring, (h, -1, -1))
                 ring_owner = xring[at % len(xring)][2]
                 f.write(f"pick\t{name}\t{k.hex()}\t{owner}\t{ring_owner}\t{mag[(h * 65537) >> 64]}\n")
+    with open(os.path.join(HERE, "slot_table.tsv"), "w") as f:
+        f.write("# SlotTable::new over a node set: the owner of every slot, as the owner's position in the listing,\n")
+        f.write("# one base-36 digit per slot (two for sets above 36 nodes), slot 0 first.\n")
+        f.write("# node spec\tslots bumped by the caps\towners\n")
+        for spec in SLOT_SETS:
+            nodes = parse_nodes(spec)
+            owners, bumped = slot_table(nodes)
+            print(f"slot table over {len(nodes)} nodes: {bumped} slots bumped", file=sys.stderr)
+            f.write(f"{spec}\t{bumped}\t{encode_owners(owners, len(nodes))}\n")
     pairs = [(0, 1), (1, 2), (256, 1024), (MASK, 1), (MASK, 7)]
     pairs += [(xxh3(f"key-{i}".encode()), b) for i in range(40) for b in (1, 2, 3, 10, 100, 1000, 65536, 2**31 - 1)]
     vals = jump_values(pairs)

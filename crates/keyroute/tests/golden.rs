@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use keyroute::hash::{self, KeyHasher};
 use keyroute::jump::jump_consistent_hash;
 use keyroute::slots::{crc16, hash_tag, key_slot};
-use keyroute::{HashRing, Maglev, NodeSet, Placement, Ranking, Rendezvous, RingScheme};
+use keyroute::{HashRing, Maglev, NodeSet, Placement, Ranking, Rendezvous, RingScheme, SlotTable};
 
 const HASH: &str = include_str!("../testdata/hash.tsv");
 const SLOTS: &str = include_str!("../testdata/slots.tsv");
@@ -15,6 +15,7 @@ const PLACEMENT: &str = include_str!("../testdata/placement.tsv");
 const JUMP: &str = include_str!("../testdata/jump.tsv");
 const JAVA: &str = include_str!("../testdata/java_sketch.out");
 const PLACEMENT_LARGE: &str = include_str!("../testdata/placement_large.tsv");
+const SLOT_TABLE: &str = include_str!("../testdata/slot_table.tsv");
 
 /// The data rows of a golden file, each with exactly `columns` tab-separated fields. Every test
 /// also checks how many rows it compared: an empty or truncated file must fail, not pass.
@@ -75,6 +76,34 @@ fn jump_matches_the_reference_code() {
         n += 1;
     }
     assert_eq!(n, 5 + 40 * 8);
+}
+
+#[test]
+fn slot_tables_match_the_reference() {
+    let mut sets = 0;
+    let mut capped = 0;
+    for r in rows(SLOT_TABLE, 3) {
+        let (spec, bumped, owners) = (r[0], r[1].parse::<usize>().expect("a count"), r[2].as_bytes());
+        let nodes = NodeSet::parse(spec).expect("valid spec");
+        let width = if nodes.len() <= 36 { 1 } else { 2 };
+        assert_eq!(owners.len(), 16384 * width, "{spec}: one owner per slot");
+        let digit = |b: u8| char::from(b).to_digit(36).expect("base 36") as usize;
+        // Listed in another order, the table must be the same: compare by name.
+        let reversed = NodeSet::try_new(nodes.nodes().iter().rev().cloned()).expect("valid");
+        let (t, tr) = (SlotTable::new(nodes.clone()), SlotTable::new(reversed));
+        for slot in 0..16384u16 {
+            let at = usize::from(slot) * width;
+            let want = owners[at..at + width].iter().fold(0, |acc, &b| acc * 36 + digit(b));
+            let want = nodes.nodes()[want].name();
+            assert_eq!(t.slot_owner_name(slot), Some(want), "{spec}: slot {slot}");
+            assert_eq!(tr.slot_owner_name(slot), Some(want), "{spec} reversed: slot {slot}");
+        }
+        sets += 1;
+        capped += usize::from(bumped > 0);
+    }
+    assert_eq!(sets, 6);
+    // At least one golden set exercises the caps.
+    assert!(capped >= 1);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! A pool: its workers, its placement, and one atomic snapshot of both.
 //!
 //! Each pool publishes a [`Snapshot`] through an `ArcSwap`: the pool's configuration, the placement
-//! policy (the keyroute table built over the current members), the members in table order, and a
+//! policy (the keyroute table built over the current members), the members in table order (the
+//! canonical order of their names, so the table depends on the member set alone), and a
 //! generation number. A membership or weight change builds a whole new snapshot and swaps it in;
 //! requests that already loaded the old one finish with it. So a request never sees a table built
 //! for one set of workers and a member list of another.
@@ -143,7 +144,7 @@ impl Pool {
         let members: Members =
             config.workers.iter().map(|w| (Arc::new(WorkerState::new(w, &config, epoch)), w.weight)).collect();
         let name = config.name.clone();
-        let snapshot = build(Arc::new(config), members, 1, None)?;
+        let snapshot = build(Arc::new(config), members, 1)?;
         Ok(Pool {
             name,
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -253,7 +254,7 @@ impl Pool {
                 _ => (Arc::new(WorkerState::new(w, &config, self.epoch)), w.weight),
             })
             .collect();
-        let next = build(Arc::new(config), members, old.generation + 1, Some(&old))?;
+        let next = build(Arc::new(config), members, old.generation + 1)?;
         Ok(Prepared { _guard: guard, old, next, kept })
     }
 
@@ -270,7 +271,7 @@ impl Pool {
         let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.snapshot();
         let members = edit(&old)?;
-        let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
+        let next = build(Arc::clone(&old.config), members, old.generation + 1)?;
         Ok(self.publish(&old, next))
     }
 
@@ -301,26 +302,16 @@ fn members_of(snap: &Snapshot) -> Members {
     snap.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), snap.weight(i))).collect()
 }
 
-fn build(
-    config: Arc<PoolConfig>,
-    members: Members,
-    generation: u64,
-    previous: Option<&Snapshot>,
-) -> Result<Snapshot, MembershipError> {
+fn build(config: Arc<PoolConfig>, mut members: Members, generation: u64) -> Result<Snapshot, MembershipError> {
+    // Canonical order (by name, numbers as numbers): the table, and so every placement, is a
+    // function of the member set alone, whatever order or history the members came in.
+    members.sort_by(|a, b| keyroute::node::canonical_cmp(&a.0.name, &b.0.name));
     let placement = |source| MembershipError::Placement { pool: config.name.clone(), source };
     let nodes =
         node_set(members.iter().map(|(w, weight)| (w.name.as_str(), *weight, w.zone.as_deref()))).map_err(placement)?;
     check_table_size(config.strategy, &config.options, &nodes)
         .map_err(|message| MembershipError::TooLarge { pool: config.name.clone(), message })?;
-    let policy = match previous {
-        // Rebuild from the previous policy when the strategy is unchanged, so that slot tables
-        // rebalance instead of reassigning from scratch.
-        Some(prev) if prev.policy.strategy() == config.strategy && *prev.policy.options() == config.options => {
-            prev.policy.rebuild(nodes)
-        }
-        _ => Policy::build(config.strategy, nodes, &config.options),
-    }
-    .map_err(placement)?;
+    let policy = Policy::build(config.strategy, nodes, &config.options).map_err(placement)?;
     let workers = members.into_iter().map(|(w, _)| w).collect();
     Ok(Snapshot { generation, config, policy, workers })
 }
