@@ -3,6 +3,8 @@
 # missing, then runs every test of the workspace. Extra arguments go to `cargo test`.
 #
 #   promtool (package prometheus): the gateway's /metrics is checked with `promtool check metrics`.
+#   etcd (package etcd-server): membership tests run a real etcd (started by the tests themselves
+#   on free loopback ports, in a temporary directory, and killed by pid when they end).
 #
 # Nothing is started: packages are installed with services disabled (policy-rc.d), and the tests
 # start what they need themselves, on 127.0.0.1.
@@ -11,6 +13,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 
 if ((${#need[@]})); then
     echo "scripts/test.sh: installing ${need[*]} (Debian packages the tests use)" >&2

@@ -29,6 +29,10 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run a thumbnail worker: resizes images and caches them on local disk.
     Worker(WorkerArgs),
+    /// Members of an etcd-backed pool: list, add, drain, remove, reweight (every gateway applies it).
+    Members(MembersArgs),
+    /// Keep an HTTP worker registered in etcd while its health URL answers 2xx (a sidecar).
+    Register(RegisterArgs),
     /// The thumbnail service on this machine: 8 workers and the gateway, each strategy in turn.
     Demo(DemoArgs),
 }
@@ -107,6 +111,107 @@ pub struct WorkerArgs {
     /// Log filter.
     #[arg(long, default_value = "info")]
     pub log: String,
+    /// Register in etcd while running: etcd://HOST:PORT/PREFIX/ (the pool's prefix).
+    #[arg(long, value_name = "URL")]
+    pub register: Option<String>,
+    #[command(flatten)]
+    pub registration: RegistrationArgs,
+}
+
+/// How a worker's record looks and lives in etcd.
+#[derive(Debug, Args, Clone)]
+pub struct RegistrationArgs {
+    /// The address gateways connect to (default: --listen, which must then be a specific address).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// The worker's weight in the pool.
+    #[arg(long, default_value_t = 1)]
+    pub weight: u32,
+    /// The worker's zone.
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// The lease's TTL in seconds: a worker that dies is dropped within this long.
+    #[arg(long, default_value_t = keyroute_gateway::membership::register::DEFAULT_TTL)]
+    pub ttl: u64,
+    /// On SIGTERM, after marking itself draining, leave once no request came for this long (ms).
+    #[arg(long, default_value_t = 1000)]
+    pub drain_grace_ms: u64,
+    /// ...or after this long at most (ms).
+    #[arg(long, default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct RegisterArgs {
+    /// Where to register: etcd://HOST:PORT/PREFIX/ (the pool's prefix).
+    pub registry: String,
+    /// The worker's name (its identity for placement).
+    #[arg(long)]
+    pub name: String,
+    /// The worker's address (host:port), which gateways connect to.
+    #[arg(long)]
+    pub address: String,
+    /// The health URL (http://...): registered while it answers 2xx, withdrawn while it does not.
+    #[arg(long)]
+    pub health: String,
+    /// Between health checks (ms).
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+    #[command(flatten)]
+    pub registration: RegistrationArgs,
+    /// Log filter.
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+#[derive(Debug, Args)]
+pub struct MembersArgs {
+    /// The pool's prefix in etcd: etcd://HOST:PORT/PREFIX/.
+    #[arg(long, global = true, default_value = "")]
+    pub registry: String,
+    #[command(subcommand)]
+    pub action: MembersAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MembersAction {
+    /// Every record: name, address, weight, zone, state, and whether a lease keeps it.
+    List {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a worker (an operator's record, without a lease: it stays until removed).
+    Add {
+        /// Its name.
+        name: String,
+        /// Its address, host:port.
+        #[arg(long)]
+        address: String,
+        /// Its weight.
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        /// Its zone.
+        #[arg(long)]
+        zone: Option<String>,
+    },
+    /// Mark a worker draining: no new requests; its keys go on along their rankings.
+    Drain {
+        /// Its name.
+        name: String,
+    },
+    /// Remove a worker's record now.
+    Remove {
+        /// Its name.
+        name: String,
+    },
+    /// Set a worker's weight.
+    Weight {
+        /// Its name.
+        name: String,
+        /// The new weight (at least 1; drain instead of 0).
+        weight: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]

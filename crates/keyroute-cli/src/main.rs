@@ -3,6 +3,7 @@
 
 mod cli;
 mod demo;
+mod members;
 mod place;
 mod serve;
 mod sim;
@@ -52,6 +53,8 @@ fn main() -> ExitCode {
         Command::Sim(SimCommand::Fleet(args)) => sim::fleet(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Worker(args) => serve::worker(&args),
+        Command::Members(args) => members::members(&args),
+        Command::Register(args) => members::register(&args),
         Command::Demo(args) => demo::run(&args),
     };
     match result {

@@ -143,7 +143,30 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
             other => anyhow::Error::new(other),
         })?;
         tracing::info!(addr = %worker.local_addr(), name = %args.name, "worker listening");
-        worker.run(shutdown_signal()).await.context("serving")?;
+        let Some(url) = &args.register else {
+            worker.run(shutdown_signal()).await.context("serving")?;
+            return Ok(());
+        };
+        // Registered: join once listening; on SIGTERM drain (still serving), leave, then stop.
+        let r = &args.registration;
+        let registrar = std::sync::Arc::new(crate::members::worker_registrar(url, &args.name, worker.local_addr(), r)?);
+        let stats = worker.stats();
+        let (grace, limit) = (Duration::from_millis(r.drain_grace_ms), Duration::from_millis(r.drain_timeout_ms));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let keeper = {
+            let registrar = std::sync::Arc::clone(&registrar);
+            tokio::spawn(async move { registrar.keep(|| async { true }, Duration::from_secs(3600), stop_rx).await })
+        };
+        let shutdown = async move {
+            shutdown_signal().await;
+            let _ = stop_tx.send(true);
+            let _ = keeper.await;
+            let requests = || stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+            if let Err(e) = registrar.leave(requests, grace, limit).await {
+                tracing::warn!(error = %e, "could not leave the registry; the lease expires by itself");
+            }
+        };
+        worker.run(shutdown).await.context("serving")?;
         Ok(())
     })
 }

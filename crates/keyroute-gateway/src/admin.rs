@@ -11,6 +11,14 @@
 //! | `DELETE /workers/NAME[?pool=P&drain=true]` | remove now, or drain (no new requests) then remove |
 //! | `PATCH /workers/NAME[?pool=P]` | `{"weight": W}` |
 //! | `GET /placement?key=K[&pool=P]` | the key's ranking and where it would go now |
+//! | `POST /placement[?pool=P]` | `{"keys": [...]}` (up to 1 MiB): each key's owner, `{"generation", "owners": [...]}` |
+//!
+//! On a pool whose members come from etcd, `POST`, `PATCH` and `DELETE /workers` write the change
+//! to etcd (an add only if the name is free; a drain or weight as a compare-and-swap on the
+//! record), so every gateway on the prefix applies it; the answer comes once this gateway has
+//! applied it (`"applied": true`), or after 2 s with `"applied": false`. A drained record that
+//! has no lease (an operator's) is deleted once this gateway has no request on it in flight; a
+//! registered worker's record is left to the worker, which leaves by itself when it stops.
 //!
 //! `?pool=` may be omitted when there is one pool. Request bodies are JSON objects whose unknown
 //! fields are refused, as a configuration file's are, and a worker is validated by the same
@@ -35,9 +43,11 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::body::{self, ProxyBody};
-use crate::config::validate_worker;
+use crate::config::{EtcdConfig, MembershipConfig, validate_worker};
 use crate::exposition::Scrape;
 use crate::key::{percent_decode, query_value};
+use crate::membership::record::{RecordState, WorkerRecord};
+use crate::membership::registry::{ChangeError, Registry};
 use crate::metrics::CLASSES;
 use crate::pool::{MembershipError, Pool};
 use crate::state::{AUTH_WINDOW, Shared};
@@ -99,7 +109,7 @@ impl Endpoint {
 
     fn allow(self) -> &'static str {
         match self {
-            Endpoint::Workers => "GET, POST",
+            Endpoint::Workers | Endpoint::Placement => "GET, POST",
             Endpoint::Worker => "DELETE, PATCH",
             _ => "GET",
         }
@@ -107,7 +117,7 @@ impl Endpoint {
 
     fn allows(self, m: &Method) -> bool {
         match self {
-            Endpoint::Workers => m == Method::GET || m == Method::POST,
+            Endpoint::Workers | Endpoint::Placement => m == Method::GET || m == Method::POST,
             Endpoint::Worker => m == Method::DELETE || m == Method::PATCH,
             _ => m == Method::GET,
         }
@@ -148,12 +158,17 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
     match endpoint {
         Endpoint::Healthz => return body::text(StatusCode::OK, "text/plain", "ok\n"),
         Endpoint::Readyz => {
+            let detail = sources_detail(shared);
             return if crate::state::ready(shared) {
-                body::text(StatusCode::OK, "text/plain", "ready\n")
+                body::text(StatusCode::OK, "text/plain", format!("ready\n{detail}"))
             } else if shared.not_ready.load(Relaxed) {
-                body::text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready: shutting down\n")
+                body::text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: shutting down\n{detail}"))
             } else {
-                body::text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready: a pool has no available worker\n")
+                body::text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("not ready: a pool has no available worker\n{detail}"),
+                )
             };
         }
         _ => {}
@@ -199,6 +214,33 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
                 None => routing.pools.clone(),
             };
             json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| describe(p)).collect::<Vec<_>>() }))
+        }
+        (Endpoint::Workers | Endpoint::Worker, _) if pool().is_ok_and(|p| etcd_of(&p).is_some()) => {
+            let Ok(pool) = pool() else { return fail(StatusCode::NOT_FOUND, "no such pool") };
+            etcd_change(shared, pool, endpoint, req, worker_name).await
+        }
+        (Endpoint::Placement, Method::POST) => {
+            let pool = match pool() {
+                Ok(p) => p,
+                Err(r) => return r,
+            };
+            let batch: PlaceBatch = match read_json_limited(req, 1 << 20).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let snap = pool.snapshot();
+            let owners: Vec<Option<&str>> = batch
+                .keys
+                .iter()
+                .map(|k| {
+                    let h = snap.policy.key_hash(k.as_bytes());
+                    snap.policy.owner(h).map(|i| snap.workers[i].name.as_str())
+                })
+                .collect();
+            json(
+                StatusCode::OK,
+                serde_json::json!({ "pool": pool.name, "generation": snap.generation, "owners": owners }),
+            )
         }
         (Endpoint::Workers, _) => {
             let pool = match pool() {
@@ -349,11 +391,188 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Response<ProxyBody>> {
-    let body = Limited::new(req.into_body(), 64 * 1024)
-        .collect()
-        .await
-        .map_err(|_| fail(StatusCode::BAD_REQUEST, "the body could not be read (at most 64 KiB)"))?;
+    read_json_limited(req, 64 * 1024).await
+}
+
+async fn read_json_limited<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<T, Response<ProxyBody>> {
+    let body = Limited::new(req.into_body(), limit).collect().await.map_err(|_| {
+        fail(StatusCode::BAD_REQUEST, format!("the body could not be read (at most {} KiB)", limit / 1024))
+    })?;
     parse_object(&body.to_bytes()).map_err(|e| fail(StatusCode::BAD_REQUEST, format!("the body: {e}")))
+}
+
+/// `POST /placement`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlaceBatch {
+    keys: Vec<String>,
+}
+
+/// The pool's etcd source, if its members come from etcd.
+fn etcd_of(pool: &Pool) -> Option<EtcdConfig> {
+    match &pool.snapshot().config.membership {
+        MembershipConfig::Etcd(c) => Some(c.clone()),
+        MembershipConfig::Static => None,
+    }
+}
+
+/// One line per etcd-backed pool for `/readyz`: is the source up, what revision, how old.
+fn sources_detail(shared: &Shared) -> String {
+    let mut out = String::new();
+    for p in shared.front.routing.load().pools.iter() {
+        if etcd_of(p).is_none() {
+            continue;
+        }
+        let at = Duration::from_millis(p.source.current_at_ms.load(Relaxed));
+        let age = p.epoch().elapsed().saturating_sub(at).as_secs_f64();
+        let revision = p.source.revision.load(Relaxed);
+        let workers = p.snapshot().workers.len();
+        if p.source.up.load(Relaxed) == 1 {
+            out.push_str(&format!(
+                "pool {}: membership from etcd, up, revision {revision}, {workers} workers\n",
+                p.name
+            ));
+        } else {
+            out.push_str(&format!(
+                "pool {}: membership source etcd unreachable for {age:.1} s; serving the last known members (revision {revision}, {workers} workers)\n",
+                p.name
+            ));
+        }
+    }
+    out
+}
+
+/// Waits (up to 2 s) until this gateway has applied the source's `revision`.
+async fn applied(pool: &Pool, revision: i64) -> bool {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        if pool.source.revision.load(Relaxed) as i64 >= revision {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn change_error(e: ChangeError) -> Response<ProxyBody> {
+    match e {
+        ChangeError::Unknown(_) => fail(StatusCode::NOT_FOUND, e.to_string()),
+        ChangeError::Exists(_) | ChangeError::Contended(_) => fail(StatusCode::CONFLICT, e.to_string()),
+        ChangeError::Invalid(..) => fail(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+        ChangeError::Etcd(e) => {
+            tracing::warn!(error = %e, "admin change: etcd");
+            fail(StatusCode::SERVICE_UNAVAILABLE, "the membership store (etcd) could not be reached; nothing changed")
+        }
+    }
+}
+
+/// A membership change of an etcd-backed pool: written to etcd, applied by the watch.
+async fn etcd_change(
+    shared: &Arc<Shared>,
+    pool: Arc<Pool>,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+    name: String,
+) -> Response<ProxyBody> {
+    let Some(cfg) = etcd_of(&pool) else { return fail(StatusCode::CONFLICT, "the pool's source changed") };
+    let registry = match Registry::new(&cfg.endpoints, &cfg.prefix) {
+        Ok(r) => r,
+        Err(e) => return change_error(ChangeError::Etcd(e)),
+    };
+    let method = req.method().clone();
+    let drain_request = param(&req, "drain").as_deref() == Some("true");
+    let (status, what, result) = match (endpoint, method) {
+        (Endpoint::Workers, _) => {
+            let add: AddWorker = match read_json(req).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let own = shared.own_addrs();
+            if let Err(e) = validate_worker(&add.name, &add.address, add.weight.max(1), add.zone.as_deref(), &own) {
+                return fail(StatusCode::BAD_REQUEST, format!("\"{}\": {}", e.field, e.message));
+            }
+            if add.weight == 0 {
+                return fail(
+                    StatusCode::BAD_REQUEST,
+                    "\"weight\": must be at least 1 in an etcd-backed pool (drain instead)",
+                );
+            }
+            let record = WorkerRecord {
+                address: add.address.clone(),
+                weight: i64::from(add.weight),
+                zone: add.zone.clone(),
+                state: RecordState::Active,
+            };
+            (StatusCode::CREATED, serde_json::json!({ "added": add.name }), registry.add(&add.name, &record, 0).await)
+        }
+        (_, Method::DELETE) if drain_request => {
+            let result = registry.drain(&name).await;
+            if result.is_ok() {
+                remove_when_drained(Arc::clone(&pool), registry, name.clone());
+            }
+            (StatusCode::ACCEPTED, serde_json::json!({ "draining": name }), result)
+        }
+        (_, Method::DELETE) => (StatusCode::OK, serde_json::json!({ "removed": name }), registry.remove(&name).await),
+        _ => {
+            let patch: PatchWorker = match read_json(req).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            if patch.weight == 0 {
+                return fail(
+                    StatusCode::BAD_REQUEST,
+                    "\"weight\": must be at least 1 in an etcd-backed pool (drain instead)",
+                );
+            }
+            let result = registry.set_weight(&name, patch.weight).await;
+            (StatusCode::OK, serde_json::json!({ "worker": name, "weight": patch.weight }), result)
+        }
+    };
+    let revision = match result {
+        Ok(r) => r,
+        Err(e) => return change_error(e),
+    };
+    let done = applied(&pool, revision).await;
+    let mut body = what;
+    body["pool"] = pool.name.clone().into();
+    body["revision"] = revision.into();
+    body["applied"] = done.into();
+    body["generation"] = pool.snapshot().generation.into();
+    json(status, body)
+}
+
+/// After an admin drain of an operator's record (one without a lease): delete it once this
+/// gateway has no request on the worker in flight (and other gateways had a moment to see the
+/// drain too). A registered worker's record is left to the worker.
+fn remove_when_drained(pool: Arc<Pool>, registry: Registry, name: String) {
+    tokio::spawn(async move {
+        let Ok(Some(kv)) = registry.client().get(&registry.key(&name)).await else { return };
+        if kv.lease != 0 {
+            return;
+        }
+        let until = Instant::now() + Duration::from_secs(300);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        loop {
+            let busy = pool.snapshot().worker(&name).is_some_and(|(_, w)| w.in_flight() > 0);
+            if !busy || Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        match registry.remove(&name).await {
+            Ok(revision) => {
+                tracing::info!(pool = %pool.name, worker = %name, revision, "drained and removed from etcd")
+            }
+            Err(e) => {
+                tracing::warn!(pool = %pool.name, worker = %name, error = %e, "drain finished but removal failed")
+            }
+        }
+    });
 }
 
 /// A JSON object into `T` (serde would also take an array of the fields in order; the API takes

@@ -119,6 +119,70 @@ impl Collector for Scrape {
                 )
             }),
         )?;
+        // The membership source of each etcd-backed pool.
+        let sourced: Vec<&Arc<Pool>> = snaps
+            .iter()
+            .filter(|(_, s)| matches!(s.config.membership, crate::config::MembershipConfig::Etcd(_)))
+            .map(|(p, _)| *p)
+            .collect();
+        let source_family = |encoder: &mut DescriptorEncoder<'_>, name, help, kind, get: &dyn Fn(&Pool) -> Value| {
+            if sourced.is_empty() {
+                return Ok(()); // no etcd-backed pool: no empty families
+            }
+            family(encoder, name, help, kind, sourced.iter().map(|p| (labels(&[("pool", &p.name)]), get(p))))
+        };
+        source_family(
+            &mut encoder,
+            "keyroute_membership_source_up",
+            "1 while the pool's membership source (etcd) answers, 0 while the last known members serve.",
+            MetricType::Gauge,
+            &|p| Value::Int(p.source.up.load(Relaxed)),
+        )?;
+        source_family(
+            &mut encoder,
+            "keyroute_membership_revision",
+            "The etcd revision of the membership applied last.",
+            MetricType::Gauge,
+            &|p| Value::Int(p.source.revision.load(Relaxed)),
+        )?;
+        source_family(
+            &mut encoder,
+            "keyroute_membership_age_seconds",
+            "Seconds since the membership was last known current (a watch message or a liveness check).",
+            MetricType::Gauge,
+            &|p| {
+                let at = std::time::Duration::from_millis(p.source.current_at_ms.load(Relaxed));
+                Value::Float(p.epoch().elapsed().saturating_sub(at).as_secs_f64())
+            },
+        )?;
+        source_family(
+            &mut encoder,
+            "keyroute_membership_rejected_records",
+            "Records under the prefix ignored as invalid in the membership applied last.",
+            MetricType::Gauge,
+            &|p| Value::Int(p.source.rejected.load(Relaxed)),
+        )?;
+        source_family(
+            &mut encoder,
+            "keyroute_membership_applied",
+            "Memberships applied from the source.",
+            MetricType::Counter,
+            &|p| Value::Int(p.source.applied.load(Relaxed)),
+        )?;
+        source_family(
+            &mut encoder,
+            "keyroute_membership_source_lost",
+            "Times the membership source was lost.",
+            MetricType::Counter,
+            &|p| Value::Int(p.source.lost.load(Relaxed)),
+        )?;
+        source_family(
+            &mut encoder,
+            "keyroute_membership_compactions",
+            "Full re-reads after the watch's start revision was compacted.",
+            MetricType::Counter,
+            &|p| Value::Int(p.source.compactions.load(Relaxed)),
+        )?;
         family(
             &mut encoder,
             "keyroute_pool_generation",

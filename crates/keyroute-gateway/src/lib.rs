@@ -17,7 +17,8 @@
 //!   they may have reached a worker, only for idempotent methods. A client's broken upload is the
 //!   client's error, never the worker's.
 //! - **Hot membership changes**, atomically, through the admin API or a configuration reload, with
-//!   tables built off the request threads.
+//!   tables built off the request threads; or **membership from etcd**, shared by every gateway
+//!   on a prefix, with workers that register themselves (see [`membership`]).
 //! - **Hardening**: one reading of Host and the path (RFC 9112), loop detection, connection and
 //!   header limits, a head timeout, public errors that carry a reason class and a request id only.
 //! - **Metrics** in Prometheus text, and an admin API (`GET /workers`, `POST /workers`, `PATCH` and
@@ -40,6 +41,7 @@
 //! | `body` | the body type, and the responses the gateway makes itself |
 //! | [`key`] | key templates |
 //! | `table` | node sets and the table size limit |
+//! | [`etcd`] | a small etcd v3 client over its JSON gateway (no gRPC, no `protoc`) |
 //! | [`config`] | `raw` (serde structs), `validate` (one function per section), the validated types |
 //! | `health` | pure machines: `machine` (rise/fall), `eject` (passive ejection) |
 //! | `metrics` | counters owned by what they count |
@@ -51,6 +53,7 @@
 //! | `exposition` | `/metrics` rendering |
 //! | `listener` | accepting within limits, the head timeout |
 //! | `state` | what the running gateway's tasks share |
+//! | [`membership`] | `record` (the etcd layout, a public contract), `registry` and `register` (writing records), `saved` (the last members on disk), `source` (the watch task) |
 //! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
 //! | `admin` | the admin API |
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, reload, shutdown |
@@ -62,10 +65,12 @@ mod admin;
 mod body;
 pub mod config;
 mod error;
+pub mod etcd;
 mod exposition;
 mod health;
 pub mod key;
 mod listener;
+pub mod membership;
 mod metrics;
 mod pool;
 mod prober;
@@ -79,9 +84,9 @@ mod upstream;
 pub use body::{BoxError, ProxyBody};
 pub use config::{Config, ConfigError, WorkerConfig};
 pub use error::{GatewayError, ReloadError};
-pub use pool::MembershipError;
+pub use pool::{Member, MembershipError};
 pub use proxy::ProxyService;
-pub use server::{Gateway, GatewayHandle, Placements};
+pub use server::{Gateway, GatewayHandle, Membership, Placements};
 
 /// Entry points for the fuzz targets (`fuzz/`). Not part of the public API.
 #[doc(hidden)]

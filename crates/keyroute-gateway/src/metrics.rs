@@ -98,6 +98,25 @@ impl PoolMetrics {
     }
 }
 
+/// One pool's membership source (etcd): whether it is reachable, what was applied and when.
+#[derive(Debug, Default)]
+pub struct SourceMetrics {
+    /// 1 while the source answers (a read or an open watch), 0 after it was lost.
+    pub up: AtomicU64,
+    /// The etcd revision of the membership applied last.
+    pub revision: AtomicU64,
+    /// When the membership was last known current: milliseconds since the gateway's epoch.
+    pub current_at_ms: AtomicU64,
+    /// Records ignored in the membership applied last (invalid JSON, bad fields, duplicates).
+    pub rejected: AtomicU64,
+    /// Membership snapshots applied from the source.
+    pub applied: AtomicU64,
+    /// Times the source was lost (a failed read or a broken watch).
+    pub lost: AtomicU64,
+    /// Full re-reads after the watch's start revision was compacted.
+    pub compactions: AtomicU64,
+}
+
 /// One listener's counters.
 #[derive(Debug, Default)]
 pub struct ListenerMetrics {

@@ -43,6 +43,23 @@ pub struct Placements {
     pub unkeyed: u64,
 }
 
+/// A pool's membership as [`GatewayHandle::membership`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// The workers' names, in table (canonical) order.
+    pub workers: Vec<String>,
+    /// The snapshot's generation.
+    pub generation: u64,
+    /// Whether the membership source (etcd) answers now.
+    pub source_up: bool,
+    /// The source revision applied last (0 for a static pool).
+    pub revision: i64,
+    /// Records ignored as invalid in the membership applied last.
+    pub rejected: u64,
+    /// Full re-reads after a compacted watch revision.
+    pub compactions: u64,
+}
+
 /// A bound, not yet running gateway.
 #[derive(Debug)]
 pub struct Gateway {
@@ -101,6 +118,9 @@ impl Gateway {
             .map(|p| Pool::new(p.clone(), epoch).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()
             .map_err(GatewayError::Membership)?;
+        for p in &pools {
+            crate::membership::source::start_from_saved(p, &own);
+        }
         let routes = bound.iter().map(|l| l.routes.clone()).collect();
         let connection_limits: Vec<usize> = bound
             .iter()
@@ -127,6 +147,7 @@ impl Gateway {
                 shutdown: watch::channel(false).0,
                 stop_accepting: watch::channel(false).0,
                 probers: Mutex::new(Vec::new()),
+                sources: Mutex::new(Vec::new()),
                 delay_ms: AtomicU64::new(config.shutdown_delay.as_millis() as u64),
                 grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
                 auth: AuthThrottle::default(),
@@ -170,6 +191,7 @@ impl Gateway {
             sender.send_replace(true);
         });
         crate::prober::spawn_probers(&shared);
+        crate::membership::source::spawn_sources(&shared);
         let graceful = Arc::new(GracefulShutdown::new());
         let mut tasks = Vec::new();
         for (i, sock) in self.listeners.into_iter().enumerate() {
@@ -380,6 +402,25 @@ impl GatewayHandle {
         Ok(snap.policy.owner(snap.policy.key_hash(key.as_bytes())).map(|i| snap.workers[i].name.clone()))
     }
 
+    /// A pool's membership: its workers by name (in table order) and, for an etcd-backed pool,
+    /// the source's state.
+    ///
+    /// # Errors
+    ///
+    /// No such pool.
+    pub fn membership(&self, pool: &str) -> Result<Membership, GatewayError> {
+        let p = self.pool(pool)?;
+        let snap = p.snapshot();
+        Ok(Membership {
+            workers: snap.workers.iter().map(|w| w.name.clone()).collect(),
+            generation: snap.generation,
+            source_up: p.source.up.load(Relaxed) == 1,
+            revision: p.source.revision.load(Relaxed) as i64,
+            rejected: p.source.rejected.load(Relaxed),
+            compactions: p.source.compactions.load(Relaxed),
+        })
+    }
+
     /// How a pool's requests were placed so far.
     ///
     /// # Errors
@@ -436,9 +477,17 @@ impl GatewayHandle {
             New(Arc<Pool>),
         }
         let mut next = Vec::new();
+        let mut reconfigured: Vec<Arc<Pool>> =
+            old.pools.iter().filter(|p| config.pools.iter().all(|pc| pc.name != p.name)).cloned().collect();
         for pc in &config.pools {
             next.push(match old.pools.iter().find(|p| p.name == pc.name) {
-                Some(p) => Next::Kept(p, Box::new(p.prepare(pc.clone()).map_err(GatewayError::Membership)?)),
+                Some(p) => {
+                    if p.snapshot().config.membership != pc.membership {
+                        // Its source task starts over with the new settings (or stops).
+                        reconfigured.push(Arc::clone(p));
+                    }
+                    Next::Kept(p, Box::new(p.prepare(pc.clone()).map_err(GatewayError::Membership)?))
+                }
                 None => {
                     Next::New(Arc::new(Pool::new(pc.clone(), self.shared.epoch).map_err(GatewayError::Membership)?))
                 }
@@ -458,11 +507,15 @@ impl GatewayHandle {
         self.shared.delay_ms.store(config.shutdown_delay.as_millis() as u64, Relaxed);
         let routes = config.listeners.iter().map(|l| l.routes.clone()).collect();
         self.shared.front.routing.store(Arc::new(Routing { pools, routes }));
+        for p in reconfigured {
+            p.reconfigured.notify_one();
+        }
         {
             let names: Vec<String> = config.pools.iter().map(|p| p.name.clone()).collect();
             self.shared.probers.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| names.contains(n));
         }
         crate::prober::spawn_probers(&self.shared);
+        crate::membership::source::spawn_sources(&self.shared);
         tracing::info!(pools = config.pools.len(), "configuration reloaded");
         Ok(())
     }

@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     /// Set when the listeners stop accepting (after the shutdown delay).
     pub(crate) stop_accepting: watch::Sender<bool>,
     pub(crate) probers: Mutex<Vec<String>>,
+    /// Pools whose membership source task runs.
+    pub(crate) sources: Mutex<Vec<String>>,
     /// The shutdown delay and grace period in milliseconds (a reload may change them).
     pub(crate) delay_ms: AtomicU64,
     pub(crate) grace_ms: AtomicU64,

@@ -15,7 +15,7 @@ use keyroute::{Options, Strategy};
 
 pub use self::validate::MAX_NAME_BYTES;
 use self::validate::{Ctx, field_at, validate};
-pub(crate) use self::validate::{points_at, validate_worker, validate_worker_with};
+pub(crate) use self::validate::{points_at, resolve, validate_worker, validate_worker_with};
 use crate::key::KeyTemplate;
 
 /// A configuration error: where, which field, and what is wrong.
@@ -124,8 +124,32 @@ pub struct PoolConfig {
     pub retry: RetryConfig,
     /// Upstream timeouts.
     pub connect_timeout: Duration,
-    /// The workers.
+    /// Where the members come from.
+    pub membership: MembershipConfig,
+    /// The workers (of a `static` pool; an etcd-backed pool's come from etcd).
     pub workers: Vec<WorkerConfig>,
+}
+
+/// Where a pool's members come from: exactly one source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipConfig {
+    /// The `[[pool.worker]]` list (reloaded on SIGHUP or `--watch`), and the admin API.
+    Static,
+    /// Keys under a prefix in etcd, watched (see `membership::record` for the layout).
+    Etcd(EtcdConfig),
+}
+
+/// An etcd membership source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// The etcd client endpoints, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// The key prefix; each key under it is one worker, named by the rest of the key.
+    pub prefix: String,
+    /// Where the last applied membership is saved, and read from when etcd is down at start-up.
+    pub state_file: Option<std::path::PathBuf>,
+    /// Changes arriving within this long of the first are applied as one.
+    pub debounce: Duration,
 }
 
 /// Active HTTP health checks.

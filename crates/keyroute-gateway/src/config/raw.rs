@@ -63,8 +63,19 @@ pub(super) struct RawPool {
     pub(super) health: Option<RawHealth>,
     pub(super) passive: Option<RawPassive>,
     pub(super) retry: Option<RawRetry>,
+    pub(super) membership: Option<RawMembership>,
     #[serde(default)]
     pub(super) worker: Vec<RawWorker>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMembership {
+    pub(super) source: Spanned<String>,
+    pub(super) endpoints: Option<Spanned<Vec<String>>>,
+    pub(super) prefix: Option<Spanned<String>>,
+    pub(super) state_file: Option<Spanned<String>>,
+    pub(super) debounce_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -319,7 +319,7 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
 }
 
 /// A host name resolved now (the first address), for `host:port` values.
-fn resolve(text: &str) -> Option<SocketAddr> {
+pub(crate) fn resolve(text: &str) -> Option<SocketAddr> {
     text.to_socket_addrs().ok().and_then(|mut it| it.next())
 }
 
@@ -550,10 +550,19 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         }
         workers.push(worker);
     }
-    if workers.is_empty() {
+    let membership = validate_membership(ctx, p, name)?;
+    if membership != MembershipConfig::Static {
+        if let Some(w) = p.worker.first() {
+            return ctx.err(
+                Some(w.name.span()),
+                field("worker"),
+                "an etcd-backed pool takes its workers from etcd: remove its [[pool.worker]] entries (add them with `keyroute members add`)",
+            );
+        }
+    } else if workers.is_empty() {
         return ctx.err(Some(p.name.span()), field("worker"), "a pool needs at least one [[pool.worker]]");
     }
-    if workers.iter().all(|w| w.weight == 0) {
+    if !workers.is_empty() && workers.iter().all(|w| w.weight == 0) {
         return ctx.err(
             Some(p.name.span()),
             field("worker"),
@@ -591,8 +600,101 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         passive,
         retry,
         connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
+        membership,
         workers,
     })
+}
+
+fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<MembershipConfig, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.membership.{f}");
+    let Some(m) = &p.membership else { return Ok(MembershipConfig::Static) };
+    match m.source.get_ref().as_str() {
+        "static" => {
+            for (present, what) in [
+                (m.endpoints.as_ref().map(Spanned::span), "endpoints"),
+                (m.prefix.as_ref().map(Spanned::span), "prefix"),
+                (m.state_file.as_ref().map(Spanned::span), "state_file"),
+                (m.debounce_ms.as_ref().map(Spanned::span), "debounce_ms"),
+            ] {
+                if let Some(span) = present {
+                    return ctx.err(Some(span), field(what), "only an etcd source takes this (source = \"etcd\")");
+                }
+            }
+            Ok(MembershipConfig::Static)
+        }
+        "etcd" => {
+            let Some(endpoints) = &m.endpoints else {
+                return ctx.err(
+                    Some(m.source.span()),
+                    field("endpoints"),
+                    "an etcd source needs endpoints = [\"http://HOST:PORT\"]",
+                );
+            };
+            if endpoints.get_ref().is_empty() {
+                return ctx.err(Some(endpoints.span()), field("endpoints"), "must list at least one endpoint");
+            }
+            if let Err(e) = crate::etcd::Client::new(endpoints.get_ref()) {
+                return ctx.err(Some(endpoints.span()), field("endpoints"), e.to_string());
+            }
+            let Some(prefix) = &m.prefix else {
+                return ctx.err(
+                    Some(m.source.span()),
+                    field("prefix"),
+                    format!("an etcd source needs a key prefix, for example \"/keyroute/pools/{name}/workers/\""),
+                );
+            };
+            let text = prefix.get_ref();
+            if !text.starts_with('/') || !text.ends_with('/') || text.len() < 2 {
+                return ctx.err(
+                    Some(prefix.span()),
+                    field("prefix"),
+                    format!(
+                        "'{}' must start and end with '/' (each key under it is one worker's name)",
+                        text.escape_debug()
+                    ),
+                );
+            }
+            let state_file = match &m.state_file {
+                Some(f) => Some(std::path::PathBuf::from(f.get_ref())),
+                None => {
+                    // Beside the configuration file (a bare file name is in the working directory).
+                    let dir = std::path::Path::new(&ctx.file)
+                        .parent()
+                        .map(|d| if d.as_os_str().is_empty() { std::path::Path::new(".") } else { d });
+                    match dir {
+                        Some(d) => Some(d.join(format!("{name}.members.json"))),
+                        None => {
+                            ctx.warn(
+                                Some(m.source.span()),
+                                field("state_file"),
+                                "no state file: a gateway started while etcd is down will have no members",
+                            );
+                            None
+                        }
+                    }
+                }
+            };
+            let debounce = ms(m.debounce_ms.as_ref(), 50);
+            if debounce > Duration::from_secs(5) {
+                return ctx.err(
+                    m.debounce_ms.as_ref().map(Spanned::span),
+                    field("debounce_ms"),
+                    "must be at most 5000",
+                );
+            }
+            Ok(MembershipConfig::Etcd(EtcdConfig {
+                endpoints: endpoints.get_ref().clone(),
+                prefix: text.clone(),
+                state_file,
+                debounce,
+            }))
+        }
+        other => ctx.err(
+            Some(m.source.span()),
+            field("source"),
+            format!("unknown source '{}' (expected \"static\" or \"etcd\")", other.escape_debug()),
+        ),
+    }
 }
 
 #[cfg(test)]

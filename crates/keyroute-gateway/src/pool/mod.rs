@@ -32,8 +32,8 @@ use tokio::time::Instant;
 
 pub use self::endpoint::{InFlight, State, WorkerState};
 pub use self::snapshot::Snapshot;
-use crate::config::{PoolConfig, WorkerConfig};
-use crate::metrics::PoolMetrics;
+use crate::config::{MembershipConfig, PoolConfig, WorkerConfig};
+use crate::metrics::{PoolMetrics, SourceMetrics};
 use crate::table::{check_table_size, node_set};
 
 /// Recently seen key hashes: a fixed sample that tells what share of live keys a membership change
@@ -117,6 +117,10 @@ pub struct Pool {
     change: Mutex<()>,
     /// Counters.
     pub metrics: PoolMetrics,
+    /// The membership source's state (etcd-backed pools).
+    pub source: SourceMetrics,
+    /// Notified when a reload changes the pool's membership source, so that its task restarts.
+    pub(crate) reconfigured: tokio::sync::Notify,
     epoch: Instant,
 }
 
@@ -128,6 +132,15 @@ pub(crate) struct Prepared<'a> {
     old: Arc<Snapshot>,
     next: Snapshot,
     kept: Vec<Arc<WorkerState>>,
+}
+
+/// A member as a membership source gives it: the worker, and whether it is draining.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The worker.
+    pub worker: WorkerConfig,
+    /// Whether it is draining.
+    pub draining: bool,
 }
 
 /// A member list with weights: what a change proposes, before it is built.
@@ -151,8 +164,57 @@ impl Pool {
             recent: RecentKeys::new(),
             change: Mutex::new(()),
             metrics: PoolMetrics::default(),
+            source: SourceMetrics::default(),
+            reconfigured: tokio::sync::Notify::new(),
             epoch,
         })
+    }
+
+    /// The gateway's epoch, which the source's timestamps count from.
+    pub(crate) fn epoch(&self) -> Instant {
+        self.epoch
+    }
+
+    /// Replaces every member at once with those of the membership source: workers with the same
+    /// name, address and zone keep their state (health, load, counters); a worker whose record
+    /// says draining is drained. Nothing is published when nothing changed. Returns the
+    /// generation in force.
+    ///
+    /// # Errors
+    ///
+    /// A set the strategy refuses, or a table too large: the current members stay.
+    pub fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
+        let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.snapshot();
+        let mut same = incoming.len() == old.workers.len();
+        let members: Members = incoming
+            .iter()
+            .map(|m| {
+                let w = &m.worker;
+                let kept = old.worker(&w.name).filter(|(_, s)| {
+                    s.address == w.address && s.zone == w.zone && (s.state() != State::Draining || m.draining)
+                });
+                let state = match kept {
+                    Some((i, s)) => {
+                        same &= old.weight(i) == w.weight && (s.state() == State::Draining) == m.draining;
+                        Arc::clone(s)
+                    }
+                    None => {
+                        same = false;
+                        Arc::new(WorkerState::new(w, &old.config, self.epoch))
+                    }
+                };
+                if m.draining {
+                    state.drain();
+                }
+                (state, w.weight)
+            })
+            .collect();
+        if same {
+            return Ok(old.generation);
+        }
+        let next = build(Arc::clone(&old.config), members, old.generation + 1)?;
+        Ok(self.publish(&old, next))
     }
 
     /// The current snapshot.
@@ -242,6 +304,14 @@ impl Pool {
         let guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.snapshot();
         let mut kept = Vec::new();
+        if config.membership != MembershipConfig::Static {
+            // The members are the source's: a reload changes only the pool's settings.
+            let members: Members =
+                old.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), old.weight(i))).collect();
+            kept.extend(old.workers.iter().cloned());
+            let next = build(Arc::new(config), members, old.generation + 1)?;
+            return Ok(Prepared { _guard: guard, old, next, kept });
+        }
         let members: Members = config
             .workers
             .iter()

@@ -385,3 +385,5 @@ pub fn config_for(addrs: &[SocketAddr], pool_extra: &str, top_extra: &str) -> St
     }
     s
 }
+
+pub mod etcd;

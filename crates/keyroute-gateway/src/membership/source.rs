@@ -1,0 +1,309 @@
+//! The etcd membership source: one task per etcd-backed pool keeps the pool's members equal to
+//! the records under its prefix.
+//!
+//! 1. **Read** every key under the prefix, and apply them as one snapshot swap.
+//! 2. **Watch** the prefix from the read's revision + 1. Changes that arrive within the debounce
+//!    (50 ms by default) of the first are applied together: a burst of joins is one new table.
+//! 3. On a **compacted** start revision, read again and apply the difference (the snapshot swap
+//!    keeps every unchanged worker's state).
+//! 4. On **losing etcd** (a failed read, a broken watch, a failed liveness check every 2 s), keep
+//!    serving the last applied members, say so (a log line, `keyroute_membership_source_up` 0,
+//!    `/readyz`), and reconnect with backoff (100 ms doubling to 1 s); the watch resumes from the
+//!    last applied revision + 1, so nothing is missed.
+//!
+//! After each apply the members are saved to the pool's state file; a gateway started while etcd
+//! is down starts from it (see [`super::saved`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::record::members_of;
+use super::{saved, stopped};
+use crate::config::{EtcdConfig, MembershipConfig, resolve};
+use crate::etcd::{Client, EtcdError, Event, WatchMessage};
+use crate::pool::Pool;
+use crate::state::Shared;
+
+/// Between liveness checks of the etcd connection while the watch is quiet.
+const LIVENESS: Duration = Duration::from_secs(2);
+/// The first and the longest wait before reconnecting.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
+
+/// Starts the source task of every etcd-backed pool that has none.
+pub(crate) fn spawn_sources(shared: &Arc<Shared>) {
+    let routing = shared.front.routing.load();
+    let mut running = shared.sources.lock().unwrap_or_else(|e| e.into_inner());
+    for pool in &routing.pools {
+        if running.contains(&pool.name) || !matches!(pool.snapshot().config.membership, MembershipConfig::Etcd(_)) {
+            continue;
+        }
+        running.push(pool.name.clone());
+        tokio::spawn(run(Arc::downgrade(pool), Arc::downgrade(shared)));
+    }
+}
+
+/// Applies a pool's saved membership, if it has a state file: what a gateway serves until its
+/// first read of etcd, and all it has while etcd is down at start-up.
+pub(crate) fn start_from_saved(pool: &Pool, own: &[std::net::SocketAddr]) {
+    let MembershipConfig::Etcd(cfg) = &pool.snapshot().config.membership else { return };
+    let Some(path) = &cfg.state_file else { return };
+    match saved::load(path, &cfg.prefix) {
+        Ok(None) => {}
+        Ok(Some((revision, records))) => {
+            let (members, rejected) = members_of(cfg.prefix.as_bytes(), &records, own, resolve);
+            match pool.set_members(&members) {
+                Ok(_) => tracing::info!(
+                    pool = %pool.name,
+                    file = %path.display(),
+                    revision,
+                    workers = members.len(),
+                    ignored = rejected.len(),
+                    "starting from the saved membership"
+                ),
+                Err(e) => tracing::warn!(pool = %pool.name, error = %e, "the saved membership was refused"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(pool = %pool.name, file = %path.display(), error = %e, "could not read the saved membership")
+        }
+    }
+}
+
+/// The records as last read and watched.
+#[derive(Debug, Default)]
+struct Records {
+    /// Key -> value, for the current prefix.
+    kvs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The revision they are current at (0: never read).
+    revision: i64,
+    /// Rejections already logged (key and reason), so that a change logs only new ones.
+    logged: HashSet<(String, String)>,
+}
+
+/// How a session with etcd ended.
+enum Ended {
+    /// The watch's start revision was compacted: read again, now.
+    Compacted,
+    /// The pool's source changed (a reload): start over with the new settings.
+    Reconfigured,
+    /// etcd was lost.
+    Lost(EtcdError),
+    /// The pool or the gateway is gone.
+    Gone,
+}
+
+async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
+    let mut records = Records::default();
+    let mut current: Option<EtcdConfig> = None;
+    let mut backoff = BACKOFF.0;
+    let mut down_since: Option<Instant> = None;
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        let name = p.name.clone();
+        let in_service =
+            shared.upgrade().is_some_and(|s| s.front.routing.load().pools.iter().any(|q| Arc::ptr_eq(q, &p)));
+        let source = if in_service { p.snapshot().config.membership.clone() } else { MembershipConfig::Static };
+        let MembershipConfig::Etcd(cfg) = source else {
+            if let Some(s) = shared.upgrade() {
+                s.sources.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| *n != name);
+            }
+            return;
+        };
+        if current.as_ref().is_none_or(|c| c.prefix != cfg.prefix) {
+            // A new prefix: nothing read so far counts.
+            records = Records::default();
+        }
+        current = Some(cfg.clone());
+        let client = match Client::new(&cfg.endpoints) {
+            Ok(c) => c,
+            Err(e) => {
+                // Validated configurations never get here.
+                tracing::error!(pool = %name, error = %e, "membership source: bad endpoints");
+                return;
+            }
+        };
+        let ended = session(&p, &shared, &cfg, &client, &mut records, &mut down_since, &mut backoff).await;
+        match ended {
+            Ended::Gone => return,
+            Ended::Reconfigured => continue,
+            Ended::Compacted => {
+                p.source.compactions.fetch_add(1, Relaxed);
+                tracing::info!(pool = %name, "membership source: watch revision compacted; reading the prefix again");
+                records.revision = 0;
+            }
+            Ended::Lost(e) => {
+                p.source.up.store(0, Relaxed);
+                if down_since.is_none() {
+                    p.source.lost.fetch_add(1, Relaxed);
+                    down_since = Some(Instant::now());
+                    tracing::warn!(
+                        pool = %name,
+                        error = %e,
+                        workers = p.snapshot().workers.len(),
+                        revision = records.revision,
+                        "membership source lost: serving the last known members; reconnecting"
+                    );
+                }
+                let mut rx = match shared.upgrade() {
+                    Some(s) => s.shutdown.subscribe(),
+                    None => return,
+                };
+                drop(p);
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stopped(&mut rx) => return,
+                }
+                backoff = (backoff * 2).min(BACKOFF.1);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn session(
+    pool: &Arc<Pool>,
+    shared: &Weak<Shared>,
+    cfg: &EtcdConfig,
+    client: &Client,
+    records: &mut Records,
+    down_since: &mut Option<Instant>,
+    backoff: &mut Duration,
+) -> Ended {
+    let prefix = cfg.prefix.as_bytes();
+    let Some(mut shutdown) = shared.upgrade().map(|s| s.shutdown.subscribe()) else { return Ended::Gone };
+    if records.revision == 0 {
+        let range = match client.range_prefix(prefix).await {
+            Ok(r) => r,
+            Err(e) => return Ended::Lost(e),
+        };
+        records.kvs = range.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect();
+        records.revision = range.revision;
+        apply(pool, shared, cfg, records).await;
+    }
+    let mut watch = match client.watch(prefix, records.revision + 1).await {
+        Ok(w) => w,
+        Err(EtcdError::Compacted(_)) => return Ended::Compacted,
+        Err(e) => return Ended::Lost(e),
+    };
+    mark_up(pool, down_since, backoff, records.revision);
+    let mut pending: Option<Instant> = None;
+    let mut liveness = tokio::time::interval_at(Instant::now() + LIVENESS, LIVENESS);
+    loop {
+        tokio::select! {
+            msg = watch.next() => match msg {
+                Ok(WatchMessage::Created { .. } | WatchMessage::Progress { .. }) => touch(pool),
+                Ok(WatchMessage::Events(events)) => {
+                    touch(pool);
+                    for e in events {
+                        records.revision = records.revision.max(e.revision());
+                        match e {
+                            Event::Put(kv) => {
+                                records.kvs.insert(kv.key, kv.value);
+                            }
+                            Event::Delete { key, .. } => {
+                                records.kvs.remove(&key);
+                            }
+                        }
+                    }
+                    // The first change of a burst starts the debounce; later ones join it.
+                    pending.get_or_insert_with(|| Instant::now() + cfg.debounce);
+                }
+                Ok(WatchMessage::Compacted { .. }) => return Ended::Compacted,
+                Err(e) => {
+                    // Apply what arrived before the stream broke: it is committed in etcd.
+                    if pending.is_some() {
+                        apply(pool, shared, cfg, records).await;
+                    }
+                    return Ended::Lost(e);
+                }
+            },
+            _ = sleep_until(pending) => {
+                pending = None;
+                apply(pool, shared, cfg, records).await;
+            }
+            _ = liveness.tick() => {
+                // A watch on a quiet prefix says nothing; a connection to an etcd that vanished
+                // (a partition, a host gone) would say nothing either. Ask.
+                match client.revision(prefix).await {
+                    Ok(_) => touch(pool),
+                    Err(e) => return Ended::Lost(e),
+                }
+            }
+            _ = pool.reconfigured.notified() => return Ended::Reconfigured,
+            _ = stopped(&mut shutdown) => return Ended::Gone,
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn touch(pool: &Pool) {
+    pool.source.current_at_ms.store(pool.epoch().elapsed().as_millis() as u64, Relaxed);
+}
+
+fn mark_up(pool: &Pool, down_since: &mut Option<Instant>, backoff: &mut Duration, revision: i64) {
+    pool.source.up.store(1, Relaxed);
+    touch(pool);
+    *backoff = BACKOFF.0;
+    if let Some(since) = down_since.take() {
+        tracing::info!(
+            pool = %pool.name,
+            revision,
+            down_ms = since.elapsed().as_millis() as u64,
+            "membership source back"
+        );
+    }
+}
+
+/// Applies the records to the pool as one snapshot swap (built on the blocking pool), logs the
+/// records rejected for the first time, and saves the members.
+async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, records: &mut Records) {
+    let own = match shared.upgrade() {
+        Some(s) => s.own_addrs(),
+        None => return,
+    };
+    let kvs: Vec<(Vec<u8>, Vec<u8>)> = records.kvs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let (p, prefix, state_file, revision) =
+        (Arc::clone(pool), cfg.prefix.clone(), cfg.state_file.clone(), records.revision);
+    let done = tokio::task::spawn_blocking(move || {
+        let (members, rejected) = members_of(prefix.as_bytes(), &kvs, &own, resolve);
+        // Before the swap: whoever sees the new members sees their rejections too.
+        p.source.rejected.store(rejected.len() as u64, Relaxed);
+        let applied = p.set_members(&members);
+        if applied.is_ok()
+            && let Some(path) = &state_file
+            && let Err(e) = saved::save(path, &p.name, &prefix, revision, &members)
+        {
+            tracing::warn!(pool = %p.name, file = %path.display(), error = %e, "could not save the membership");
+        }
+        (applied, rejected, members.len())
+    })
+    .await;
+    let Ok((applied, rejected, count)) = done else { return };
+    let logged: HashSet<(String, String)> = rejected.iter().map(|r| (r.key.clone(), r.reason.clone())).collect();
+    for r in &rejected {
+        if !records.logged.contains(&(r.key.clone(), r.reason.clone())) {
+            tracing::warn!(pool = %pool.name, key = %r.key, reason = %r.reason, "membership record ignored");
+        }
+    }
+    records.logged = logged;
+    match applied {
+        Ok(generation) => {
+            pool.source.revision.store(revision.max(0) as u64, Relaxed);
+            pool.source.applied.fetch_add(1, Relaxed);
+            tracing::debug!(pool = %pool.name, revision, generation, workers = count, "membership applied");
+        }
+        Err(e) => {
+            tracing::warn!(pool = %pool.name, revision, error = %e, "membership from etcd refused; keeping the current members")
+        }
+    }
+}

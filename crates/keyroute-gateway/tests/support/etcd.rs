@@ -1,0 +1,152 @@
+//! A real etcd for the membership tests: the Debian package's binary (installed by
+//! `scripts/test.sh`), on free loopback ports, in a temporary directory, killed by pid when the
+//! test drops it; and a TCP forwarder that a test can cut, to part a gateway from etcd while
+//! etcd keeps working.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keyroute_gateway::etcd::Client;
+use tokio::net::{TcpListener, TcpStream};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// An etcd server of its own.
+pub struct Etcd {
+    child: Option<Child>,
+    pub client: SocketAddr,
+    peer: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Etcd {
+    pub async fn start() -> Etcd {
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir =
+            std::env::temp_dir().join(format!("keyroute-etcd-{}-{}", std::process::id(), COUNT.fetch_add(1, SeqCst)));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("etcd dir");
+        let mut e = Etcd {
+            child: None,
+            client: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            peer: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            dir,
+        };
+        e.spawn().await;
+        e
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.client)
+    }
+
+    /// The data directory (removed on drop).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    async fn spawn(&mut self) {
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("etcd.log")).expect("etcd log");
+        let (client, peer) = (format!("http://{}", self.client), format!("http://{}", self.peer));
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.dir.join("data"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd runs (the Debian package etcd-server; scripts/test.sh installs it)");
+        self.child = Some(child);
+        let c = Client::new(&[self.endpoint()]).expect("endpoint");
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if c.range_prefix(b"/").await.is_ok() {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < until, "etcd did not start: see {}", self.dir.display());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills etcd (SIGKILL, by pid) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again, on the same ports with the same data.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A TCP forwarder to `target` that can be cut (every connection dropped, new ones closed at
+/// once) and restored.
+pub struct Cuttable {
+    pub addr: SocketAddr,
+    open: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Cuttable {
+    pub async fn start(target: SocketAddr) -> Cuttable {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let open = Arc::new(AtomicBool::new(true));
+        let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (o, cs) = (Arc::clone(&open), Arc::clone(&conns));
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = l.accept().await {
+                if !o.load(SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let t = tokio::spawn(async move {
+                    if let Ok(mut out) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+                cs.lock().expect("lock").push(t.abort_handle());
+            }
+        });
+        Cuttable { addr, open, conns, accept }
+    }
+
+    pub fn cut(&self) {
+        self.open.store(false, SeqCst);
+        for c in self.conns.lock().expect("lock").drain(..) {
+            c.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.open.store(true, SeqCst);
+    }
+}
+
+impl Drop for Cuttable {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
