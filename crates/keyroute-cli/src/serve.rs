@@ -161,7 +161,9 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
             shutdown_signal().await;
             let _ = stop_tx.send(true);
             let _ = keeper.await;
-            let requests = || stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+            // Work the gateways send (thumbnails and bad requests), not their health checks.
+            let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            let requests = || load(&stats.hits) + load(&stats.misses) + load(&stats.errors);
             if let Err(e) = registrar.leave(requests, grace, limit).await {
                 tracing::warn!(error = %e, "could not leave the registry; the lease expires by itself");
             }

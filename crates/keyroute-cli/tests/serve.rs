@@ -63,6 +63,10 @@ fn check_validates_and_names_the_line() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/keyroute.toml");
     let o = bin().args(["serve", "--config", example, "--check"]).output().expect("run");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let etcd_example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/keyroute-etcd.toml");
+    let o = bin().args(["serve", "--config", etcd_example, "--check"]).output().expect("run");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).is_empty(), "no warnings: {}", String::from_utf8_lossy(&o.stderr));
     let bad = dir.join("bad.toml");
     let text = std::fs::read_to_string(example).expect("example").replace("rise = 2", "rise = 2\nrize = 3");
     std::fs::write(&bad, text).expect("write");

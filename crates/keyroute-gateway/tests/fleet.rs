@@ -16,7 +16,7 @@ use keyroute_gateway::etcd::Client;
 use keyroute_gateway::membership::record::{RecordState, WorkerRecord};
 use keyroute_gateway::membership::register::Registrar;
 use keyroute_gateway::membership::registry::Registry;
-use support::etcd::{Cuttable, Etcd};
+use keyroute_testkit::{Cuttable, Etcd};
 use support::*;
 use tokio::time::Instant;
 
@@ -100,10 +100,11 @@ async fn start_fleet(etcd: &Etcd, prefix: &str, strategy: &str, n: usize) -> Vec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_agree_after_every_change() {
-    let mut etcd = Etcd::start().await;
+    let mut etcd = Etcd::start();
     let backends = backends(8).await;
     let keys = keys(10_000);
     let mut report = Vec::new();
+    let mut all = Vec::new();
     for (strategy, changes) in
         [(Strategy::Rendezvous, 50), (Strategy::Slots, 12), (Strategy::Maglev, 12), (Strategy::Ring, 12)]
     {
@@ -163,7 +164,7 @@ async fn three_gateways_agree_after_every_change() {
             if strategy == Strategy::Rendezvous && step == changes / 2 {
                 // etcd restarts: every gateway keeps its members and reconnects.
                 let t = Instant::now();
-                etcd.restart().await;
+                etcd.restart();
                 let restart = t.elapsed();
                 let t = Instant::now();
                 eventually(Duration::from_secs(10), "every gateway reconnects", || async {
@@ -174,6 +175,7 @@ async fn three_gateways_agree_after_every_change() {
                 assert_placements(&gws, strategy, &expected, &keys);
             }
         }
+        all.extend(times.iter().copied());
         let n = times.len();
         let max = *times.iter().max().expect("changes");
         let med = median(&mut times);
@@ -183,12 +185,14 @@ async fn three_gateways_agree_after_every_change() {
             g.task.abort();
         }
     }
+    let (n, max) = (all.len(), *all.iter().max().expect("changes"));
+    report.push(format!("all: {n} changes, convergence median {:?}, max {max:?}", median(&mut all)));
     println!("{}", report.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_serve_through_an_etcd_outage_and_start_from_their_saved_members() {
-    let mut etcd = Etcd::start().await;
+    let mut etcd = Etcd::start();
     let prefix = "/keyroute/pools/outage/workers/";
     let registry = Registry::new(&[etcd.endpoint()], prefix).expect("registry");
     let backends = backends(4).await;
@@ -245,7 +249,7 @@ async fn gateways_serve_through_an_etcd_outage_and_start_from_their_saved_member
     }
     assert_eq!(failed, 0, "failed GETs during the outage ({rounds} rounds of 60)");
 
-    etcd.restart().await;
+    etcd.restart();
     let revision = registry.add(&backends[3].name, &record(backends[3].addr, 1, false), 0).await.expect("add");
     let t = converged(&gws, revision, Duration::from_secs(5)).await;
     println!(
@@ -261,7 +265,7 @@ async fn gateways_serve_through_an_etcd_outage_and_start_from_their_saved_member
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compacted_watch_reads_the_prefix_again() {
-    let etcd = Etcd::start().await;
+    let etcd = Etcd::start();
     let prefix = "/keyroute/pools/compact/workers/";
     let registry = Registry::new(&[etcd.endpoint()], prefix).expect("registry");
     let backends = backends(4).await;
@@ -296,7 +300,7 @@ async fn a_compacted_watch_reads_the_prefix_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_are_ignored_one_by_one_and_the_pool_never_empties() {
-    let etcd = Etcd::start().await;
+    let etcd = Etcd::start();
     let prefix = "/keyroute/pools/junk/workers/";
     let client = Client::new(&[etcd.endpoint()]).expect("client");
     let backends = backends(3).await;
@@ -362,7 +366,7 @@ fn client_for_test() -> TestClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_changes_on_one_gateway_reach_every_gateway_through_etcd() {
-    let etcd = Etcd::start().await;
+    let etcd = Etcd::start();
     let prefix = "/keyroute/pools/admin/workers/";
     let backends = backends(3).await;
     let gws = start_fleet(&etcd, prefix, "rendezvous", 2).await;
@@ -404,6 +408,19 @@ async fn admin_changes_on_one_gateway_reach_every_gateway_through_etcd() {
     .await;
     let (s, _) = admin(&gws[1], "DELETE", "/workers/nobody", "", None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+    // A reload changes the pool's settings, not its members, and the source goes on.
+    let state = etcd.dir().join(format!("gw0-{}.json", prefix.replace('/', "_")));
+    let text = etcd_config(&etcd.endpoint(), prefix, "ring", &state);
+    gws[0].handle.reload(keyroute_gateway::Config::parse(&text, "t.toml").expect("valid")).expect("reload");
+    assert_eq!(gws[0].handle.membership("p").expect("pool").workers, ["w2"]);
+    let (_, v) = admin(&gws[0], "GET", "/workers", "", None).await;
+    assert_eq!(v["pools"][0]["strategy"], "ring");
+    let (s, v) = admin(&gws[1], "POST", "/workers", &add(&backends[0]), None).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    eventually(Duration::from_secs(5), "the reloaded gateway still follows etcd", || async {
+        gws[0].handle.membership("p").expect("pool").workers == ["w1", "w2"]
+    })
+    .await;
     drop(etcd);
     let (s, v) = admin(&gws[0], "POST", "/workers", &add(&backends[0]), None).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "etcd down: nothing changes, and says so: {v}");
@@ -414,7 +431,7 @@ async fn admin_changes_on_one_gateway_reach_every_gateway_through_etcd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registered_workers_join_leave_and_are_dropped_when_they_die() {
-    let etcd = Etcd::start().await;
+    let etcd = Etcd::start();
     let prefix = "/keyroute/pools/leases/workers/";
     let mut backends = backends(3).await;
     let gws = start_fleet(&etcd, prefix, "rendezvous", 3).await;

@@ -304,6 +304,60 @@ weight = 2
         }
     }
 
+    /// GOOD with its workers replaced by an etcd source (`extra` appended to that section).
+    fn etcd_pool(extra: &str) -> String {
+        let head = &GOOD[..GOOD.find("[[pool.worker]]").expect("workers")];
+        format!(
+            "{head}[pool.membership]\nsource = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\nprefix = \"/keyroute/pools/thumbs/workers/\"\n{extra}"
+        )
+    }
+
+    #[test]
+    fn an_etcd_source_validates_and_names_its_errors() {
+        let c = Config::parse(&etcd_pool(""), "/etc/keyroute/k.toml").expect("valid");
+        let MembershipConfig::Etcd(e) = &c.pools[0].membership else { panic!("an etcd source") };
+        assert_eq!(e.prefix, "/keyroute/pools/thumbs/workers/");
+        assert_eq!(e.debounce, Duration::from_millis(50));
+        assert_eq!(e.state_file.as_deref(), Some(Path::new("/etc/keyroute/thumbs.members.json")));
+        assert!(c.pools[0].workers.is_empty());
+        for (text, line, field, needle) in [
+            (etcd_pool("").replace("\"etcd\"", "\"consul\""), 11, "pool.thumbs.membership.source", "unknown source"),
+            (
+                etcd_pool("").replace("http://127.0.0.1:2379", "https://x:1"),
+                12,
+                "pool.thumbs.membership.endpoints",
+                "invalid etcd endpoint",
+            ),
+            (
+                etcd_pool("").replace("/keyroute/pools/thumbs/workers/", "keyroute"),
+                13,
+                "pool.thumbs.membership.prefix",
+                "must start and end with '/'",
+            ),
+            (etcd_pool("debounce_ms = 60000\n"), 14, "pool.thumbs.membership.debounce_ms", "at most 5000"),
+            (etcd_pool("colour = 1\n"), 14, "pool.membership.colour", "unknown field"),
+            (
+                format!("{}[[pool.worker]]\nname = \"w1\"\naddress = \"127.0.0.1:9001\"\n", etcd_pool("")),
+                15,
+                "pool.thumbs.worker",
+                "takes its workers from etcd",
+            ),
+            (
+                etcd_pool("").replace("source = \"etcd\"", "source = \"static\""),
+                12,
+                "pool.thumbs.membership.endpoints",
+                "only an etcd source",
+            ),
+        ] {
+            let err = Config::parse(&text, "k.toml").expect_err("invalid");
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}");
+            assert!(err.message.contains(needle), "{err}");
+        }
+        let no_prefix = etcd_pool("").replace("prefix = \"/keyroute/pools/thumbs/workers/\"\n", "");
+        let err = Config::parse(&no_prefix, "k.toml").expect_err("no prefix");
+        assert_eq!(err.field, "pool.thumbs.membership.prefix", "{err}");
+    }
+
     #[test]
     fn values_that_would_fail_every_request_are_refused() {
         let key = "key = \"{path}?w={query.w}\"";

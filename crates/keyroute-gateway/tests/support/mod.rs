@@ -385,5 +385,3 @@ pub fn config_for(addrs: &[SocketAddr], pool_extra: &str, top_extra: &str) -> St
     }
     s
 }
-
-pub mod etcd;

@@ -1,7 +1,9 @@
-//! A real etcd for the membership tests: the Debian package's binary (installed by
-//! `scripts/test.sh`), on free loopback ports, in a temporary directory, killed by pid when the
-//! test drops it; and a TCP forwarder that a test can cut, to part a gateway from etcd while
-//! etcd keeps working.
+//! Test support for keyroute's own tests (not published):
+//!
+//! - [`Etcd`]: a real etcd, the Debian package's binary (installed by `scripts/test.sh`), on free
+//!   loopback ports, in a temporary directory, killed by pid when dropped;
+//! - [`Cuttable`]: a TCP forwarder that a test can cut, to part a gateway from etcd while etcd
+//!   keeps working.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keyroute_gateway::etcd::Client;
+use std::io::{Read, Write};
+
 use tokio::net::{TcpListener, TcpStream};
 
 fn free_port() -> u16 {
@@ -18,15 +21,22 @@ fn free_port() -> u16 {
 }
 
 /// An etcd server of its own.
+#[derive(Debug)]
 pub struct Etcd {
     child: Option<Child>,
+    /// Its client address.
     pub client: SocketAddr,
     peer: SocketAddr,
     dir: PathBuf,
 }
 
 impl Etcd {
-    pub async fn start() -> Etcd {
+    /// Starts one and waits until it answers (at most 20 s).
+    ///
+    /// # Panics
+    ///
+    /// If `etcd` is not installed or does not start.
+    pub fn start() -> Etcd {
         static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let dir =
             std::env::temp_dir().join(format!("keyroute-etcd-{}-{}", std::process::id(), COUNT.fetch_add(1, SeqCst)));
@@ -38,10 +48,11 @@ impl Etcd {
             peer: SocketAddr::from(([127, 0, 0, 1], free_port())),
             dir,
         };
-        e.spawn().await;
+        e.spawn();
         e
     }
 
+    /// `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.client)
     }
@@ -51,7 +62,7 @@ impl Etcd {
         &self.dir
     }
 
-    async fn spawn(&mut self) {
+    fn spawn(&mut self) {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("etcd.log")).expect("etcd log");
         let (client, peer) = (format!("http://{}", self.client), format!("http://{}", self.peer));
@@ -67,15 +78,27 @@ impl Etcd {
             .spawn()
             .expect("etcd runs (the Debian package etcd-server; scripts/test.sh installs it)");
         self.child = Some(child);
-        let c = Client::new(&[self.endpoint()]).expect("endpoint");
-        let until = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if c.range_prefix(b"/").await.is_ok() {
-                return;
-            }
-            assert!(tokio::time::Instant::now() < until, "etcd did not start: see {}", self.dir.display());
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while !self.answers() {
+            assert!(std::time::Instant::now() < until, "etcd did not start: see {}", self.dir.display());
+            std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether etcd answers a range request through its JSON gateway.
+    fn answers(&self) -> bool {
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&self.client, Duration::from_millis(200)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let body = r#"{"key":"Lw=="}"#;
+        let req = format!(
+            "POST /v3/kv/range HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.client,
+            body.len()
+        );
+        let mut resp = Vec::new();
+        s.write_all(req.as_bytes()).is_ok() && s.read_to_end(&mut resp).is_ok() && resp.starts_with(b"HTTP/1.1 200")
     }
 
     /// Kills etcd (SIGKILL, by pid) and waits for it.
@@ -87,9 +110,9 @@ impl Etcd {
     }
 
     /// Starts it again, on the same ports with the same data.
-    pub async fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.kill();
-        self.spawn().await;
+        self.spawn();
     }
 }
 
@@ -102,6 +125,7 @@ impl Drop for Etcd {
 
 /// A TCP forwarder to `target` that can be cut (every connection dropped, new ones closed at
 /// once) and restored.
+#[derive(Debug)]
 pub struct Cuttable {
     pub addr: SocketAddr,
     open: Arc<AtomicBool>,
@@ -110,6 +134,7 @@ pub struct Cuttable {
 }
 
 impl Cuttable {
+    /// Starts forwarding (on the current tokio runtime).
     pub async fn start(target: SocketAddr) -> Cuttable {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr");
@@ -132,6 +157,7 @@ impl Cuttable {
         Cuttable { addr, open, conns, accept }
     }
 
+    /// Drops every connection; refuses new ones until restored.
     pub fn cut(&self) {
         self.open.store(false, SeqCst);
         for c in self.conns.lock().expect("lock").drain(..) {
@@ -139,6 +165,7 @@ impl Cuttable {
         }
     }
 
+    /// Forwards again.
     pub fn restore(&self) {
         self.open.store(true, SeqCst);
     }
