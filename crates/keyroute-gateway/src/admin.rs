@@ -493,8 +493,13 @@ async fn etcd_change(
                 Err(r) => return r,
             };
             let own = shared.own_addrs();
-            if let Err(e) = validate_worker(&add.name, &add.address, add.weight.max(1), add.zone.as_deref(), &own) {
-                return fail(StatusCode::BAD_REQUEST, format!("\"{}\": {}", e.field, e.message));
+            // Off the request threads: a host name is resolved.
+            let (n, a, z) = (add.name.clone(), add.address.clone(), add.zone.clone());
+            let checked = tokio::task::spawn_blocking(move || validate_worker(&n, &a, 1, z.as_deref(), &own)).await;
+            match checked {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return fail(StatusCode::BAD_REQUEST, format!("\"{}\": {}", e.field, e.message)),
+                Err(_) => return fail(StatusCode::INTERNAL_SERVER_ERROR, "the change did not complete"),
             }
             if add.weight == 0 {
                 return fail(

@@ -30,7 +30,9 @@
 //!
 //! The public face is small: [`Config`] to load and validate a file, [`Gateway`] to bind and run,
 //! [`GatewayHandle`] to reload, change membership, inspect and stop, and [`ProxyService`] to call the
-//! request path without a socket.
+//! request path without a socket. [`membership`] has the etcd layout of a pool's members (a public
+//! contract), the registry that writes it and the registrar a worker keeps itself registered with;
+//! [`etcd`] the client they use.
 //!
 //! ## Layout
 //!

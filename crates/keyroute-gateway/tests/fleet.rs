@@ -512,3 +512,31 @@ async fn registered_workers_join_leave_and_are_dropped_when_they_die() {
         g.task.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_rebuilt_from_nothing_is_read_again() {
+    let mut etcd = Etcd::start();
+    let prefix = "/keyroute/pools/rebuilt/workers/";
+    let registry = Registry::new(&[etcd.endpoint()], prefix).expect("registry");
+    let backends = backends(3).await;
+    // Enough history that the new cluster's revisions stay behind the old one's.
+    for b in &backends {
+        registry.add(&b.name, &record(b.addr, 1, false), 0).await.expect("add");
+    }
+    for w in 2..8 {
+        registry.set_weight("w1", w).await.expect("weight");
+    }
+    let gw =
+        start_gateway(&etcd_config(&etcd.endpoint(), prefix, "rendezvous", &etcd.dir().join("rebuilt.json"))).await;
+    eventually(Duration::from_secs(5), "three workers", || async {
+        gw.handle.membership("p").expect("pool").workers.len() == 3
+    })
+    .await;
+    etcd.replace_with_empty();
+    registry.add("w9", &record(backends[0].addr, 1, false), 0).await.expect("add");
+    eventually(Duration::from_secs(8), "the new cluster's members", || async {
+        gw.handle.membership("p").expect("pool").workers == ["w9"]
+    })
+    .await;
+    gw.task.abort();
+}

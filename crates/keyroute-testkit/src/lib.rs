@@ -109,6 +109,14 @@ impl Etcd {
         }
     }
 
+    /// Starts a new, empty etcd in its place (the same ports, its data gone): a cluster rebuilt
+    /// from nothing, whose revisions start again.
+    pub fn replace_with_empty(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(self.dir.join("data"));
+        self.spawn();
+    }
+
     /// Starts it again, on the same ports with the same data.
     pub fn restart(&mut self) {
         self.kill();

@@ -88,6 +88,8 @@ struct Records {
 enum Ended {
     /// The watch's start revision was compacted: read again, now.
     Compacted,
+    /// The store's revision is behind the one applied (a new cluster): read again, now.
+    Behind,
     /// The pool's source changed (a reload): start over with the new settings.
     Reconfigured,
     /// etcd was lost.
@@ -135,6 +137,7 @@ async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
                 tracing::info!(pool = %name, "membership source: watch revision compacted; reading the prefix again");
                 records.revision = 0;
             }
+            Ended::Behind => records.revision = 0,
             Ended::Lost(e) => {
                 p.source.up.store(0, Relaxed);
                 if down_since.is_none() {
@@ -229,6 +232,12 @@ async fn session(
                 // A watch on a quiet prefix says nothing; a connection to an etcd that vanished
                 // (a partition, a host gone) would say nothing either. Ask.
                 match client.revision(prefix).await {
+                    // Behind what was applied: a new etcd cluster (restored or rebuilt), whose
+                    // revisions start again. Nothing watched from here would ever arrive.
+                    Ok(r) if r < records.revision => {
+                        tracing::warn!(pool = %pool.name, store = r, applied = records.revision, "etcd's revision went back; reading the prefix again");
+                        return Ended::Behind;
+                    }
                     Ok(_) => touch(pool),
                     Err(e) => return Ended::Lost(e),
                 }

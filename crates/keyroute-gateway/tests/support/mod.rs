@@ -345,7 +345,18 @@ impl RawBackend {
                         })
                         .and_then(|v| v.parse::<usize>().ok())
                         .unwrap_or(0);
-                    while buf.len() < head_end + len {
+                    // Read the whole body before answering: closing a socket with unread bytes
+                    // sends a reset, which can reach the gateway before the response does.
+                    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+                    loop {
+                        let done = if chunked {
+                            buf[head_end..].windows(5).any(|w| w == b"0\r\n\r\n")
+                        } else {
+                            buf.len() >= head_end + len
+                        };
+                        if done {
+                            break;
+                        }
                         match s.read(&mut chunk).await {
                             Ok(0) | Err(_) => break,
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
