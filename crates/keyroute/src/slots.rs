@@ -47,7 +47,7 @@
 //! # Cost
 //!
 //! Lookup: CRC16 of the key (table driven) and one array read. 64 KiB of table. Building: 16,384
-//! rendezvous picks, `O(16384 n)` (0.8 ms at 8 nodes: `cargo bench -p keyroute-bench --bench placement -- build/slots`).
+//! rendezvous picks, `O(16384 n)` (0.67 ms at 8 nodes: `cargo bench -p keyroute-bench --bench placement -- build/slots`).
 //!
 //! # When to choose it
 //!
