@@ -44,6 +44,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         return Ok(());
     }
     init_logging(&args.log)?;
+    // --watch also watches the certificate files: a renewed certificate reloads by itself.
+    let certificates: Vec<std::path::PathBuf> =
+        config.listeners.iter().flat_map(|l| l.tls.iter().flat_map(|c| [c.cert.clone(), c.key.clone()])).collect();
     let rt = runtime(args.threads)?;
     rt.block_on(async {
         let gateway = Gateway::bind(config).await.context("starting the gateway")?;
@@ -52,7 +55,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         }
         tracing::info!(addr = %gateway.admin_addr(), "admin API listening");
         let handle = gateway.handle();
-        spawn_reloaders(handle, args.config.clone(), args.watch);
+        spawn_reloaders(handle, args.config.clone(), args.watch, certificates);
         gateway.run(shutdown_signal()).await.context("serving")?;
         Ok(())
     })
@@ -68,7 +71,7 @@ async fn reload(handle: &GatewayHandle, path: &Path, why: &str) {
     }
 }
 
-fn spawn_reloaders(handle: GatewayHandle, path: std::path::PathBuf, watch: bool) {
+fn spawn_reloaders(handle: GatewayHandle, path: std::path::PathBuf, watch: bool, also: Vec<std::path::PathBuf>) {
     #[cfg(unix)]
     {
         let (handle, path) = (handle.clone(), path.clone());
@@ -81,7 +84,8 @@ fn spawn_reloaders(handle: GatewayHandle, path: std::path::PathBuf, watch: bool)
     }
     if watch {
         tokio::spawn(async move {
-            let stamp = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            let one = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            let stamp = |p: &Path| (one(p), also.iter().map(|a| one(a)).collect::<Vec<_>>());
             let mut last = stamp(&path);
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;

@@ -35,6 +35,23 @@ pub enum GatewayError {
         /// The gateway's listener it points at.
         listener: SocketAddr,
     },
+    /// An access log could not be opened.
+    #[error("cannot open the access log {path}: {source}")]
+    AccessLog {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TLS configuration could not be built.
+    #[error("TLS on {addr}: {message}")]
+    Tls {
+        /// The listener.
+        addr: SocketAddr,
+        /// Why.
+        message: String,
+    },
     /// No pool has this name.
     #[error("no pool named '{0}'")]
     UnknownPool(String),

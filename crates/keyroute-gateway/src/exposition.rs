@@ -345,6 +345,41 @@ impl Collector for Scrape {
             MetricType::Counter,
             &|m| m.header_timeouts.load(Relaxed),
         )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_tls_handshake_errors",
+            "TLS handshakes that failed or timed out.",
+            MetricType::Counter,
+            &|m| m.tls_errors.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_h2_connections",
+            "Connections that spoke HTTP/2.",
+            MetricType::Counter,
+            &|m| m.h2_connections.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_upgrades",
+            "Upgraded connections (WebSocket and others) tunnelled to a worker.",
+            MetricType::Counter,
+            &|m| m.upgrades.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_access_log_lines",
+            "Access log lines written.",
+            MetricType::Counter,
+            &|m| m.log_written.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_access_log_dropped",
+            "Access log lines dropped because the writer's queue was full (requests never wait for it).",
+            MetricType::Counter,
+            &|m| m.log_dropped.load(Relaxed),
+        )?;
         family(
             &mut encoder,
             "keyroute_admin_auth_failures",

@@ -44,9 +44,11 @@
 //! | [`key`] | key templates |
 //! | `table` | node sets and the table size limit |
 //! | [`etcd`] | a small etcd v3 client over its JSON gateway (no gRPC, no `protoc`) |
+//! | [`tls`] | certificates and SNI selection (rustls, `ring`) |
 //! | [`config`] | `raw` (serde structs), `validate` (one function per section), the validated types |
 //! | `health` | pure machines: `machine` (rise/fall), `eject` (passive ejection) |
 //! | `metrics` | counters owned by what they count |
+//! | `access` | access log lines, queued to a writer thread |
 //! | `upstream` | per-worker connection pools |
 //! | `pool` | `endpoint` (a worker's live state), `snapshot` (what a request reads), the pool (build, then swap) |
 //! | `error` | the errors of starting and reloading |
@@ -58,14 +60,17 @@
 //! | [`membership`] | `record` (the etcd layout, a public contract), `registry` and `register` (writing records), `saved` (the last members on disk), `source` (the watch task) |
 //! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
 //! | `admin` | the admin API |
+//! | `connection` | one connection: TLS and ALPN, HTTP/1.1 (head timeout, upgrades) or HTTP/2 |
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, reload, shutdown |
 
 #![deny(missing_docs)]
 
 // Modules in the order of their imports: each uses only those above it.
+mod access;
 mod admin;
 mod body;
 pub mod config;
+mod connection;
 mod error;
 pub mod etcd;
 mod exposition;
@@ -81,6 +86,7 @@ mod routing;
 mod server;
 mod state;
 mod table;
+pub mod tls;
 mod upstream;
 
 pub use body::{BoxError, ProxyBody};

@@ -102,6 +102,8 @@ impl Backoff {
 /// body still arriving after an early response are never taken for a slow head.
 #[derive(Debug)]
 pub struct HeadClock {
+    /// The connection was upgraded (a 101): it is a tunnel now, never timed again.
+    upgraded: AtomicBool,
     waiting: AtomicBool,
     restart: AtomicBool,
     body_open: AtomicBool,
@@ -111,6 +113,7 @@ pub struct HeadClock {
 impl HeadClock {
     fn new() -> Arc<Self> {
         Arc::new(HeadClock {
+            upgraded: AtomicBool::new(false),
             waiting: AtomicBool::new(true),
             restart: AtomicBool::new(false),
             body_open: AtomicBool::new(false),
@@ -141,7 +144,16 @@ impl HeadClock {
         }
     }
 
+    /// The response switched protocols: from now on the connection is a tunnel.
+    pub fn upgraded(&self) {
+        self.upgraded.store(true, SeqCst);
+        self.waiting.store(false, SeqCst);
+    }
+
     fn start(&self) {
+        if self.upgraded.load(SeqCst) {
+            return;
+        }
         self.restart.store(true, SeqCst);
         self.waiting.store(true, SeqCst);
     }
@@ -195,9 +207,10 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ClockedRequest<B> {
     }
 }
 
-/// A client connection's IO with the head timeout. See the [module documentation](self).
-pub struct TimedIo {
-    io: TcpStream,
+/// A client connection's IO (TCP, or TLS over it) with the head timeout. See the [module
+/// documentation](self).
+pub struct TimedIo<S = TcpStream> {
+    io: S,
     clock: Arc<HeadClock>,
     timeout: Duration,
     sleep: Pin<Box<Sleep>>,
@@ -211,9 +224,9 @@ pub struct TimedIo {
     metrics: Arc<ListenerMetrics>,
 }
 
-impl TimedIo {
+impl<S> TimedIo<S> {
     /// Wraps an accepted connection; returns it and its clock.
-    pub fn new(io: TcpStream, timeout: Duration, metrics: Arc<ListenerMetrics>) -> (Self, Arc<HeadClock>) {
+    pub fn new(io: S, timeout: Duration, metrics: Arc<ListenerMetrics>) -> (Self, Arc<HeadClock>) {
         let clock = HeadClock::new();
         let io = TimedIo {
             io,
@@ -230,7 +243,7 @@ impl TimedIo {
     }
 }
 
-impl AsyncRead for TimedIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TimedIo<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.timed_out {
@@ -265,7 +278,7 @@ impl AsyncRead for TimedIo {
     }
 }
 
-impl AsyncWrite for TimedIo {
+impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.dirty = true;
         Pin::new(&mut self.io).poll_write(cx, buf)

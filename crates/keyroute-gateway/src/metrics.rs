@@ -130,6 +130,16 @@ pub struct ListenerMetrics {
     pub accept_errors: AtomicU64,
     /// Connections closed because their request head did not arrive in time (answered 408).
     pub header_timeouts: AtomicU64,
+    /// TLS handshakes that failed or timed out.
+    pub tls_errors: AtomicU64,
+    /// Connections that spoke HTTP/2.
+    pub h2_connections: AtomicU64,
+    /// Upgraded connections tunnelled to a worker.
+    pub upgrades: AtomicU64,
+    /// Access log lines written.
+    pub log_written: AtomicU64,
+    /// Access log lines dropped (the writer's queue was full).
+    pub log_dropped: AtomicU64,
 }
 
 #[cfg(test)]

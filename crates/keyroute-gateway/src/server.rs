@@ -8,23 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
-use crate::body::ProxyBody;
 use crate::config::{Config, WorkerConfig};
+use crate::connection::{self, Settings};
 use crate::error::{GatewayError, ReloadError};
-use crate::listener::{self, Backoff, ClockedBody, ClockedRequest, OpenConn, TimedIo};
+use crate::listener::{self, Backoff, OpenConn};
 use crate::metrics::ListenerMetrics;
 use crate::pool::Pool;
-use crate::proxy::{self, Front, ProxyService, headers::Via};
+use crate::proxy::{Front, ProxyService, headers::Via};
 use crate::routing::Routing;
 use crate::state::{AuthThrottle, Shared};
 
@@ -65,6 +59,7 @@ pub struct Membership {
 pub struct Gateway {
     shared: Arc<Shared>,
     listeners: Vec<TcpListener>,
+    acceptors: Vec<Option<Arc<rustls::ServerConfig>>>,
     admin: TcpListener,
 }
 
@@ -129,6 +124,30 @@ impl Gateway {
         for (l, n) in bound.iter().zip(&connection_limits) {
             tracing::info!(listener = %l.name, max_connections = n, "connection limit");
         }
+        let listener_metrics: Vec<Arc<ListenerMetrics>> = bound.iter().map(|_| Arc::default()).collect();
+        let mut acceptors = Vec::new();
+        let mut certificates = Vec::new();
+        for l in &bound {
+            if l.tls.is_empty() {
+                acceptors.push(None);
+                certificates.push(None);
+                continue;
+            }
+            let (config, certs) = crate::tls::server_config(l.tls.clone(), l.http2)
+                .map_err(|e| GatewayError::Tls { addr: l.listen, message: e.to_string() })?;
+            acceptors.push(Some(config));
+            certificates.push(Some(certs));
+        }
+        let mut access_logs = Vec::new();
+        for (l, m) in bound.iter().zip(&listener_metrics) {
+            access_logs.push(match &l.access_log {
+                None => None,
+                Some(a) => Some(
+                    crate::access::AccessLog::open(a, Arc::clone(m))
+                        .map_err(|source| GatewayError::AccessLog { path: a.path.clone(), source })?,
+                ),
+            });
+        }
         Ok(Gateway {
             shared: Arc::new(Shared {
                 front: Arc::new(Front {
@@ -136,10 +155,13 @@ impl Gateway {
                     via: Via::random(),
                     next_request: AtomicU64::new(crate::proxy::headers::random_u64()),
                     draining: AtomicBool::new(false),
+                    access_logs,
                 }),
                 admin_token: config.admin.token.clone(),
                 epoch,
-                listener_metrics: bound.iter().map(|_| Arc::default()).collect(),
+                listener_metrics,
+                admin_metrics: Arc::default(),
+                certificates,
                 listeners: bound,
                 connection_limits,
                 admin_listen,
@@ -154,6 +176,7 @@ impl Gateway {
                 reload: Mutex::new(()),
             }),
             listeners,
+            acceptors,
             admin,
         })
     }
@@ -192,12 +215,11 @@ impl Gateway {
         });
         crate::prober::spawn_probers(&shared);
         crate::membership::source::spawn_sources(&shared);
-        let graceful = Arc::new(GracefulShutdown::new());
         let mut tasks = Vec::new();
-        for (i, sock) in self.listeners.into_iter().enumerate() {
-            tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Arc::clone(&graceful), Some(i))));
+        for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {
+            tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(i), tls)));
         }
-        tasks.push(tokio::spawn(accept_loop(self.admin, Arc::clone(&shared), Arc::clone(&graceful), None)));
+        tasks.push(tokio::spawn(accept_loop(self.admin, Arc::clone(&shared), None, None)));
         let mut rx = shared.shutdown.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
         shared.not_ready.store(true, Relaxed);
@@ -213,14 +235,15 @@ impl Gateway {
         for t in tasks {
             let _ = t.await;
         }
-        let graceful = match Arc::try_unwrap(graceful) {
-            Ok(g) => g,
-            Err(_) => return Ok(()),
-        };
-        if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-            let open: u64 = shared.listener_metrics.iter().map(|m| m.open.load(Relaxed)).sum();
-            tracing::warn!(connections = open, "grace period over with requests still in flight");
-            return Err(GatewayError::GraceExpired { connections: open });
+        // Every connection has been told to finish (its request in progress, then close).
+        let until = Instant::now() + grace;
+        while shared.open_connections() > 0 {
+            if Instant::now() >= until {
+                let open: u64 = shared.listener_metrics.iter().map(|m| m.open.load(Relaxed)).sum();
+                tracing::warn!(connections = open, "grace period over with requests still in flight");
+                return Err(GatewayError::GraceExpired { connections: open });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
     }
@@ -244,22 +267,44 @@ fn check_no_self_workers(config: &Config, own: &[SocketAddr]) -> Result<(), Gate
 }
 
 /// Accepts connections on a client listener (`Some(index)`) or the admin listener (`None`).
-async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<GracefulShutdown>, index: Option<usize>) {
+async fn accept_loop(
+    sock: TcpListener,
+    shared: Arc<Shared>,
+    index: Option<usize>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     let mut rx = shared.stop_accepting.subscribe();
-    let (metrics, limit, timeout, max_buf, max_headers, name) = match index {
+    let (settings, limit, name) = match index {
         Some(i) => {
             let l = &shared.listeners[i];
-            (
-                Arc::clone(&shared.listener_metrics[i]),
-                shared.connection_limits[i],
-                l.header_timeout,
-                l.max_header_bytes,
-                l.max_headers,
-                l.name.clone(),
-            )
+            let settings = Settings {
+                index,
+                header_timeout: l.header_timeout,
+                max_buf: l.max_header_bytes,
+                max_headers: l.max_headers,
+                tls: tls.map(tokio_rustls::TlsAcceptor::from),
+                h2c: l.h2c,
+                max_streams: l.max_concurrent_streams,
+                metrics: Arc::clone(&shared.listener_metrics[i]),
+            };
+            (settings, shared.connection_limits[i], l.name.clone())
         }
-        None => (Arc::new(ListenerMetrics::default()), 256, Duration::from_secs(10), 64 * 1024, 100, "admin".into()),
+        None => {
+            let settings = Settings {
+                index,
+                header_timeout: Duration::from_secs(10),
+                max_buf: 64 * 1024,
+                max_headers: 100,
+                tls: None,
+                h2c: false,
+                max_streams: 1,
+                metrics: Arc::clone(&shared.admin_metrics),
+            };
+            (settings, 256, "admin".to_owned())
+        }
     };
+    let settings = Arc::new(settings);
+    let metrics = Arc::clone(&settings.metrics);
     let permits = Arc::new(Semaphore::new(limit));
     let mut backoff = Backoff::default();
     let mut at_limit = false;
@@ -308,51 +353,8 @@ async fn accept_loop(sock: TcpListener, shared: Arc<Shared>, graceful: Arc<Grace
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        let open = OpenConn::new(&metrics);
-        let (io, clock) = TimedIo::new(stream, timeout, Arc::clone(&metrics));
-        let mut builder = http1::Builder::new();
-        builder.max_buf_size(max_buf.max(8192));
-        // hyper parses into an inline array of 100 headers unless told another count, and then
-        // fills a vector of that size for every request: set it only when it differs.
-        if max_headers != 100 {
-            builder.max_headers(max_headers);
-        }
-        builder
-            .writev(false)
-            .timer(TokioTimer::new())
-            // The head timeout is TimedIo's, which answers 408.
-            .header_read_timeout(None);
-        let shared = Arc::clone(&shared);
-        let peer = Arc::new(proxy::Peer::new(remote));
-        let svc = service_fn(move |req: Request<Incoming>| {
-            use hyper::body::Body as _;
-            clock.head_received(!req.body().is_end_stream());
-            let shared = Arc::clone(&shared);
-            let peer = Arc::clone(&peer);
-            let clock = Arc::clone(&clock);
-            async move {
-                let resp: Response<ProxyBody> = match index {
-                    Some(i) => {
-                        let req = req.map(|b| ClockedRequest::new(b, Arc::clone(&clock)));
-                        proxy::handle(&shared.front, i, req, &peer).await
-                    }
-                    None => {
-                        // The admin API reads its (small) bodies whole before it answers.
-                        clock.body_finished();
-                        crate::admin::handle(&shared, req, peer.addr).await
-                    }
-                };
-                Ok::<_, std::convert::Infallible>(resp.map(|b| ClockedBody::new(b, clock)))
-            }
-        });
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), svc));
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %remote, "connection ended with an error");
-            }
-            drop((open, permit));
-        });
+        let held = (OpenConn::new(&metrics), permit);
+        tokio::spawn(connection::serve(stream, remote, Arc::clone(&shared), Arc::clone(&settings), held));
     }
 }
 
@@ -440,8 +442,9 @@ impl GatewayHandle {
     }
 
     /// Applies a new configuration: pools (strategy, key, workers, health, retries) and routes.
-    /// Workers that keep their name, address and zone keep their state. Listener and admin
-    /// settings cannot change without a restart; a change there is refused. Every pool's new
+    /// Workers that keep their name, address and zone keep their state. TLS certificates are read
+    /// again and serve new handshakes. Other listener and admin settings cannot change without a
+    /// restart; a change there is refused. Every pool's new
     /// table is built before any is swapped in, so a reload applies whole or not at all. Builds
     /// can take a while for big tables: call this off the request path (`spawn_blocking`).
     ///
@@ -460,6 +463,11 @@ impl GatewayHandle {
                     && a.max_headers == b.max_headers
                     && a.header_timeout == b.header_timeout
                     && a.max_connections == b.max_connections
+                    && a.tls.is_empty() == b.tls.is_empty()
+                    && a.http2 == b.http2
+                    && a.h2c == b.h2c
+                    && a.max_concurrent_streams == b.max_concurrent_streams
+                    && a.access_log == b.access_log
             });
         if !same {
             return Err(GatewayError::Reload(ReloadError::Listeners));
@@ -503,6 +511,12 @@ impl GatewayHandle {
                 Next::New(p) => p,
             })
             .collect();
+        // Certificates: read again (a renewed file takes effect), for new handshakes only.
+        for (certs, l) in self.shared.certificates.iter().zip(&config.listeners) {
+            if let Some(c) = certs {
+                c.replace(l.tls.clone());
+            }
+        }
         self.shared.grace_ms.store(config.shutdown_grace.as_millis() as u64, Relaxed);
         self.shared.delay_ms.store(config.shutdown_delay.as_millis() as u64, Relaxed);
         let routes = config.listeners.iter().map(|l| l.routes.clone()).collect();

@@ -82,8 +82,12 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     pub(crate) listeners: Vec<ListenerConfig>,
     pub(crate) listener_metrics: Vec<Arc<ListenerMetrics>>,
+    /// The admin listener's connection counts.
+    pub(crate) admin_metrics: Arc<ListenerMetrics>,
     /// Each listener's connection limit in force.
     pub(crate) connection_limits: Vec<usize>,
+    /// Each TLS listener's certificates, which a reload replaces.
+    pub(crate) certificates: Vec<Option<Arc<crate::tls::Certificates>>>,
     pub(crate) admin_listen: SocketAddr,
     /// SIGTERM received: `/readyz` says not ready.
     pub(crate) not_ready: AtomicBool,
@@ -108,6 +112,19 @@ impl Shared {
         let mut v: Vec<SocketAddr> = self.listeners.iter().map(|l| l.listen).collect();
         v.push(self.admin_listen);
         v
+    }
+}
+
+/// Until `rx` says stop (the guard `wait_for` returns is dropped here, not held in a `select!`
+/// across awaits, which would make the future not `Send`).
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+impl Shared {
+    /// Client and admin connections open now.
+    pub(crate) fn open_connections(&self) -> u64 {
+        self.listener_metrics.iter().chain(std::iter::once(&self.admin_metrics)).map(|m| m.open.load(Relaxed)).sum()
     }
 }
 

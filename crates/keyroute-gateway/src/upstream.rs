@@ -114,7 +114,8 @@ impl Upstream {
             .await
             .map_err(|e| SendError::Connect(format!("{}: {e}", self.addr)))?;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            // With upgrades: a 101 hands the connection to the tunnel (see `proxy::forward`).
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });

@@ -7,7 +7,7 @@ mod raw;
 mod validate;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
@@ -79,6 +79,38 @@ pub struct ListenerConfig {
     pub max_connections: Option<usize>,
     /// Routes, tried in order.
     pub routes: Vec<RouteConfig>,
+    /// TLS certificates (empty: plain TCP). SNI picks among them; the first is the default.
+    pub tls: Vec<crate::tls::Certificate>,
+    /// Offer HTTP/2 by ALPN on a TLS listener (on by default).
+    pub http2: bool,
+    /// Accept HTTP/2 with prior knowledge (h2c) on a plain listener (off by default).
+    pub h2c: bool,
+    /// Concurrent streams per HTTP/2 connection.
+    pub max_concurrent_streams: u32,
+    /// The access log, if any.
+    pub access_log: Option<AccessLogConfig>,
+}
+
+/// A listener's access log: one line per request, written off the request path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccessLogConfig {
+    /// The file (appended to), or `-` for standard output.
+    pub path: PathBuf,
+    /// The line format.
+    pub format: AccessLogFormat,
+    /// Log the request's key itself (otherwise only its hash).
+    pub key: bool,
+    /// Lines held for the writer; past it, lines are dropped (and counted), never waited for.
+    pub buffer: usize,
+}
+
+/// How an access log line is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// One JSON object per line.
+    Json,
+    /// `key=value` pairs, space separated (logfmt).
+    Logfmt,
 }
 
 /// A route: requests matching host and path prefix go to a pool.

@@ -32,8 +32,36 @@ pub(super) struct RawListener {
     pub(super) max_headers: Option<Spanned<usize>>,
     pub(super) header_timeout_ms: Option<Spanned<u64>>,
     pub(super) max_connections: Option<Spanned<usize>>,
+    pub(super) http2: Option<Spanned<bool>>,
+    pub(super) h2c: Option<Spanned<bool>>,
+    pub(super) max_concurrent_streams: Option<Spanned<u32>>,
+    pub(super) tls: Option<RawTls>,
+    pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub(super) route: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    #[serde(default)]
+    pub(super) certificate: Vec<RawCertificate>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCertificate {
+    pub(super) cert: Spanned<String>,
+    pub(super) key: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAccessLog {
+    pub(super) path: Spanned<String>,
+    pub(super) format: Option<Spanned<String>>,
+    pub(super) key: Option<Spanned<bool>>,
+    pub(super) buffer: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -298,6 +298,69 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
                 );
             }
         }
+        let flag = |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+        let mut tls = Vec::new();
+        if let Some(t) = &l.tls {
+            if t.certificate.is_empty() {
+                return ctx.err(
+                    Some(l.listen.span()),
+                    field("tls.certificate"),
+                    "a TLS listener needs at least one [[listener.tls.certificate]]",
+                );
+            }
+            for c in &t.certificate {
+                let (cert, key) = (relative_to(ctx, c.cert.get_ref()), relative_to(ctx, c.key.get_ref()));
+                match crate::tls::Certificate::load(&cert, &key) {
+                    Ok(loaded) => tls.push(loaded),
+                    Err(e) => {
+                        let span = if e.field == "cert" { c.cert.span() } else { c.key.span() };
+                        return ctx.err(Some(span), field(&format!("tls.certificate.{}", e.field)), e.message);
+                    }
+                }
+            }
+        }
+        let h2c = flag(&l.h2c, false);
+        if h2c && !tls.is_empty() {
+            let span = l.h2c.as_ref().map(Spanned::span);
+            return ctx.err(span, field("h2c"), "h2c is HTTP/2 without TLS; a TLS listener offers h2 by ALPN (http2)");
+        }
+        let max_concurrent_streams = match &l.max_concurrent_streams {
+            None => 100,
+            Some(m) if (1..=10_000).contains(m.get_ref()) => *m.get_ref(),
+            Some(m) => return ctx.err(Some(m.span()), field("max_concurrent_streams"), "must be in 1..=10000"),
+        };
+        let access_log = match &l.access_log {
+            None => None,
+            Some(a) => {
+                let format = match a.format.as_ref().map(|f| f.get_ref().as_str()) {
+                    None | Some("json") => AccessLogFormat::Json,
+                    Some("logfmt") => AccessLogFormat::Logfmt,
+                    Some(other) => {
+                        let span = a.format.as_ref().map(Spanned::span);
+                        return ctx.err(
+                            span,
+                            field("access_log.format"),
+                            format!("unknown format '{}' (json or logfmt)", other.escape_debug()),
+                        );
+                    }
+                };
+                let buffer = match &a.buffer {
+                    None => 65_536,
+                    Some(b) if (1..=10_000_000).contains(b.get_ref()) => *b.get_ref(),
+                    Some(b) => return ctx.err(Some(b.span()), field("access_log.buffer"), "must be in 1..=10000000"),
+                };
+                let text = a.path.get_ref();
+                if text.is_empty() {
+                    return ctx.err(
+                        Some(a.path.span()),
+                        field("access_log.path"),
+                        "must not be empty (- is standard output)",
+                    );
+                }
+                let path = if text == "-" { PathBuf::from("-") } else { relative_to(ctx, text) };
+                Some(AccessLogConfig { path, format, key: flag(&a.key, false), buffer })
+            }
+        };
         listeners.push(ListenerConfig {
             name,
             listen,
@@ -306,6 +369,11 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             header_timeout,
             max_connections,
             routes,
+            tls,
+            http2: flag(&l.http2, true),
+            h2c,
+            max_concurrent_streams,
+            access_log,
         });
     }
     Ok(Config {
@@ -319,6 +387,15 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
 }
 
 /// A host name resolved now (the first address), for `host:port` values.
+/// A path from the configuration: relative ones are relative to the file's directory.
+fn relative_to(ctx: &Ctx<'_>, text: &str) -> PathBuf {
+    let p = std::path::Path::new(text);
+    match std::path::Path::new(&ctx.file).parent() {
+        Some(dir) if p.is_relative() && !dir.as_os_str().is_empty() => dir.join(p),
+        _ => p.to_owned(),
+    }
+}
+
 pub(crate) fn resolve(text: &str) -> Option<SocketAddr> {
     text.to_socket_addrs().ok().and_then(|mut it| it.next())
 }

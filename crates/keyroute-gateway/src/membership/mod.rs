@@ -13,9 +13,3 @@ pub mod register;
 pub mod registry;
 pub(crate) mod saved;
 pub(crate) mod source;
-
-/// Until `rx` says stop (the guard `wait_for` returns is dropped here, not held in a `select!`
-/// across awaits, which would make the future not `Send`).
-pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
-}

@@ -141,7 +141,7 @@ impl Registrar {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = super::stopped(&mut stop) => return,
+                _ = crate::state::stopped(&mut stop) => return,
             }
         }
     }

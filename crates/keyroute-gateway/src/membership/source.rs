@@ -22,11 +22,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::record::members_of;
-use super::{saved, stopped};
+use super::saved;
 use crate::config::{EtcdConfig, MembershipConfig, resolve};
 use crate::etcd::{Client, EtcdError, Event, WatchMessage};
 use crate::pool::Pool;
 use crate::state::Shared;
+use crate::state::stopped;
 
 /// Between liveness checks of the etcd connection while the watch is quiet.
 const LIVENESS: Duration = Duration::from_secs(2);

@@ -62,6 +62,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The protocol an HTTP/1.1 request asks to upgrade to (`Connection: upgrade` and `Upgrade`), read
+/// before the hop-by-hop headers are stripped.
+pub fn upgrade_of(version: http::Version, headers: &HeaderMap) -> Option<HeaderValue> {
+    if version != http::Version::HTTP_11 {
+        return None;
+    }
+    let asks = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade")));
+    if asks { headers.get(header::UPGRADE).cloned() } else { None }
+}
+
 /// Whether the request's `Content-Length` values (if any) are one valid number that agrees with
 /// the body's exact length, when that is known.
 pub fn framing_ok(headers: &HeaderMap, exact: Option<u64>) -> bool {
@@ -263,25 +276,37 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     Cow::Owned(s)
 }
 
-/// What a connection's requests share: the client's address, and the forwarding headers' values
-/// for it, rendered once per connection.
+/// What a connection's requests share: the client's address, whether it came over TLS, and the
+/// forwarding headers' values for it, rendered once per connection.
 #[derive(Debug)]
 pub struct Peer {
     /// The client's address.
     pub addr: SocketAddr,
+    /// The connection is TLS.
+    pub tls: bool,
+    /// The connection speaks HTTP/2.
+    pub h2: bool,
     xff: HeaderValue,
     forwarded: String,
 }
 
 impl Peer {
-    /// The forwarding values for a client address.
+    /// The forwarding values for a plain HTTP/1 client.
     pub fn new(addr: SocketAddr) -> Self {
+        Peer::with(addr, false, false)
+    }
+
+    /// The forwarding values for a client, over TLS or not, HTTP/2 or not.
+    pub fn with(addr: SocketAddr, tls: bool, h2: bool) -> Self {
         let ip = addr.ip().to_string();
         let node = if addr.is_ipv6() { format!("\"[{ip}]\"") } else { ip.clone() };
+        let proto = if tls { "https" } else { "http" };
         Peer {
             addr,
+            tls,
+            h2,
             xff: HeaderValue::try_from(ip).unwrap_or_else(|_| HeaderValue::from_static("unknown")),
-            forwarded: format!("for={node};proto=http"),
+            forwarded: format!("for={node};proto={proto}"),
         }
     }
 }
@@ -298,7 +323,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
             headers.insert("x-forwarded-for", peer.xff.clone());
         }
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(if peer.tls { "https" } else { "http" }));
     let host = headers.get(header::HOST).cloned();
     let mut fwd = peer.forwarded.clone();
     if let Some(h) = host {

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use self::guarded::{ClientBody, Guarded, Upload};
 pub use self::headers::{Peer, REQUEST_ID};
+use crate::access::{AccessLog, Placed};
 use crate::body::{self, BoxError, ProxyBody};
 use crate::config::MissingKey;
 use crate::metrics::Outcome;
@@ -55,6 +56,8 @@ pub(crate) struct Front {
     pub(crate) next_request: AtomicU64,
     /// The listeners have closed: responses say `Connection: close`.
     pub(crate) draining: AtomicBool,
+    /// Each listener's access log, if it has one.
+    pub(crate) access_logs: Vec<Option<Arc<AccessLog>>>,
 }
 
 /// The gateway's request path for one listener, callable without a socket.
@@ -76,7 +79,8 @@ impl ProxyService {
     }
 }
 
-/// Steps 1 and 2, then [`forward`].
+/// Steps 1 and 2, then [`forward`]; with an access log, what happened goes in the response's
+/// extensions ([`Placed`]).
 pub(crate) async fn handle<B>(shared: &Front, listener: usize, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
@@ -84,28 +88,50 @@ where
 {
     let (mut parts, body) = req.into_parts();
     let id = headers::request_id(&parts.headers, || shared.next_request.fetch_add(1, Relaxed));
+    let log = shared.access_logs.get(listener).and_then(Option::as_ref);
+    let mut placed =
+        log.map(|l| Placed { request_id: id.clone(), key: l.wants_key().then(String::new), ..Placed::default() });
+    let mut resp = route_and_forward(shared, listener, &mut parts, body, peer, &id, placed.as_mut()).await;
+    if shared.draining.load(Relaxed) {
+        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    if let Some(p) = placed {
+        resp.extensions_mut().insert(p);
+    }
+    resp
+}
+
+async fn route_and_forward<B>(
+    shared: &Front,
+    listener: usize,
+    parts: &mut Parts,
+    body: B,
+    peer: &Peer,
+    id: &str,
+    placed: Option<&mut Placed>,
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
     if shared.via.looped(&parts.headers) {
         tracing::warn!(request_id = %id, client = %peer.addr, "request looped back to this gateway");
-        return body::error(StatusCode::LOOP_DETECTED, "the request looped back to this gateway", "loop", &id);
+        return body::error(StatusCode::LOOP_DETECTED, "the request looped back to this gateway", "loop", id);
     }
     // The listener's parser has checked the framing already; a caller of `ProxyService::call`
     // may not have.
     if !headers::framing_ok(&parts.headers, body.size_hint().exact()) {
-        return body::error(StatusCode::BAD_REQUEST, "the Content-Length is invalid", "invalid_content_length", &id);
+        return body::error(StatusCode::BAD_REQUEST, "the Content-Length is invalid", "invalid_content_length", id);
     }
     if let Err(bad) = headers::canonicalize(parts.version, &mut parts.uri, &mut parts.headers) {
         tracing::debug!(request_id = %id, client = %peer.addr, reason = bad.reason(), "bad request head");
-        return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), &id);
+        return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), id);
     }
     let routing = shared.routing.load_full();
     let Some(pool) = routing.route(listener, headers::host_of(&parts.headers), parts.uri.path()) else {
-        return body::error(StatusCode::NOT_FOUND, "no route for this host and path", "no_route", &id);
+        return body::error(StatusCode::NOT_FOUND, "no route for this host and path", "no_route", id);
     };
-    let mut resp = forward(shared, pool, parts, body, peer, &id).await;
-    if shared.draining.load(Relaxed) {
-        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp
+    forward(shared, pool, parts, body, peer, id, placed).await
 }
 
 fn idempotent(m: &Method) -> bool {
@@ -145,6 +171,9 @@ impl Failure {
 /// One try's result.
 enum Try {
     Answered(Response<ProxyBody>),
+    /// The worker switched protocols (101): the response to send, and the worker's side of the
+    /// tunnel with the in-flight count that lasts as long as it does.
+    Upgraded(Response<ProxyBody>, hyper::upgrade::OnUpgrade, InFlight),
     Failed(Failure),
     /// Not the worker's fault (the client's upload failed or stalled, or the gateway ran out of
     /// resources): answered without blaming the worker, and not retried.
@@ -155,10 +184,11 @@ enum Try {
 async fn forward<B>(
     shared: &Front,
     pool: &Arc<Pool>,
-    mut parts: Parts,
+    parts: &mut Parts,
     body: B,
     peer: &Peer,
     id: &str,
+    mut placed: Option<&mut Placed>,
 ) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
@@ -167,7 +197,7 @@ where
     let snap = pool.snapshot();
     let started = Instant::now();
     let mut key = String::new();
-    let hash = match key_hash(pool, &snap, &parts, peer, &mut key) {
+    let hash = match key_hash(pool, &snap, parts, peer, &mut key) {
         Ok(h) => h,
         Err(missing) => {
             tracing::debug!(request_id = %id, pool = %pool.name, part = %missing, "key part missing");
@@ -175,8 +205,23 @@ where
         }
     };
 
+    if let Some(p) = placed.as_deref_mut() {
+        p.pool = Some(Arc::from(pool.name.as_str()));
+        p.key_hash = hash;
+        if let Some(k) = &mut p.key {
+            k.clone_from(&key);
+        }
+    }
+    // An upgrade (WebSocket...) keeps its Upgrade and Connection headers, and the client's side of
+    // the tunnel is taken now (HTTP/1.1 only).
+    let upgrade = headers::upgrade_of(parts.version, &parts.headers);
+    let mut client_side = upgrade.as_ref().and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     // The upstream request's fixed parts.
     headers::strip_hop_by_hop(&mut parts.headers);
+    if let Some(u) = &upgrade {
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, u.clone());
+    }
     // A body whose length is not known (it came chunked) goes on chunked: hyper would otherwise
     // send a GET or HEAD without it.
     if !body.is_end_stream() && !parts.headers.contains_key(header::CONTENT_LENGTH) {
@@ -204,17 +249,25 @@ where
         }
         let Some(decision) = snap.decide(hash, &tried, now) else { break };
         let worker = Arc::clone(&snap.workers[decision.node]);
-        pool.metrics.outcome(match (attempt, hash.is_some() && decision.owner.is_some(), decision.spill) {
+        let outcome = match (attempt, hash.is_some() && decision.owner.is_some(), decision.spill) {
             (a, _, _) if a > 0 => Outcome::Retry,
             (_, false, _) => Outcome::Unkeyed,
             (_, true, None) => Outcome::Owner,
             (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
             (_, true, Some(_)) => Outcome::Overloaded,
-        });
+        };
+        pool.metrics.outcome(outcome);
+        if let Some(p) = placed.as_deref_mut() {
+            p.attempts = attempt + 1;
+            p.worker = Some(Arc::from(worker.name.as_str()));
+            if attempt == 0 {
+                p.decision = crate::metrics::OUTCOMES[outcome as usize];
+            }
+        }
         let ctx = TryCtx {
             snap: &snap,
             worker: &worker,
-            parts: &parts,
+            parts,
             per_try: retry.per_try_timeout.min(deadline - now),
             replayable,
             upload: &upload,
@@ -226,6 +279,31 @@ where
         match try_once(ctx, &mut body).await {
             Try::Answered(resp) => {
                 tracing::trace!(request_id = %id, worker = %worker.name, attempt, key = %key, "proxied");
+                return resp;
+            }
+            Try::Upgraded(resp, worker_side, in_flight) => {
+                let Some(client) = client_side.take() else {
+                    // Only a caller without a connection (`ProxyService::call`) has no client
+                    // side to join: the worker's side closes.
+                    return resp;
+                };
+                let (id, name) = (id.to_owned(), worker.name.clone());
+                tokio::spawn(async move {
+                    match tokio::try_join!(client, worker_side) {
+                        Ok((c, w)) => {
+                            let (mut c, mut w) = (hyper_util::rt::TokioIo::new(c), hyper_util::rt::TokioIo::new(w));
+                            match tokio::io::copy_bidirectional(&mut c, &mut w).await {
+                                Ok((up, down)) => {
+                                    tracing::debug!(request_id = %id, worker = %name, up, down, "tunnel closed")
+                                }
+                                Err(e) => tracing::debug!(request_id = %id, worker = %name, error = %e, "tunnel ended"),
+                            }
+                        }
+                        Err(e) => tracing::debug!(request_id = %id, worker = %name, error = %e, "upgrade failed"),
+                    }
+                    // The tunnel counted as one request in flight on its worker until now.
+                    drop(in_flight);
+                });
                 return resp;
             }
             Try::ClientFault(resp) => return resp,
@@ -352,6 +430,30 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
     let arrived = Instant::now();
     let latency = arrived.saturating_duration_since(sent);
     let failure = match result {
+        Ok(Ok((mut resp, conn)))
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS && parts.headers.contains_key(header::UPGRADE) =>
+        {
+            worker.headers_arrived(arrived);
+            worker.metrics.record_latency(latency);
+            worker.metrics.record_class(Some(101));
+            worker.observe_success();
+            let worker_side = hyper::upgrade::on(&mut resp);
+            // The connection is the tunnel's now: never back to the pool.
+            drop(conn);
+            let (mut head, _) = resp.into_parts();
+            let protocol = head.headers.get(header::UPGRADE).cloned();
+            headers::strip_hop_by_hop(&mut head.headers);
+            head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            if let Some(p) = protocol {
+                head.headers.insert(header::UPGRADE, p);
+            }
+            if let Some(h) = &snap.config.worker_header
+                && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
+            {
+                head.headers.insert(h.clone(), v);
+            }
+            return Try::Upgraded(Response::from_parts(head, body::empty()), worker_side, guard);
+        }
         Ok(Ok((resp, conn))) => {
             worker.headers_arrived(arrived);
             let status = resp.status();

@@ -103,6 +103,14 @@ impl Backend {
                                 .to_owned();
                             let host =
                                 req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+                            let hosts = req.headers().get_all("host").iter().count();
+                            let proto = req
+                                .headers()
+                                .get("x-forwarded-proto")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("-")
+                                .to_owned();
+                            let version = format!("{:?}", req.version());
                             let fail = req.uri().query().is_some_and(|q| q.contains("fail=1"));
                             current.fetch_sub(1, SeqCst);
                             served.fetch_add(1, SeqCst);
@@ -113,6 +121,10 @@ impl Backend {
                             r.headers_mut()
                                 .insert("x-seen-host", host.parse().unwrap_or_else(|_| "?".parse().expect("header")));
                             r.headers_mut().insert("x-backend", name.parse().expect("header"));
+                            r.headers_mut().insert("x-seen-hosts", hosts.into());
+                            r.headers_mut()
+                                .insert("x-seen-proto", proto.parse().unwrap_or_else(|_| "?".parse().expect("header")));
+                            r.headers_mut().insert("x-seen-version", version.parse().expect("header"));
                             r.headers_mut()
                                 .insert("x-seen-xff", xff.parse().unwrap_or_else(|_| "?".parse().expect("header")));
                             Ok::<_, Infallible>(r)

@@ -1,0 +1,422 @@
+//! Access logs: one line per request, written off the request path.
+//!
+//! The request path only fills an [`Entry`] (no formatting, no I/O) and offers it to a bounded
+//! queue; when the queue is full the line is dropped and counted
+//! (`keyroute_listener_access_log_dropped_total`): a slow disk never stalls a request. A thread of
+//! its own formats and writes the lines, flushing whenever the queue runs empty.
+//!
+//! A line is written when the response has been sent (its body ended or was dropped), so that it
+//! carries the bytes sent and the whole duration. Fields: `time` (RFC 3339, UTC, when the request
+//! arrived), `client`, `method`, `path`, `protocol` (`h1`, `h2`), `tls`, `status`, `bytes` (response
+//! body), `duration_ms`, `pool`, `worker`, `decision` (`owner`, `unavailable`, `overloaded`,
+//! `unkeyed`, or `-` when no worker was tried), `attempts`, `key_hash`, `key` (only when the
+//! listener's `access_log.key` is on) and `request_id`.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::body::{BoxError, ProxyBody};
+use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::metrics::ListenerMetrics;
+
+/// What the request path learnt about a request: put in the response's extensions by the proxy,
+/// read when the line is written.
+#[derive(Clone, Debug, Default)]
+pub struct Placed {
+    /// The request id.
+    pub request_id: String,
+    /// The pool it was routed to.
+    pub pool: Option<Arc<str>>,
+    /// The worker that answered (the last one tried).
+    pub worker: Option<Arc<str>>,
+    /// How the first try was placed.
+    pub decision: &'static str,
+    /// Tries made.
+    pub attempts: u32,
+    /// The key's hash.
+    pub key_hash: Option<u64>,
+    /// The key itself (only kept when the log asks for it).
+    pub key: Option<String>,
+}
+
+/// One request, as the log writes it.
+#[derive(Debug)]
+pub struct Entry {
+    time: SystemTime,
+    client: SocketAddr,
+    method: http::Method,
+    uri: http::Uri,
+    h2: bool,
+    tls: bool,
+    status: u16,
+    bytes: u64,
+    duration: Duration,
+    placed: Placed,
+}
+
+/// A listener's access log: the queue to its writer thread.
+#[derive(Debug)]
+pub struct AccessLog {
+    tx: mpsc::Sender<Entry>,
+    key: bool,
+    metrics: Arc<ListenerMetrics>,
+}
+
+impl AccessLog {
+    /// Opens the log (the file is created or appended to) and starts its writer thread.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be opened.
+    pub fn open(config: &AccessLogConfig, metrics: Arc<ListenerMetrics>) -> std::io::Result<Arc<AccessLog>> {
+        let out: Box<dyn std::io::Write + Send> = if config.path.as_os_str() == "-" {
+            Box::new(std::io::stdout())
+        } else {
+            Box::new(std::fs::OpenOptions::new().create(true).append(true).open(&config.path)?)
+        };
+        let (tx, rx) = mpsc::channel(config.buffer);
+        let format = config.format;
+        let written = Arc::clone(&metrics);
+        std::thread::Builder::new()
+            .name("keyroute-access-log".into())
+            .spawn(move || write_lines(rx, out, format, &written))?;
+        Ok(Arc::new(AccessLog { tx, key: config.key, metrics }))
+    }
+
+    /// Whether lines carry the key itself.
+    pub fn wants_key(&self) -> bool {
+        self.key
+    }
+
+    fn offer(&self, entry: Entry) {
+        if self.tx.try_send(entry).is_err() {
+            self.metrics.log_dropped.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+fn write_lines(
+    mut rx: mpsc::Receiver<Entry>,
+    out: Box<dyn std::io::Write + Send>,
+    format: AccessLogFormat,
+    metrics: &ListenerMetrics,
+) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+    let mut line = String::with_capacity(512);
+    while let Some(first) = rx.blocking_recv() {
+        let mut next = Some(first);
+        while let Some(e) = next {
+            line.clear();
+            render(&e, format, &mut line);
+            if out.write_all(line.as_bytes()).is_ok() {
+                metrics.log_written.fetch_add(1, Relaxed);
+            }
+            next = rx.try_recv().ok();
+        }
+        // The queue ran empty: write out what is buffered.
+        let _ = out.flush();
+    }
+    let _ = out.flush();
+}
+
+/// `2026-12-01T10:54:54.123Z`.
+fn rfc3339(t: SystemTime, out: &mut String) {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let _ = write!(
+        out,
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    );
+}
+
+fn json_str(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A logfmt value: bare when it needs no quoting, else quoted like JSON.
+fn logfmt_str(s: &str, out: &mut String) {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'=' && b != b'\\') {
+        out.push_str(s);
+    } else {
+        json_str(s, out);
+    }
+}
+
+fn render(e: &Entry, format: AccessLogFormat, out: &mut String) {
+    let mut time = String::with_capacity(24);
+    rfc3339(e.time, &mut time);
+    let p = &e.placed;
+    let hash = p.key_hash.map(|h| format!("{h:016x}"));
+    let text_fields: [(&str, Option<&str>); 8] = [
+        ("time", Some(&time)),
+        ("client", None),
+        ("method", Some(e.method.as_str())),
+        ("path", Some(e.uri.path_and_query().map_or("/", |pq| pq.as_str()))),
+        ("protocol", Some(if e.h2 { "h2" } else { "h1" })),
+        ("pool", Some(p.pool.as_deref().unwrap_or("-"))),
+        ("worker", Some(p.worker.as_deref().unwrap_or("-"))),
+        ("decision", Some(if p.decision.is_empty() { "-" } else { p.decision })),
+    ];
+    let client = e.client.to_string();
+    let duration_ms = e.duration.as_secs_f64() * 1000.0;
+    match format {
+        AccessLogFormat::Json => {
+            out.push('{');
+            for (i, (k, v)) in text_fields.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let _ = write!(out, "\"{k}\":");
+                json_str(v.unwrap_or(&client), out);
+            }
+            let _ = write!(
+                out,
+                ",\"tls\":{},\"status\":{},\"bytes\":{},\"duration_ms\":{duration_ms:.3},\"attempts\":{}",
+                e.tls, e.status, e.bytes, p.attempts
+            );
+            out.push_str(",\"key_hash\":");
+            match &hash {
+                Some(h) => json_str(h, out),
+                None => out.push_str("null"),
+            }
+            if let Some(k) = &p.key {
+                out.push_str(",\"key\":");
+                json_str(k, out);
+            }
+            out.push_str(",\"request_id\":");
+            json_str(&p.request_id, out);
+            out.push_str("}\n");
+        }
+        AccessLogFormat::Logfmt => {
+            for (i, (k, v)) in text_fields.iter().enumerate() {
+                if i > 0 {
+                    out.push(' ');
+                }
+                let _ = write!(out, "{k}=");
+                logfmt_str(v.unwrap_or(&client), out);
+            }
+            let _ = write!(
+                out,
+                " tls={} status={} bytes={} duration_ms={duration_ms:.3} attempts={} key_hash={}",
+                e.tls,
+                e.status,
+                e.bytes,
+                p.attempts,
+                hash.as_deref().unwrap_or("-")
+            );
+            if let Some(k) = &p.key {
+                out.push_str(" key=");
+                logfmt_str(k, out);
+            }
+            out.push_str(" request_id=");
+            logfmt_str(&p.request_id, out);
+            out.push('\n');
+        }
+    }
+}
+
+/// What a connection knows of its requests for the log.
+#[derive(Clone, Copy, Debug)]
+pub struct Conn {
+    /// The client.
+    pub client: SocketAddr,
+    /// HTTP/2.
+    pub h2: bool,
+    /// Over TLS.
+    pub tls: bool,
+}
+
+/// The request's side of a line, taken before the request is handled.
+#[derive(Debug)]
+pub struct Pending {
+    time: SystemTime,
+    started: Instant,
+    method: http::Method,
+    uri: http::Uri,
+    conn: Conn,
+}
+
+impl Pending {
+    /// Notes a request as it arrives.
+    pub fn new<B>(req: &http::Request<B>, conn: Conn) -> Pending {
+        Pending {
+            time: SystemTime::now(),
+            started: Instant::now(),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            conn,
+        }
+    }
+}
+
+/// Wraps a response so that its line is offered to `log` when its body ends or is dropped.
+pub fn logged(
+    log: &Arc<AccessLog>,
+    pending: Pending,
+    mut resp: http::Response<ProxyBody>,
+) -> http::Response<ProxyBody> {
+    let placed = resp.extensions_mut().remove::<Placed>().unwrap_or_default();
+    let status = resp.status().as_u16();
+    resp.map(|inner| {
+        let body = Logged { inner, log: Arc::clone(log), pending: Some((pending, placed)), status, bytes: 0 };
+        http_body_util::BodyExt::boxed_unsync(body)
+    })
+}
+
+struct Logged {
+    inner: ProxyBody,
+    log: Arc<AccessLog>,
+    pending: Option<(Pending, Placed)>,
+    status: u16,
+    bytes: u64,
+}
+
+impl Logged {
+    fn finish(&mut self) {
+        if let Some((p, placed)) = self.pending.take() {
+            self.log.offer(Entry {
+                time: p.time,
+                client: p.conn.client,
+                method: p.method,
+                uri: p.uri,
+                h2: p.conn.h2,
+                tls: p.conn.tls,
+                status: self.status,
+                bytes: self.bytes,
+                duration: p.started.elapsed(),
+                placed,
+            });
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl Body for Logged {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let poll = Pin::new(&mut self.inner).poll_frame(cx);
+        match &poll {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    self.bytes += d.len() as u64;
+                }
+                if self.inner.is_end_stream() {
+                    self.finish();
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.finish(),
+            Poll::Pending => {}
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_utc() {
+        let mut s = String::new();
+        rfc3339(SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_122_494_123), &mut s);
+        assert_eq!(s, "2026-12-01T10:54:54.123Z");
+        s.clear();
+        rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400), &mut s); // a leap day
+        assert_eq!(s, "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn lines_in_both_formats() {
+        let e = Entry {
+            time: SystemTime::UNIX_EPOCH,
+            client: "10.0.0.1:5000".parse().expect("addr"),
+            method: http::Method::GET,
+            uri: "/a?b=c".parse().expect("uri"),
+            h2: true,
+            tls: true,
+            status: 200,
+            bytes: 5,
+            duration: Duration::from_micros(1500),
+            placed: Placed {
+                request_id: "r1".into(),
+                pool: Some("p".into()),
+                worker: Some("w1".into()),
+                decision: "owner",
+                attempts: 1,
+                key_hash: Some(0xab),
+                key: Some("k \"1\"".into()),
+            },
+        };
+        let mut s = String::new();
+        render(&e, AccessLogFormat::Json, &mut s);
+        let v: serde_json::Value = serde_json::from_str(s.trim_end()).expect("a JSON line");
+        assert_eq!(v["path"], "/a?b=c");
+        assert_eq!(
+            (v["status"].as_u64(), v["bytes"].as_u64(), v["protocol"].as_str()),
+            (Some(200), Some(5), Some("h2"))
+        );
+        assert_eq!(
+            (v["key_hash"].as_str(), v["key"].as_str(), v["request_id"].as_str()),
+            (Some("00000000000000ab"), Some("k \"1\""), Some("r1"))
+        );
+        s.clear();
+        render(&e, AccessLogFormat::Logfmt, &mut s);
+        assert!(
+            s.starts_with("time=1970-01-01T00:00:00.000Z client=10.0.0.1:5000 method=GET path=\"/a?b=c\" protocol=h2"),
+            "{s}"
+        );
+        assert!(s.ends_with(" key=\"k \\\"1\\\"\" request_id=r1\n"), "{s}");
+    }
+}

@@ -1,0 +1,236 @@
+//! One accepted connection: TLS (with ALPN), then HTTP/1.1 or HTTP/2, and its requests.
+//!
+//! - **TLS listeners** complete the handshake within the listener's head timeout, then serve
+//!   HTTP/2 if the client chose `h2` by ALPN, else HTTP/1.1.
+//! - **Plain listeners** serve HTTP/1.1, or, with `h2c` on, HTTP/2 when the connection opens with
+//!   the HTTP/2 preface (prior knowledge).
+//! - **HTTP/1.1** keeps the head timeout ([`TimedIo`]) and serves upgrades: after a 101 the
+//!   connection is a tunnel to the worker (see `proxy::forward`) and is never timed again.
+//! - **HTTP/2** is hyper's server with its stream limits (`max_concurrent_streams`) and h2's
+//!   rapid-reset protections; requests go to the worker as HTTP/1.1 (`:authority` becomes `Host`).
+//!
+//! Every response of a listener with an access log is wrapped so that its line is written when it
+//! ends ([`crate::access`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::access::{self, Pending};
+use crate::body::ProxyBody;
+use crate::listener::{ClockedBody, ClockedRequest, OpenConn, TimedIo};
+use crate::metrics::ListenerMetrics;
+use crate::proxy::{self, Peer};
+use crate::state::{Shared, stopped};
+
+/// The HTTP/2 connection preface (RFC 9113 section 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How a listener's connections are served.
+pub(crate) struct Settings {
+    /// The client listener's index, or `None` for the admin API.
+    pub(crate) index: Option<usize>,
+    pub(crate) header_timeout: Duration,
+    pub(crate) max_buf: usize,
+    pub(crate) max_headers: usize,
+    pub(crate) tls: Option<TlsAcceptor>,
+    pub(crate) h2c: bool,
+    pub(crate) max_streams: u32,
+    pub(crate) metrics: Arc<ListenerMetrics>,
+}
+
+/// Serves one accepted connection to its end. `held` (the open-connection count and the
+/// connection limit's permit) is released when it ends.
+pub(crate) async fn serve<H: Send + 'static>(
+    stream: TcpStream,
+    remote: SocketAddr,
+    shared: Arc<Shared>,
+    settings: Arc<Settings>,
+    held: (OpenConn, H),
+) {
+    let _ = stream.set_nodelay(true);
+    match &settings.tls {
+        Some(acceptor) => {
+            let tls = match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    settings.metrics.tls_errors.fetch_add(1, Relaxed);
+                    tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    settings.metrics.tls_errors.fetch_add(1, Relaxed);
+                    tracing::debug!(%remote, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+            if h2 {
+                serve_h2(tls, Peer::with(remote, true, true), shared, settings, held).await;
+            } else {
+                serve_h1(tls, Peer::with(remote, true, false), shared, settings, held).await;
+            }
+        }
+        None if settings.h2c && opens_with_preface(&stream, settings.header_timeout).await => {
+            serve_h2(stream, Peer::with(remote, false, true), shared, settings, held).await;
+        }
+        None => serve_h1(stream, Peer::with(remote, false, false), shared, settings, held).await,
+    }
+}
+
+/// Whether the first bytes are the HTTP/2 preface (read without consuming them).
+async fn opens_with_preface(stream: &TcpStream, limit: Duration) -> bool {
+    let until = tokio::time::Instant::now() + limit;
+    let mut buf = [0u8; 24];
+    loop {
+        let n = match tokio::time::timeout_at(until, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return false,
+        };
+        if buf[..n] != PREFACE[..n] {
+            return false;
+        }
+        if n == PREFACE.len() {
+            return true;
+        }
+        // A prefix of the preface so far: wait a moment for the rest.
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn access_conn(peer: &Peer) -> access::Conn {
+    access::Conn { client: peer.addr, h2: peer.h2, tls: peer.tls }
+}
+
+async fn serve_h1<S, H>(io: S, peer: Peer, shared: Arc<Shared>, settings: Arc<Settings>, held: (OpenConn, H))
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Send + 'static,
+{
+    let stop_rx = shared.stop_accepting.subscribe();
+    let (io, clock) = TimedIo::new(io, settings.header_timeout, Arc::clone(&settings.metrics));
+    let mut builder = http1::Builder::new();
+    builder.max_buf_size(settings.max_buf.max(8192));
+    // hyper parses into an inline array of 100 headers unless told another count, and then
+    // fills a vector of that size for every request: set it only when it differs.
+    if settings.max_headers != 100 {
+        builder.max_headers(settings.max_headers);
+    }
+    builder
+        .writev(false)
+        .timer(TokioTimer::new())
+        // The head timeout is TimedIo's, which answers 408.
+        .header_read_timeout(None);
+    let remote = peer.addr;
+    let peer = Arc::new(peer);
+    let settings2 = Arc::clone(&settings);
+    let svc = service_fn(move |req: Request<Incoming>| {
+        use hyper::body::Body as _;
+        clock.head_received(!req.body().is_end_stream());
+        let shared = Arc::clone(&shared);
+        let peer = Arc::clone(&peer);
+        let clock = Arc::clone(&clock);
+        let settings = Arc::clone(&settings2);
+        async move {
+            let resp: Response<ProxyBody> = match settings.index {
+                Some(i) => {
+                    let log = shared.front.access_logs.get(i).and_then(Option::as_ref);
+                    let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
+                    let req = req.map(|b| ClockedRequest::new(b, Arc::clone(&clock)));
+                    let resp = proxy::handle(&shared.front, i, req, &peer).await;
+                    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        settings.metrics.upgrades.fetch_add(1, Relaxed);
+                        clock.upgraded();
+                    }
+                    match (log, pending) {
+                        (Some(log), Some(p)) => access::logged(log, p, resp),
+                        _ => resp,
+                    }
+                }
+                None => {
+                    // The admin API reads its (small) bodies whole before it answers.
+                    clock.body_finished();
+                    crate::admin::handle(&shared, req, peer.addr).await
+                }
+            };
+            Ok::<_, std::convert::Infallible>(resp.map(|b| ClockedBody::new(b, clock)))
+        }
+    });
+    let mut stop = stop_rx.clone();
+    let conn = builder.serve_connection(TokioIo::new(io), svc).with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stopped(&mut stop) => {
+            // The gateway stops: finish the request in progress (if any), then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, %remote, "connection ended with an error");
+    }
+    drop(held);
+}
+
+async fn serve_h2<S, H>(io: S, peer: Peer, shared: Arc<Shared>, settings: Arc<Settings>, held: (OpenConn, H))
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Send + 'static,
+{
+    let Some(index) = settings.index else { return };
+    let stop_rx = shared.stop_accepting.subscribe();
+    settings.metrics.h2_connections.fetch_add(1, Relaxed);
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(settings.max_streams)
+        .max_header_list_size(settings.max_buf.max(8192) as u32)
+        // Dead peers are found by PINGs; a live idle connection stays, as with HTTP/1 keep-alive.
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let remote = peer.addr;
+    let peer = Arc::new(peer);
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let shared = Arc::clone(&shared);
+        let peer = Arc::clone(&peer);
+        async move {
+            let log = shared.front.access_logs.get(index).and_then(Option::as_ref);
+            let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
+            let resp = proxy::handle(&shared.front, index, req, &peer).await;
+            let resp = match (log, pending) {
+                (Some(log), Some(p)) => access::logged(log, p, resp),
+                _ => resp,
+            };
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    let mut stop = stop_rx.clone();
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stopped(&mut stop) => {
+            // GOAWAY: streams in progress finish, no new ones.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, %remote, "HTTP/2 connection ended with an error");
+    }
+    drop(held);
+}

@@ -1,0 +1,423 @@
+//! The front door (issue 10): TLS with SNI and ALPN, HTTP/2 over TLS and with prior knowledge,
+//! certificates reloaded in place, WebSocket upgrades tunnelled to a worker, and access logs.
+//! Real clients: rustls + hyper, tokio-tungstenite, and curl where it is installed.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, StatusCode, Version};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use support::*;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("keyroute-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("dir");
+    d
+}
+
+/// A self-signed certificate for `names`, written as `stem.pem` and `stem.key`.
+fn write_cert(dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf, Vec<u8>) {
+    let c = rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+        .expect("a certificate");
+    let (cert, key) = (dir.join(format!("{stem}.pem")), dir.join(format!("{stem}.key")));
+    std::fs::write(&cert, c.cert.pem()).expect("write cert");
+    std::fs::write(&key, c.signing_key.serialize_pem()).expect("write key");
+    (cert, key, c.cert.der().to_vec())
+}
+
+/// A verifier that accepts any certificate and remembers the one presented (the tests check
+/// which certificate SNI chose, not the chain).
+#[derive(Debug, Default)]
+struct Seen(Mutex<Option<Vec<u8>>>);
+
+impl ServerCertVerifier for Seen {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        *self.0.lock().expect("lock") = Some(end_entity.to_vec());
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        rustls::crypto::ring::default_provider().signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A TLS connection to `addr` with SNI `name`, offering `alpn`; the certificate presented.
+async fn tls_connect(
+    addr: SocketAddr,
+    name: &str,
+    alpn: &[&[u8]],
+) -> (tokio_rustls::client::TlsStream<TcpStream>, Vec<u8>) {
+    let seen = Arc::new(Seen::default());
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::clone(&seen) as Arc<dyn ServerCertVerifier>)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(name.to_owned()).expect("name"), tcp)
+        .await
+        .expect("TLS handshake");
+    let cert = seen.0.lock().expect("lock").clone().expect("a certificate");
+    (tls, cert)
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+type Sender2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+async fn h1_over<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static>(io: S) -> Sender {
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.expect("h1 handshake");
+    tokio::spawn(conn);
+    send
+}
+
+async fn h2_over<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static>(io: S) -> Sender2 {
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    send
+}
+
+/// (status, worker header, body, version), checking what the worker saw: HTTP/1.1, one Host,
+/// and `X-Forwarded-Proto` as `proto`.
+async fn answer_as(resp: http::Response<hyper::body::Incoming>, proto: &str) -> (StatusCode, String, String, Version) {
+    let status = resp.status();
+    let version = resp.version();
+    let h = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let worker = h("x-keyroute-worker");
+    if status == StatusCode::OK {
+        assert_eq!(
+            (h("x-seen-version"), h("x-seen-hosts"), h("x-seen-proto")),
+            ("HTTP/1.1".into(), "1".into(), proto.to_owned())
+        );
+    }
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, worker, String::from_utf8_lossy(&body).into_owned(), version)
+}
+
+async fn answer(resp: http::Response<hyper::body::Incoming>) -> (StatusCode, String, String, Version) {
+    answer_as(resp, "http").await
+}
+
+/// A gateway config with its listener's extra settings (`listener_extra`, after `listen`).
+fn config(backends: &[&Backend], listener_extra: &str, pool_extra: &str) -> String {
+    config_text(backends, pool_extra, "").replacen(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        &format!("[[listener]]\nlisten = \"127.0.0.1:0\"\n{listener_extra}\n"),
+        1,
+    )
+}
+
+fn tls_section(certs: &[(&Path, &Path)]) -> String {
+    certs
+        .iter()
+        .map(|(c, k)| format!("[[listener.tls.certificate]]\ncert = \"{}\"\nkey = \"{}\"\n", c.display(), k.display()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_sni_alpn_h1_and_h2_and_the_same_placement() {
+    let dir = temp_dir("tls");
+    let (a_cert, a_key, a_der) = write_cert(&dir, "a", &["a.test"]);
+    let (b_cert, b_key, b_der) = write_cert(&dir, "b", &["*.b.test"]);
+    let bs = backends(3).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let text = config(&refs, &tls_section(&[(&a_cert, &a_key), (&b_cert, &b_key)]), "")
+        .replace("key = \"{path}?k={query.k}\"", "key = \"{host}{path}\"");
+    let gw = start_gateway(&text).await;
+
+    // SNI picks the certificate: exact, wildcard, and the first one without a match.
+    for (name, want) in [("a.test", &a_der), ("x.b.test", &b_der), ("other.test", &a_der)] {
+        let (_, cert) = tls_connect(gw.addr, name, &[b"http/1.1"]).await;
+        assert_eq!(&cert, want, "SNI {name}");
+    }
+    // HTTP/1.1 over TLS.
+    let (tls, _) = tls_connect(gw.addr, "a.test", &[b"http/1.1"]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"http/1.1".as_slice()));
+    let mut h1 = h1_over(tls).await;
+    let mut h1_owners = Vec::new();
+    for k in 0..20 {
+        let req = Request::get(format!("/img/{k}.jpg")).header("host", "a.test").body(Empty::new()).expect("req");
+        h1.ready().await.expect("ready for the next request");
+        let (status, worker, body, version) =
+            answer_as(h1.send_request(req).await.expect("h1 response"), "https").await;
+        assert_eq!((status, version), (StatusCode::OK, Version::HTTP_11));
+        assert_eq!(body, worker, "the worker's own answer");
+        h1_owners.push(worker);
+    }
+    // HTTP/2 over TLS (ALPN h2): `:authority` is the host, so the same keys go to the same workers.
+    let (tls, _) = tls_connect(gw.addr, "a.test", &[b"h2", b"http/1.1"]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
+    let h2 = h2_over(tls).await;
+    let mut streams = tokio::task::JoinSet::new();
+    for k in 0..20 {
+        let mut h2 = h2.clone();
+        streams.spawn(async move {
+            let req = Request::get(format!("https://a.test/img/{k}.jpg")).body(Empty::new()).expect("req");
+            (k, answer_as(h2.send_request(req).await.expect("h2 response"), "https").await)
+        });
+    }
+    while let Some(r) = streams.join_next().await {
+        let (k, (status, worker, body, version)) = r.expect("stream");
+        assert_eq!((status, version), (StatusCode::OK, Version::HTTP_2));
+        assert_eq!(body, worker);
+        assert_eq!(worker, h1_owners[k], "key {k}: h2 and h1 place alike");
+    }
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_with_prior_knowledge_on_a_plain_listener() {
+    let bs = backends(2).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let gw = start_gateway(&config(&refs, "h2c = true", "")).await;
+    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut h2 = h2_over(tcp).await;
+    for k in 0..10 {
+        let req = Request::get(format!("http://x.test/thumb?k={k}")).body(Empty::new()).expect("req");
+        let (status, worker, _, version) = answer(h2.send_request(req).await.expect("response")).await;
+        assert_eq!((status, version), (StatusCode::OK, Version::HTTP_2));
+        assert!(!worker.is_empty());
+    }
+    // HTTP/1.1 still works on the same listener.
+    let c = client();
+    let (s, _, _) = get(&c, &format!("http://{}/thumb?k=1", gw.addr)).await;
+    assert_eq!(s, StatusCode::OK);
+    // And curl, where it is installed.
+    if let Ok(o) = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_version} %{http_code}", "--http2-prior-knowledge"])
+        .arg(format!("http://{}/thumb?k=2", gw.addr))
+        .output()
+    {
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "2 200", "curl --http2-prior-knowledge");
+    }
+    gw.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_reload_in_place_and_a_bad_one_changes_nothing() {
+    let dir = temp_dir("tls-reload");
+    let (cert, key, first) = write_cert(&dir, "site", &["site.test"]);
+    let bs = backends(1).await;
+    let text = config(&[&bs[0]], &tls_section(&[(&cert, &key)]), "");
+    let path = dir.join("gw.toml");
+    std::fs::write(&path, &text).expect("config");
+    let gw = start_gateway(&text).await;
+    let (tls, seen) = tls_connect(gw.addr, "site.test", &[b"http/1.1"]).await;
+    assert_eq!(seen, first);
+    let mut old_conn = h1_over(tls).await;
+    // A renewed certificate in the same files: reloaded, new handshakes get it.
+    let (_, _, second) = write_cert(&dir, "site", &["site.test"]);
+    gw.handle.reload_file(&path).expect("reload");
+    let (_, seen) = tls_connect(gw.addr, "site.test", &[b"http/1.1"]).await;
+    assert_eq!(seen, second, "the renewed certificate");
+    // The connection made before the reload still works.
+    let req = Request::get("/thumb?k=1").header("host", "site.test").body(Empty::new()).expect("req");
+    old_conn.ready().await.expect("still open");
+    assert_eq!(answer_as(old_conn.send_request(req).await.expect("response"), "https").await.0, StatusCode::OK);
+    // A broken certificate file: the reload is refused, naming the field; the old one serves on.
+    std::fs::write(&cert, "not a certificate").expect("write");
+    let err = gw.handle.reload_file(&path).expect_err("a bad certificate");
+    assert!(err.to_string().contains("tls.certificate.cert"), "{err}");
+    let (_, seen) = tls_connect(gw.addr, "site.test", &[b"http/1.1"]).await;
+    assert_eq!(seen, second);
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A WebSocket backend: echoes every message, prefixed with its name.
+async fn ws_backend(name: &'static str) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                // Health checks are plain GETs: answer them; anything else is a WebSocket.
+                let mut peek = [0u8; 16];
+                if s.peek(&mut peek).await.is_ok() && peek.starts_with(b"GET /healthz") {
+                    use tokio::io::AsyncWriteExt;
+                    let mut s = s;
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+                    return;
+                }
+                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else { return };
+                while let Some(Ok(m)) = ws.next().await {
+                    if let Message::Text(t) = m {
+                        if ws.send(Message::text(format!("{name}:{t}"))).await.is_err() {
+                            return;
+                        }
+                    } else if m.is_close() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_tunnel_to_the_keys_worker_and_count_as_load() {
+    let addrs = [ws_backend("w1").await, ws_backend("w2").await, ws_backend("w3").await];
+    let gw = start_gateway(&config_for(&addrs, "", "")).await;
+    for k in 0..6 {
+        let url = format!("ws://{}/chat?k=room-{k}", gw.addr);
+        let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+        let (mut ws, resp) = tokio_tungstenite::client_async(url, tcp).await.expect("WebSocket through the gateway");
+        let worker = resp.headers().get("x-keyroute-worker").and_then(|v| v.to_str().ok()).expect("worker").to_owned();
+        assert_eq!(gw.handle.owner("p", &format!("/chat?k=room-{k}")).expect("pool").as_deref(), Some(worker.as_str()));
+        // The tunnel counts as one request in flight on its worker while it lives.
+        assert_eq!(worker_info(&gw, &worker).await["in_flight"], 1);
+        for i in 0..3 {
+            ws.send(Message::text(format!("hello {i}"))).await.expect("send");
+            let echo = ws.next().await.expect("a message").expect("ok");
+            assert_eq!(echo, Message::text(format!("{worker}:hello {i}")));
+        }
+        ws.close(None).await.expect("close");
+        drop(ws);
+        eventually(Duration::from_secs(5), "the tunnel's load released", || async {
+            worker_info(&gw, &worker).await["in_flight"] == 0
+        })
+        .await;
+    }
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    assert!(
+        metrics.as_str().is_some_and(|m| m.contains("keyroute_listener_upgrades_total{listener=\"listener-1\"} 6")),
+        "{metrics}"
+    );
+    gw.task.abort();
+}
+
+fn log_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_logs_carry_the_placement_and_the_request_id() {
+    let dir = temp_dir("access");
+    let log = dir.join("access.log");
+    let bs = backends(2).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let gw = start_gateway(&config(
+        &refs,
+        &format!("h2c = true\n[listener.access_log]\npath = \"{}\"\nkey = true", log.display()),
+        "",
+    ))
+    .await;
+    let c = client();
+    let mut req = Request::get(format!("http://{}/thumb?k=7", gw.addr)).body(Empty::<Bytes>::new()).expect("req");
+    req.headers_mut().insert("x-request-id", "client-id-1".parse().expect("value"));
+    let resp = c.request(req).await.expect("response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let _ = resp.into_body().collect().await;
+    let mut h2 = h2_over(TcpStream::connect(gw.addr).await.expect("connect")).await;
+    let req = Request::get("http://x.test/thumb?k=8").body(Empty::new()).expect("req");
+    let _ = answer(h2.send_request(req).await.expect("response")).await;
+    let (s, _, _) = get(&c, &format!("http://{}/thumb%2Fx", gw.addr)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    eventually(Duration::from_secs(5), "three lines", || async { log_lines(&log).len() == 3 }).await;
+    let lines = log_lines(&log);
+    let first = &lines[0];
+    assert_eq!(first["request_id"], "client-id-1", "the client's id is kept");
+    assert_eq!((first["method"].as_str(), first["path"].as_str()), (Some("GET"), Some("/thumb?k=7")));
+    assert_eq!(
+        (first["status"].as_u64(), first["protocol"].as_str(), first["tls"].as_bool()),
+        (Some(200), Some("h1"), Some(false))
+    );
+    assert_eq!(
+        (first["pool"].as_str(), first["decision"].as_str(), first["attempts"].as_u64()),
+        (Some("p"), Some("owner"), Some(1))
+    );
+    assert_eq!(first["key"], "/thumb?k=7");
+    let owner = gw.handle.owner("p", "/thumb?k=7").expect("pool");
+    assert_eq!(first["worker"].as_str(), owner.as_deref());
+    assert!(first["bytes"].as_u64().is_some_and(|b| b > 0) && first["duration_ms"].as_f64().is_some());
+    assert!(first["key_hash"].as_str().is_some_and(|h| h.len() == 16));
+    assert_eq!(lines[1]["protocol"], "h2");
+    assert_eq!((lines[2]["status"].as_u64(), lines[2]["worker"].as_str()), (Some(400), Some("-")));
+    assert!(lines[2]["request_id"].as_str().is_some_and(|id| !id.is_empty()), "a made id");
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_access_log_drops_lines_and_never_stalls_a_request() {
+    let dir = temp_dir("access-stuck");
+    let fifo = dir.join("stuck.log");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
+    // A reader that opens the pipe and never reads: the writer blocks once the pipe is full.
+    let reader_path = fifo.clone();
+    let _reader = std::thread::spawn(move || {
+        let f = std::fs::File::open(reader_path).expect("open the pipe");
+        std::thread::sleep(Duration::from_secs(120));
+        drop(f);
+    });
+    let bs = backends(1).await;
+    let gw = start_gateway(&config(
+        &[&bs[0]],
+        &format!("[listener.access_log]\npath = \"{}\"\nbuffer = 16", fifo.display()),
+        "",
+    ))
+    .await;
+    let started = tokio::time::Instant::now();
+    let mut set = load(&gw, 4, 500).await;
+    let mut ok = 0;
+    while let Some(r) = set.join_next().await {
+        ok += r.expect("load").iter().filter(|s| **s == StatusCode::OK).count();
+    }
+    assert_eq!(ok, 2000, "every request answered");
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().unwrap_or("").to_owned();
+    let dropped: u64 = text
+        .lines()
+        .find(|l| l.starts_with("keyroute_listener_access_log_dropped_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .expect("the dropped counter");
+    println!("2,000 requests in {:?} with a stuck access log; {dropped} lines dropped", started.elapsed());
+    assert!(dropped > 0, "lines were dropped, not waited for");
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}
