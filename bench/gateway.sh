@@ -12,6 +12,14 @@
 #
 # Usage:  bench/gateway.sh
 #         DURATION=10s CONNECTIONS=32 THREADS=1 ROUNDS=3 WARMUP=2s bench/gateway.sh
+# Modes:  PROXY_THREADS=2   keyroute --threads 2, nginx worker_processes 2, haproxy nbthread 2
+#         TLS=1             HTTP/1.1 over TLS (a self-signed certificate made with openssl):
+#                           keyroute [[listener.tls.certificate]], nginx `listen ... ssl`,
+#                           haproxy `bind ... ssl crt`; wrk over https
+#         FLOOR=1           also a do-nothing hyper proxy (crates/keyroute-bench/examples/floor_proxy.rs,
+#                           plain HTTP/1.1 only): what tokio and hyper cost by themselves
+#         H2=1              HTTP/2 over TLS (ALPN h2 on all three); load by h2load (package
+#                           nghttp2-client) over the same 100,000 URIs, STREAMS=10 per connection
 # Ports (override if taken): BACKEND_PORT=18081 (..+7) KEYROUTE_PORT=18000 NGINX_PORT=18010
 #         HAPROXY_PORT=18020 ADMIN_PORT=19901
 # KEEP_TMP=1 keeps the temp dir (configs, logs, raw wrk output).
@@ -35,7 +43,16 @@ HAPROXY_PORT=${HAPROXY_PORT:-18020}
 ADMIN_PORT=${ADMIN_PORT:-19901}
 NBACKENDS=8
 PROXIES=(keyroute nginx haproxy)
-CMDLINE="DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WARMUP=$WARMUP $0${*:+ $*}"
+FLOOR=${FLOOR:-0}
+FLOOR_PORT=${FLOOR_PORT:-18030}
+[[ "$FLOOR" == 1 ]] && PROXIES+=(floor)
+PROXY_THREADS=${PROXY_THREADS:-1}
+H2=${H2:-0}
+TLS=${TLS:-$H2}
+STREAMS=${STREAMS:-10}
+CMDLINE="DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WARMUP=$WARMUP PROXY_THREADS=$PROXY_THREADS TLS=$TLS H2=$H2 $0${*:+ $*}"
+SCHEME=http
+[[ "$TLS" == 1 ]] && SCHEME=https
 
 log() { printf '[gateway.sh] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -100,16 +117,19 @@ trap 'log "terminated"; exit 143' TERM
 # ---------------------------------------------------------------------------------------------
 # Tools.
 missing=()
-for tool in nginx haproxy wrk curl python3; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+tools=(nginx haproxy wrk curl python3 openssl)
+[[ "$H2" == 1 ]] && tools+=(h2load)
+for tool in "${tools[@]}"; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if ((${#missing[@]})); then
     [[ $(id -u) == 0 ]] || die "missing ${missing[*]}; run as root (or install them) so apt-get can install them"
     log "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update
     pkgs=(nginx haproxy wrk)
-    for tool in curl python3; do [[ " ${missing[*]} " == *" $tool "* ]] && pkgs+=("$tool"); done
+    for tool in curl python3 openssl; do [[ " ${missing[*]} " == *" $tool "* ]] && pkgs+=("$tool"); done
+    [[ " ${missing[*]} " == *" h2load "* ]] && pkgs+=(nghttp2-client)
     apt-get install -y "${pkgs[@]}"
-    for tool in nginx haproxy wrk curl python3; do command -v "$tool" >/dev/null || die "$tool still missing after apt-get install"; done
+    for tool in "${tools[@]}"; do command -v "$tool" >/dev/null || die "$tool still missing after apt-get install"; done
 fi
 if pgrep -x nginx >/dev/null 2>&1 || pgrep -x haproxy >/dev/null 2>&1; then
     log "note: nginx/haproxy processes not started by this script are running (left alone):"
@@ -123,6 +143,9 @@ log "building keyroute (cargo build --release -p keyroute-cli)"
 cargo build --release -p keyroute-cli
 KEYROUTE=$ROOT/target/release/keyroute
 [[ -x "$KEYROUTE" ]] || die "$KEYROUTE not built"
+if [[ "$FLOOR" == 1 ]]; then
+    cargo build --release -p keyroute-bench --example floor_proxy
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Ports must be free (something answering a TCP connect means taken).
@@ -136,14 +159,28 @@ done
 TMP=$(mktemp -d /tmp/keyroute-gateway-bench.XXXXXX)
 chmod 755 "$TMP"
 log "temp dir: $TMP"
+if [[ "$TLS" == 1 ]]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=bench.test \
+        -addext subjectAltName=DNS:bench.test -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
+    cat "$TMP/cert.pem" "$TMP/key.pem" >"$TMP/combined.pem"
+fi
+NGINX_LISTEN="127.0.0.1:$NGINX_PORT"
+HAPROXY_BIND="127.0.0.1:$HAPROXY_PORT"
+if [[ "$TLS" == 1 ]]; then
+    NGINX_LISTEN="$NGINX_LISTEN ssl"
+    [[ "$H2" == 1 ]] && NGINX_LISTEN="$NGINX_LISTEN http2"
+    alpn=http/1.1
+    [[ "$H2" == 1 ]] && alpn=h2,http/1.1
+    HAPROXY_BIND="$HAPROXY_BIND ssl crt $TMP/combined.pem alpn $alpn"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Configs.
-nginx_common() { # $1 = instance name
+nginx_common() { # $1 = instance name, $2 = worker processes (default 1)
     local d="$TMP/$1"
     mkdir -p "$d/logs" "$d/tmp"
     cat <<EOF
-worker_processes 1;
+worker_processes ${2:-1};
 pid $d/nginx.pid;
 error_log $d/logs/error.log warn;
 events { worker_connections 4096; }
@@ -175,9 +212,14 @@ EOF
 } >"$TMP/backends.conf"
 
 {
-    nginx_common nginx
+    nginx_common nginx "$PROXY_THREADS"
     echo "http {"
     nginx_http_common nginx
+    if [[ "$TLS" == 1 ]]; then
+        echo "    ssl_certificate $TMP/cert.pem;"
+        echo "    ssl_certificate_key $TMP/key.pem;"
+        echo "    ssl_session_cache shared:SSL:1m;"
+    fi
     echo "    upstream backends {"
     echo "        hash \$arg_k consistent;"
     for port in "${BPORTS[@]}"; do echo "        server 127.0.0.1:$port;"; done
@@ -185,11 +227,19 @@ EOF
     echo "        keepalive_requests 1000000;"
     echo "    }"
     echo "    server {"
-    echo "        listen 127.0.0.1:$NGINX_PORT;"
+    echo "        listen $NGINX_LISTEN;"
     echo "        location / {"
     echo "            proxy_pass http://backends;"
     echo "            proxy_http_version 1.1;"
     echo "            proxy_set_header Connection \"\";"
+    # Like for like: the headers keyroute adds to every upstream request.
+    echo "            proxy_set_header Host \$http_host;"
+    echo "            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;"
+    echo "            proxy_set_header X-Forwarded-Proto \$scheme;"
+    echo "            proxy_set_header X-Forwarded-Host \$http_host;"
+    echo "            proxy_set_header Forwarded \"for=\$remote_addr;proto=\$scheme;host=\\\"\$http_host\\\"\";"
+    echo "            proxy_set_header X-Request-Id \$request_id;"
+    echo "            proxy_set_header Via \"1.1 nginx\";"
     echo "        }"
     echo "    }"
     echo "}"
@@ -198,7 +248,7 @@ EOF
 {
     cat <<EOF
 global
-    nbthread 1
+    nbthread $PROXY_THREADS
     maxconn 4096
 
 defaults
@@ -211,12 +261,19 @@ defaults
     timeout http-keep-alive 60s
 
 frontend fe
-    bind 127.0.0.1:$HAPROXY_PORT
+    bind $HAPROXY_BIND
     default_backend be
 
 backend be
     balance url_param k
     hash-type consistent
+    # Like for like: the headers keyroute adds to every upstream request.
+    option forwardfor
+    http-request set-header X-Forwarded-Proto http
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-request set-header Forwarded "for=%[src];proto=http;host=\\"%[req.hdr(host)]\\""
+    http-request set-header X-Request-Id %[uuid]
+    http-request add-header Via "1.1 haproxy"
 EOF
     for ((i = 0; i < NBACKENDS; i++)); do echo "    server b$((i + 1)) 127.0.0.1:${BPORTS[i]}"; done
 } >"$TMP/haproxy.cfg"
@@ -230,6 +287,7 @@ listen = "127.0.0.1:$ADMIN_PORT"
 
 [[listener]]
 listen = "127.0.0.1:$KEYROUTE_PORT"
+$([[ "$TLS" == 1 ]] && printf '[[listener.tls.certificate]]\ncert = "%s"\nkey = "%s"\n' "$TMP/cert.pem" "$TMP/key.pem")
 
 [[pool]]
 name = "bench"
@@ -268,17 +326,26 @@ PIDS+=("${PID[nginx]}")
 haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/haproxy.out" 2>&1 &
 PID[haproxy]=$!
 PIDS+=("${PID[haproxy]}")
-"$KEYROUTE" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.out" 2>&1 &
+"$KEYROUTE" serve --threads "$PROXY_THREADS" --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.out" 2>&1 &
 PID[keyroute]=$!
 PIDS+=("${PID[keyroute]}")
-declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT)
+declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT [floor]=$FLOOR_PORT)
+if [[ "$FLOOR" == 1 ]]; then
+    bargs=()
+    for port in "${BPORTS[@]}"; do bargs+=("127.0.0.1:$port"); done
+    "$ROOT/target/release/examples/floor_proxy" "127.0.0.1:$FLOOR_PORT" "${bargs[@]}" >"$TMP/floor.out" 2>&1 &
+    PID[floor]=$!
+    PIDS+=("${PID[floor]}")
+fi
 
 # Sanity: every backend and every proxy answers 200 to ?k=abc (waiting up to 10 s for startup).
 expect_200() { # $1 = label, $2 = port, $3 = PID that must stay alive
     local code deadline=$((SECONDS + 10))
     while :; do
         kill -0 "$3" 2>/dev/null || die "$1 (PID $3) exited; see $TMP/$1.out"
-        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$2/?k=abc" || true)
+        local scheme=http
+        [[ "$1" != backends ]] && scheme=$SCHEME
+        code=$(curl -k -s -o /dev/null -w '%{http_code}' --max-time 2 "$scheme://127.0.0.1:$2/?k=abc" || true)
         [[ "$code" == 200 ]] && return 0
         ((SECONDS < deadline)) || die "$1 on 127.0.0.1:$2 answered '$code' instead of 200; see $TMP/$1.out"
         sleep 0.2
@@ -306,12 +373,25 @@ cpu_ticks() { # PIDs...
 
 LUA=$ROOT/bench/gateway/random-k.lua
 WRK=(wrk -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency -s "$LUA")
+if [[ "$H2" == 1 ]]; then
+    # The same keys as the wrk script's: 100,000 URIs, k uniform in 1..100000 (fixed seed).
+    python3 -c "import random; random.seed(1); print('\n'.join('$SCHEME://127.0.0.1:PORT/?k=%d' % random.randint(1, 100000) for _ in range(100000)))" >"$TMP/uris.tpl"
+    WRK=(h2load -t "$THREADS" -c "$CONNECTIONS" -m "$STREAMS" -D "${DURATION%s}")
+fi
+load() { # $1 = port, $2 = duration; runs the load against one proxy
+    if [[ "$H2" == 1 ]]; then
+        sed "s/PORT/$1/" "$TMP/uris.tpl" >"$TMP/uris-$1.txt"
+        h2load -t "$THREADS" -c "$CONNECTIONS" -m "$STREAMS" -D "${2%s}" -i "$TMP/uris-$1.txt"
+    else
+        wrk -t "$THREADS" -c "$CONNECTIONS" -d "$2" --latency -s "$LUA" "$SCHEME://127.0.0.1:$1/"
+    fi
+}
 RUNS=$TMP/runs.tsv
 : >"$RUNS"
 
 for p in "${PROXIES[@]}"; do
     log "warm-up: $p ($WARMUP)"
-    wrk -t "$THREADS" -c "$CONNECTIONS" -d "$WARMUP" -s "$LUA" "http://127.0.0.1:${PORT[$p]}/" >"$TMP/warmup-$p.txt"
+    load "${PORT[$p]}" "$WARMUP" >"$TMP/warmup-$p.txt"
 done
 
 for ((round = 1; round <= ROUNDS; round++)); do
@@ -321,14 +401,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
         # shellcheck disable=SC2086
         before=$(cpu_ticks $pids_before)
         out=$TMP/wrk-$round-$p.txt
-        "${WRK[@]}" "http://127.0.0.1:${PORT[$p]}/" >"$out"
+        load "${PORT[$p]}" "$DURATION" >"$out"
         pids_after=$(proxy_pids "${PID[$p]}")
         # shellcheck disable=SC2086
         after=$(cpu_ticks $pids_after)
         changed=0
         [[ "$pids_before" == "$pids_after" ]] || { changed=1; log "warning: $p's processes changed during the run ($pids_before -> $pids_after)"; }
         printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$p" $((after - before)) "$CLK_TCK" "$out" "$changed" >>"$RUNS"
-        grep -E 'requests in|Requests/sec|^ +99%|Non-2xx|Socket errors' "$out" | sed 's/^/    /' >&2
+        grep -E 'requests in|Requests/sec|^ +99%|Non-2xx|Socket errors|finished in|^requests:' "$out" | sed 's/^/    /' >&2
         echo "    proxy CPU: $((after - before)) ticks (CLK_TCK=$CLK_TCK)" >&2
     done
 done
@@ -347,9 +427,11 @@ META=$TMP/meta.md
     echo "- command: \`$CMDLINE\`"
     echo "- load (same for every proxy): \`${WRK[*]/#$ROOT\//} http://127.0.0.1:PORT/\`, requests \`GET /?k=N\`, N uniform in 1..100000; warm-up $WARMUP per proxy; $ROUNDS round(s), alternated keyroute, nginx, haproxy"
     echo "- backends: $NBACKENDS listeners of one nginx instance (1 worker, \`return 200 \"ok\\n\"\`) on 127.0.0.1:${BPORTS[0]}-${BPORTS[NBACKENDS - 1]}"
-    echo "- keyroute: \`keyroute serve --threads 1 --log warn\`, rendezvous on \`{query.k}\`, health checks every 5 s (127.0.0.1:$KEYROUTE_PORT)"
-    echo "- nginx: worker_processes 1, \`hash \$arg_k consistent\`, keepalive 64, keepalive_requests 1000000, access_log off (127.0.0.1:$NGINX_PORT)"
-    echo "- haproxy: nbthread 1, \`balance url_param k\`, \`hash-type consistent\`, http-keep-alive, http-reuse always, no logging (127.0.0.1:$HAPROXY_PORT)"
+    echo "- mode: $SCHEME, HTTP/$([[ "$H2" == 1 ]] && echo "2 ($STREAMS streams per connection, h2load)" || echo 1.1) ; proxy threads/workers: $PROXY_THREADS"
+    echo "- keyroute: \`keyroute serve --threads $PROXY_THREADS --log warn\`, rendezvous on \`{query.k}\`, health checks every 5 s (127.0.0.1:$KEYROUTE_PORT)"
+    echo "- nginx: worker_processes $PROXY_THREADS, \`hash \$arg_k consistent\`, keepalive 64, keepalive_requests 1000000, access_log off (127.0.0.1:$NGINX_PORT)"
+    echo "- haproxy: nbthread $PROXY_THREADS, \`balance url_param k\`, \`hash-type consistent\`, http-keep-alive, http-reuse always, no logging (127.0.0.1:$HAPROXY_PORT)"
+    echo "- upstream headers (like for like): all three add X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host, Forwarded (for, proto, host), X-Request-Id and Via, and pass the client's Host"
     echo "- CPU us/request: the proxy's user+sys time (all its processes; nginx = master + worker) during the wrk run, over the requests wrk completed"
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); nproc: $(nproc); kernel: $(uname -r)"
     echo "- versions: keyroute $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || echo ' (+ uncommitted changes)'); $(nginx -v 2>&1 | sed 's/^nginx version: //'); $(haproxy -v 2>&1 | head -1 | sed 's/ - .*//'); $(wrk -v 2>&1 | head -1 | sed 's/ \[.*//;s/ Copyright.*//')"

@@ -13,7 +13,7 @@ import re
 import statistics
 import sys
 
-PROXIES = ["keyroute", "nginx", "haproxy"]
+PROXIES = ["keyroute", "nginx", "haproxy", "floor"]
 UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 
 
@@ -43,6 +43,31 @@ def parse_wrk(text):
     return requests, rps, p99, errors
 
 
+def parse_h2load(text):
+    """requests, req/s, p99 (None: h2load gives no percentiles), errors from h2load output."""
+    m = re.search(r"finished in [\d.]+s, ([\d.]+) req/s", text)
+    if not m:
+        raise ValueError("no 'finished in' line in h2load output")
+    rps = float(m.group(1))
+    m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", text)
+    if not m:
+        raise ValueError("no 'requests:' line in h2load output")
+    requests, ok, failed, errored = (int(g) for g in m.groups())
+    errors = {}
+    if failed:
+        errors["failed"] = failed
+    if errored:
+        errors["errored"] = errored
+    m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", text)
+    if m and (int(m.group(3)) or int(m.group(4))):
+        errors["non-2xx"] = int(m.group(3)) + int(m.group(4))
+    return ok, rps, float("nan"), errors
+
+
+def parse(text):
+    return parse_h2load(text) if "h2load" in text[:300] or "finished in" in text else parse_wrk(text)
+
+
 def fmt_errors(errors):
     return " ".join(f"{k}={v}" for k, v in errors.items()) if errors else "0"
 
@@ -55,7 +80,7 @@ def main():
             continue
         rnd, proxy, ticks, clk_tck, wrk_file, pids_changed = line.rstrip("\n").split("\t")
         text = open(wrk_file).read()
-        requests, rps, p99, errors = parse_wrk(text)
+        requests, rps, p99, errors = parse(text)
         cpu_s = int(ticks) / int(clk_tck)
         us_per_req = cpu_s / requests * 1e6 if requests else float("nan")
         if pids_changed != "0":
@@ -87,7 +112,7 @@ def main():
             "| vs | req/s (target >= 1) | p99 (target <= 1) | CPU/request (target <= 1) |",
             "|---|---:|---:|---:|"]
     k = med.get("keyroute")
-    for p in ("nginx", "haproxy"):
+    for p in ("nginx", "haproxy", "floor"):
         o = med.get(p)
         if not k or not o:
             continue

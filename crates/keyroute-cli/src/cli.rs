@@ -77,7 +77,8 @@ pub struct ServeArgs {
     /// Reload the configuration when the file changes (SIGHUP always reloads).
     #[arg(long)]
     pub watch: bool,
-    /// Worker threads (default: one per core; 1 runs everything on one thread).
+    /// Threads (default: one per core), each a runtime of its own with its own listening sockets
+    /// (SO_REUSEPORT) and upstream connections, like NGINX worker processes.
     #[arg(long)]
     pub threads: Option<usize>,
     /// Log filter (RUST_LOG syntax), e.g. info or keyroute_gateway=debug.

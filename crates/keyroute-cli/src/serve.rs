@@ -47,18 +47,30 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // --watch also watches the certificate files: a renewed certificate reloads by itself.
     let certificates: Vec<std::path::PathBuf> =
         config.listeners.iter().flat_map(|l| l.tls.iter().flat_map(|c| [c.cert.clone(), c.key.clone()])).collect();
-    let rt = runtime(args.threads)?;
-    rt.block_on(async {
+    let threads = match args.threads {
+        Some(0) => return Err(Usage("--threads: must be at least 1".into()).into()),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    // Bind on a runtime of its own; then one runtime per thread serves (each with its own
+    // listening sockets, SO_REUSEPORT, and its own upstream connections).
+    let gateway = runtime(Some(1))?.block_on(async {
         let gateway = Gateway::bind(config).await.context("starting the gateway")?;
         for addr in gateway.local_addrs() {
             tracing::info!(%addr, "listening");
         }
-        tracing::info!(addr = %gateway.admin_addr(), "admin API listening");
-        let handle = gateway.handle();
-        spawn_reloaders(handle, args.config.clone(), args.watch, certificates);
-        gateway.run(shutdown_signal()).await.context("serving")?;
-        Ok(())
-    })
+        tracing::info!(addr = %gateway.admin_addr(), threads, "admin API listening");
+        anyhow::Ok(gateway)
+    })?;
+    let handle = gateway.handle();
+    let (path, watch) = (args.config.clone(), args.watch);
+    let shutdown = async move {
+        // Polled on the first thread's runtime: the reloaders run there.
+        spawn_reloaders(handle, path, watch, certificates);
+        shutdown_signal().await;
+    };
+    gateway.run_threads(threads, shutdown).context("serving")?;
+    Ok(())
 }
 
 async fn reload(handle: &GatewayHandle, path: &Path, why: &str) {

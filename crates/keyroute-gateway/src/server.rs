@@ -93,8 +93,7 @@ impl Gateway {
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
         for l in &config.listeners {
-            let sock =
-                TcpListener::bind(l.listen).await.map_err(|source| GatewayError::Bind { addr: l.listen, source })?;
+            let sock = bind_shared(l.listen).map_err(|source| GatewayError::Bind { addr: l.listen, source })?;
             let mut l = l.clone();
             l.listen = sock.local_addr().map_err(|source| GatewayError::Bind { addr: l.listen, source })?;
             bound.push(l);
@@ -168,6 +167,7 @@ impl Gateway {
                 not_ready: AtomicBool::new(false),
                 shutdown: watch::channel(false).0,
                 stop_accepting: watch::channel(false).0,
+                finished: watch::channel(false).0,
                 probers: Mutex::new(Vec::new()),
                 sources: Mutex::new(Vec::new()),
                 delay_ms: AtomicU64::new(config.shutdown_delay.as_millis() as u64),
@@ -194,6 +194,99 @@ impl Gateway {
     /// A handle for reloads, membership changes and shutdown.
     pub fn handle(&self) -> GatewayHandle {
         GatewayHandle { shared: Arc::clone(&self.shared) }
+    }
+
+    /// Serves on `threads` threads, each a single-threaded runtime of its own with its own
+    /// listening sockets (`SO_REUSEPORT`: the kernel spreads connections among them) and its own
+    /// upstream connections, as NGINX's worker processes do. They share only the pools'
+    /// snapshots, the load counts and the metrics, so placement and bounded loads see every
+    /// request. The calling thread is the first of them and also runs the admin API, health
+    /// checks and membership sources. `threads` of 1 is [`Gateway::run`] on a new
+    /// single-threaded runtime.
+    ///
+    /// # Errors
+    ///
+    /// As [`Gateway::run`]; a runtime or socket that cannot be made for an extra thread is
+    /// [`GatewayError::Bind`].
+    pub fn run_threads(
+        mut self,
+        threads: usize,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), GatewayError> {
+        let runtime = |i: usize| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .on_thread_start(move || crate::upstream::set_thread_slot(i))
+                .build()
+        };
+        let addrs: Vec<SocketAddr> = self.shared.listeners.iter().map(|l| l.listen).collect();
+        let mut extra = Vec::new();
+        for i in 1..threads.max(1) {
+            let shared = Arc::clone(&self.shared);
+            let acceptors = self.acceptors.clone();
+            let addrs = addrs.clone();
+            let first = addrs[0];
+            let rt = runtime(i).map_err(|source| GatewayError::Bind { addr: first, source })?;
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let handle = std::thread::Builder::new()
+                .name(format!("keyroute-{i}"))
+                .spawn(move || {
+                    crate::upstream::set_thread_slot(i);
+                    rt.block_on(async move {
+                        let mut tasks = Vec::new();
+                        for (j, (addr, tls)) in addrs.iter().zip(acceptors).enumerate() {
+                            match bind_shared(*addr) {
+                                Ok(sock) => {
+                                    tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(j), tls)))
+                                }
+                                Err(e) => {
+                                    let _ = ready_tx.send(Err((*addr, e)));
+                                    return;
+                                }
+                            }
+                        }
+                        let _ = ready_tx.send(Ok(()));
+                        for t in tasks {
+                            let _ = t.await;
+                        }
+                        // The accept loops ended (shutdown): the connections finish their
+                        // requests, then the main thread's grace period ends this runtime.
+                        let mut done = shared.finished.subscribe();
+                        crate::state::stopped(&mut done).await;
+                    });
+                })
+                .map_err(|source| GatewayError::Bind { addr: first, source })?;
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err((addr, source))) => return Err(GatewayError::Bind { addr, source }),
+                Err(_) => return Err(GatewayError::Reload(ReloadError::Interrupted)),
+            }
+            extra.push(handle);
+        }
+        let rt = runtime(0).map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
+        crate::upstream::set_thread_slot(0);
+        let shared = Arc::clone(&self.shared);
+        // The listeners were bound on the caller's runtime; move them to this one.
+        let listeners: Vec<std::net::TcpListener> = std::mem::take(&mut self.listeners)
+            .into_iter()
+            .map(|l| l.into_std())
+            .collect::<Result<_, _>>()
+            .map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
+        let admin = self.admin.into_std().map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
+        let result = rt.block_on(async move {
+            let listeners = listeners
+                .into_iter()
+                .map(TcpListener::from_std)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
+            let admin = TcpListener::from_std(admin).map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
+            Gateway { shared: self.shared, listeners, acceptors: self.acceptors, admin }.run(shutdown).await
+        });
+        shared.finished.send_replace(true);
+        for h in extra {
+            let _ = h.join();
+        }
+        result
     }
 
     /// Serves until `shutdown` completes (or [`GatewayHandle::shutdown`]). Then `/readyz` says not
@@ -247,6 +340,17 @@ impl Gateway {
         }
         Ok(())
     }
+}
+
+/// A listening socket that more sockets may bind to as well (`SO_REUSEPORT`): each runtime
+/// thread of [`Gateway::run_threads`] accepts on its own, and the kernel spreads connections.
+fn bind_shared(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    sock.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    sock.set_reuseport(true)?;
+    sock.bind(addr)?;
+    sock.listen(4096)
 }
 
 /// Refuses a configuration with a worker at one of the gateway's own (bound) addresses.

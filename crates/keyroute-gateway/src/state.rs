@@ -95,6 +95,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: watch::Sender<bool>,
     /// Set when the listeners stop accepting (after the shutdown delay).
     pub(crate) stop_accepting: watch::Sender<bool>,
+    /// Set when the gateway has stopped (the grace period is over): extra runtime threads end.
+    pub(crate) finished: watch::Sender<bool>,
     pub(crate) probers: Mutex<Vec<String>>,
     /// Pools whose membership source task runs.
     pub(crate) sources: Mutex<Vec<String>>,

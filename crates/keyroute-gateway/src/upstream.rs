@@ -70,13 +70,33 @@ impl std::fmt::Display for SendError {
     }
 }
 
+/// Idle lists per worker: one per runtime thread (threads beyond this share by modulo).
+const SLOTS: usize = 16;
+
+thread_local! {
+    /// This thread's idle list: a connection's task runs on the runtime that made it, so a request
+    /// reuses only connections of its own thread (no cross-thread wake per request).
+    static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Sets the calling thread's idle list (each runtime thread of the gateway has its own).
+pub fn set_thread_slot(i: usize) {
+    SLOT.with(|s| s.set(i % SLOTS));
+}
+
+fn slot() -> usize {
+    SLOT.with(std::cell::Cell::get)
+}
+
+type Idle = Mutex<Vec<(Instant, SendRequest<ProxyBody>)>>;
+
 /// A worker's connection pool.
 #[derive(Debug)]
 pub struct Upstream {
     addr: SocketAddr,
     /// Milliseconds; changed by a configuration reload.
     connect_timeout_ms: AtomicU64,
-    idle: Mutex<Vec<(Instant, SendRequest<ProxyBody>)>>,
+    idle: [Idle; SLOTS],
 }
 
 /// A connection on loan to one request; give it back with [`Upstream::checkin`].
@@ -88,7 +108,7 @@ impl Upstream {
         Upstream {
             addr,
             connect_timeout_ms: AtomicU64::new(connect_timeout.as_millis() as u64),
-            idle: Mutex::new(Vec::new()),
+            idle: std::array::from_fn(|_| Mutex::new(Vec::new())),
         }
     }
 
@@ -123,7 +143,7 @@ impl Upstream {
     }
 
     fn take_idle(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle[slot()].lock().unwrap_or_else(|e| e.into_inner());
         // The most recently used first; those idle too long (the oldest) are dropped.
         let now = Instant::now();
         while let Some((since, c)) = idle.pop() {
@@ -175,7 +195,7 @@ impl Upstream {
         if conn.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle[slot()].lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < MAX_IDLE {
             idle.push((Instant::now(), conn));
         }

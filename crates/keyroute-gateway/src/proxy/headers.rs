@@ -311,19 +311,24 @@ impl Peer {
     }
 }
 
+// Header names as constants: a `&str` name is parsed and classified on every use.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
 /// Adds `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Forwarded`.
 pub fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
-    match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+    match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prev) => {
             if let Ok(v) = HeaderValue::try_from(format!("{prev}, {}", peer.addr.ip())) {
-                headers.insert("x-forwarded-for", v);
+                headers.insert(X_FORWARDED_FOR.clone(), v);
             }
         }
         None => {
-            headers.insert("x-forwarded-for", peer.xff.clone());
+            headers.insert(X_FORWARDED_FOR.clone(), peer.xff.clone());
         }
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(if peer.tls { "https" } else { "http" }));
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(if peer.tls { "https" } else { "http" }));
     let host = headers.get(header::HOST).cloned();
     let mut fwd = peer.forwarded.clone();
     if let Some(h) = host {
@@ -334,7 +339,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
             fwd.push_str(text);
             fwd.push('"');
         }
-        headers.insert("x-forwarded-host", h);
+        headers.insert(X_FORWARDED_HOST.clone(), h);
     }
     let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
         Some(prev) => format!("{prev}, {fwd}"),

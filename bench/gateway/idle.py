@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Opens N keep-alive connections to a proxy, sends one GET on each, reads its response, and holds
+them all open until stdin closes (bench/idle.sh measures the proxy's memory meanwhile).
+
+Usage: idle.py PORT N
+Source addresses 127.0.0.2, 127.0.0.3, ... are used in turn (about 25,000 connections each), so
+that tens of thousands of connections to one port do not run out of ephemeral ports.
+Prints "held N" once every connection has had its response, then waits.
+"""
+import resource
+import socket
+import sys
+
+
+def main():
+    port, n = int(sys.argv[1]), int(sys.argv[2])
+    want = n + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(want, soft), max(want, hard)))
+    conns = []
+    per_ip = 25_000
+    for i in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((f"127.0.0.{2 + i // per_ip}", 0))
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET /?k={i} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise SystemExit(f"connection {i} closed before its response")
+            got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                length = int(v.strip())
+        while len(body) < length:
+            body += s.recv(4096)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise SystemExit(f"connection {i}: {head[:40]!r}")
+        conns.append(s)
+    print(f"held {len(conns)}", flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

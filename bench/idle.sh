@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Memory per idle keep-alive client connection: keyroute vs nginx vs haproxy, in one run.
+#
+# For each proxy (one thread/worker each, in front of one nginx backend answering "ok") and each
+# count N in COUNTS: start the proxy, read its resident memory (VmRSS, summed over its processes),
+# open N connections that each send one GET, read the response and then stay open
+# (bench/gateway/idle.py, from source addresses 127.0.0.2...), read the memory again, and report
+# (after - before) / N. The proxies run with an open-file limit of 200,000 (prlimit).
+#
+# Usage:  bench/idle.sh                 (COUNTS="5000 10000 50000")
+#         COUNTS="10000" bench/idle.sh
+# Needs root (prlimit above the hard limit); installs nginx/haproxy with apt-get if missing.
+# Starts everything itself on 127.0.0.1, in a temp dir, and kills it by PID on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+COUNTS=${COUNTS:-5000 10000 50000}
+BACKEND=18181
+PORT=18100
+LIMIT=200000
+PIDS=()
+log() { printf '[idle.sh] %s\n' "$*" >&2; }
+cleanup() {
+    set +e
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+    [[ -n "${TMP:-}" ]] && rm -rf "$TMP"
+}
+trap cleanup EXIT
+for tool in nginx haproxy python3 prlimit; do command -v "$tool" >/dev/null || { apt-get update && apt-get install -y nginx haproxy; break; }; done
+cargo build --release -p keyroute-cli >&2
+TMP=$(mktemp -d /tmp/keyroute-idle.XXXXXX)
+chmod 755 "$TMP"
+mkdir -p "$TMP"/{b,n}/{logs,tmp}
+
+common() { # $1 dir
+    cat <<EOF
+worker_processes 1;
+worker_rlimit_nofile $LIMIT;
+pid $TMP/$1/nginx.pid;
+error_log $TMP/$1/logs/error.log warn;
+events { worker_connections 120000; }
+EOF
+}
+{ common b; echo "http { access_log off; client_body_temp_path $TMP/b/tmp/b; proxy_temp_path $TMP/b/tmp/p;"
+  echo "  server { listen 127.0.0.1:$BACKEND; keepalive_requests 1000000; location / { return 200 \"ok\\n\"; } } }"; } >"$TMP/backend.conf"
+{ common n; echo "http { access_log off; keepalive_timeout 600; client_body_temp_path $TMP/n/tmp/b; proxy_temp_path $TMP/n/tmp/p;"
+  echo "  upstream be { hash \$arg_k consistent; server 127.0.0.1:$BACKEND; keepalive 64; }"
+  echo "  server { listen 127.0.0.1:$PORT; location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection \"\"; } } }"; } >"$TMP/nginx.conf"
+cat >"$TMP/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn 120000
+defaults
+    mode http
+    option http-keep-alive
+    http-reuse always
+    timeout connect 5s
+    timeout client 600s
+    timeout server 30s
+    timeout http-keep-alive 600s
+frontend fe
+    bind 127.0.0.1:$PORT
+    default_backend be
+backend be
+    balance url_param k
+    hash-type consistent
+    server b1 127.0.0.1:$BACKEND
+EOF
+cat >"$TMP/keyroute.toml" <<EOF
+[admin]
+listen = "127.0.0.1:19191"
+[[listener]]
+listen = "127.0.0.1:$PORT"
+header_timeout_ms = 600000
+[[pool]]
+name = "p"
+key = "{query.k}"
+[[pool.worker]]
+name = "b1"
+address = "127.0.0.1:$BACKEND"
+EOF
+
+prlimit --nofile=$LIMIT:$LIMIT nginx -p "$TMP/b" -c "$TMP/backend.conf" -g 'daemon off;' &
+PIDS+=($!)
+sleep 0.5
+
+rss_kb() { # PIDs -> summed VmRSS in kB
+    local total=0 pid v
+    for pid in "$@"; do
+        v=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+        total=$((total + v))
+    done
+    echo "$total"
+}
+procs() { echo "$1" $(pgrep -P "$1" || true); }
+
+echo "| proxy | connections | RSS before (MB) | RSS with them (MB) | per connection (KB) |"
+echo "|---|---:|---:|---:|---:|"
+for n in $COUNTS; do
+    for p in keyroute nginx haproxy; do
+        case $p in
+        keyroute) prlimit --nofile=$LIMIT:$LIMIT "$ROOT/target/release/keyroute" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/k.out" 2>&1 & ;;
+        nginx) prlimit --nofile=$LIMIT:$LIMIT nginx -p "$TMP/n" -c "$TMP/nginx.conf" -g 'daemon off;' >"$TMP/n.out" 2>&1 & ;;
+        haproxy) prlimit --nofile=$LIMIT:$LIMIT haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/h.out" 2>&1 & ;;
+        esac
+        pid=$!
+        PIDS+=("$pid")
+        for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$PORT/?k=1" && break; sleep 0.1; done
+        # Warm: a few hundred requests on fresh connections, then measure.
+        for i in $(seq 20); do curl -s -o /dev/null "http://127.0.0.1:$PORT/?k=$i"; done
+        sleep 0.5
+        before=$(rss_kb $(procs "$pid"))
+        coproc HOLD { exec prlimit --nofile=$LIMIT:$LIMIT python3 "$ROOT/bench/gateway/idle.py" "$PORT" "$n"; }
+        read -r line <&"${HOLD[0]}"
+        [[ "$line" == "held $n" ]] || { log "$p: idle.py said '$line'"; exit 1; }
+        sleep 1
+        after=$(rss_kb $(procs "$pid"))
+        awk -v p="$p" -v n="$n" -v b="$before" -v a="$after" 'BEGIN { printf "| %s | %d | %.1f | %.1f | %.2f |\n", p, n, b/1024, a/1024, (a-b)/n }'
+        eval "exec ${HOLD[1]}>&-"
+        wait "$HOLD_PID" 2>/dev/null || true
+        kill "$pid"
+        wait "$pid" 2>/dev/null || true
+        sleep 0.5
+    done
+done
