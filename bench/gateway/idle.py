@@ -3,10 +3,12 @@
 them all open until stdin closes (bench/idle.sh measures the proxy's memory meanwhile).
 
 Usage: idle.py PORT N
-Source addresses 127.0.0.2, 127.0.0.3, ... are used in turn (about 25,000 connections each), so
-that tens of thousands of connections to one port do not run out of ephemeral ports.
+Source addresses 127.A.B.2 are used in turn (10,000 connections each; A from the process id, so
+that consecutive runs do not collide with the previous runs' TIME_WAIT ports), so that tens of
+thousands of connections to one port do not run out of ephemeral ports.
 Prints "held N" once every connection has had its response, then waits.
 """
+import os
 import resource
 import socket
 import sys
@@ -19,11 +21,12 @@ def main():
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(want, soft), max(want, hard)))
     conns = []
-    per_ip = 25_000
+    per_ip = 10_000
+    a = 1 + os.getpid() % 250
     for i in range(n):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((f"127.0.0.{2 + i // per_ip}", 0))
+        s.bind((f"127.{a}.{i // per_ip}.2", 0))
         s.settimeout(10)
         s.connect(("127.0.0.1", port))
         s.sendall(f"GET /?k={i} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
