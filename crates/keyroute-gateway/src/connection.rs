@@ -8,6 +8,7 @@
 //!   connection is a tunnel to the worker (see `proxy::forward`) and is never timed again.
 //! - **HTTP/2** is hyper's server with its stream limits (`max_concurrent_streams`) and h2's
 //!   rapid-reset protections; requests go to the worker as HTTP/1.1 (`:authority` becomes `Host`).
+//!   The client's preface must arrive within the head timeout; after that, PINGs find dead peers.
 //!
 //! Every response of a listener with an access log is wrapped so that its line is written when it
 //! ends ([`crate::access`]).
@@ -111,6 +112,67 @@ async fn opens_with_preface(stream: &TcpStream, limit: Duration) -> bool {
     }
 }
 
+/// An IO whose first read must bring data within a deadline; later reads are not timed.
+struct FirstBytes<S> {
+    io: S,
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> FirstBytes<S> {
+    fn new(io: S, limit: Duration) -> Self {
+        FirstBytes { io, deadline: Some(Box::pin(tokio::time::sleep(limit))) }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FirstBytes<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        if self.deadline.is_some() {
+            if buf.filled().len() > before {
+                self.deadline = None;
+            } else if r.is_pending()
+                && let Some(d) = self.deadline.as_mut()
+                && d.as_mut().poll(cx).is_ready()
+            {
+                return std::task::Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface within the head timeout",
+                )));
+            }
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FirstBytes<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
 fn access_conn(peer: &Peer) -> access::Conn {
     access::Conn { client: peer.addr, h2: peer.h2, tls: peer.tls }
 }
@@ -194,6 +256,9 @@ where
     let Some(index) = settings.index else { return };
     let stop_rx = shared.stop_accepting.subscribe();
     settings.metrics.h2_connections.fetch_add(1, Relaxed);
+    // The client's first bytes (its preface) must arrive within the head timeout, as an HTTP/1.1
+    // head must: a TLS client that chose h2 and then sends nothing does not hold the connection.
+    let io = FirstBytes::new(io, settings.header_timeout);
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())

@@ -421,3 +421,31 @@ async fn a_stuck_access_log_drops_lines_and_never_stalls_a_request() {
     gw.task.abort();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_that_chose_h2_and_sends_nothing_is_closed_at_the_head_timeout() {
+    use tokio::io::AsyncReadExt;
+    let dir = temp_dir("tls-silent");
+    let (cert, key, _) = write_cert(&dir, "s", &["s.test"]);
+    let bs = backends(1).await;
+    let text = config(&[&bs[0]], &format!("header_timeout_ms = 300\n{}", tls_section(&[(&cert, &key)])), "");
+    let gw = start_gateway(&text).await;
+    let (mut tls, _) = tls_connect(gw.addr, "s.test", &[b"h2"]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
+    // Say nothing: the gateway closes the connection (it may first send its own SETTINGS).
+    let started = tokio::time::Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the silent connection is still open after 5 s");
+    assert!(started.elapsed() >= Duration::from_millis(250), "closed before the head timeout");
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}
