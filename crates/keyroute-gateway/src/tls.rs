@@ -23,13 +23,20 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 /// One certificate as configured: the files, and what was loaded from them.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Certificate {
     /// The PEM certificate chain (end entity first).
     pub cert: PathBuf,
     /// The PEM private key.
     pub key: PathBuf,
     loaded: Arc<CertifiedKey>,
+}
+
+impl std::fmt::Debug for Certificate {
+    /// The files only: the loaded key never goes into a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Certificate").field("cert", &self.cert).field("key", &self.key).finish_non_exhaustive()
+    }
 }
 
 impl PartialEq for Certificate {
@@ -90,9 +97,14 @@ impl Certificate {
 }
 
 /// A listener's certificates, swapped whole by a reload; the SNI resolver of its TLS config.
-#[derive(Debug)]
 pub struct Certificates {
     current: ArcSwap<Vec<Certificate>>,
+}
+
+impl std::fmt::Debug for Certificates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.current.load().iter()).finish()
+    }
 }
 
 impl Certificates {
