@@ -60,32 +60,43 @@ pub(crate) async fn serve<H: Send + 'static>(
     held: (OpenConn, H),
 ) {
     let _ = stream.set_nodelay(true);
+    // A task's future is as large as its largest variant, for as long as the connection lives:
+    // the TLS and HTTP/2 paths are boxed, so that a plain HTTP/1.1 connection carries neither.
     match &settings.tls {
-        Some(acceptor) => {
-            let tls = match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    settings.metrics.tls_errors.fetch_add(1, Relaxed);
-                    tracing::debug!(%remote, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    settings.metrics.tls_errors.fetch_add(1, Relaxed);
-                    tracing::debug!(%remote, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
-            if h2 {
-                serve_h2(tls, Peer::with(remote, true, true), shared, settings, held).await;
-            } else {
-                serve_h1(tls, Peer::with(remote, true, false), shared, settings, held).await;
-            }
-        }
+        Some(acceptor) => Box::pin(serve_tls(acceptor.clone(), stream, remote, shared, settings, held)).await,
         None if settings.h2c && opens_with_preface(&stream, settings.header_timeout).await => {
-            serve_h2(stream, Peer::with(remote, false, true), shared, settings, held).await;
+            Box::pin(serve_h2(stream, Peer::with(remote, false, true), shared, settings, held)).await;
         }
         None => serve_h1(stream, Peer::with(remote, false, false), shared, settings, held).await,
+    }
+}
+
+async fn serve_tls<H: Send + 'static>(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    remote: SocketAddr,
+    shared: Arc<Shared>,
+    settings: Arc<Settings>,
+    held: (OpenConn, H),
+) {
+    let tls = match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            settings.metrics.tls_errors.fetch_add(1, Relaxed);
+            tracing::debug!(%remote, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            settings.metrics.tls_errors.fetch_add(1, Relaxed);
+            tracing::debug!(%remote, "TLS handshake timed out");
+            return;
+        }
+    };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+    if h2 {
+        serve_h2(tls, Peer::with(remote, true, true), shared, settings, held).await;
+    } else {
+        serve_h1(tls, Peer::with(remote, true, false), shared, settings, held).await;
     }
 }
 
