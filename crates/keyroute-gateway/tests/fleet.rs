@@ -540,3 +540,33 @@ async fn an_etcd_rebuilt_from_nothing_is_read_again() {
     .await;
     gw.task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_switched_to_static_and_back_follows_etcd_again() {
+    let etcd = Etcd::start();
+    let prefix = "/keyroute/pools/switch/workers/";
+    let registry = Registry::new(&[etcd.endpoint()], prefix).expect("registry");
+    let backends = backends(3).await;
+    registry.add("e1", &record(backends[0].addr, 1, false), 0).await.expect("add");
+    let state = etcd.dir().join("switch.json");
+    let text = etcd_config(&etcd.endpoint(), prefix, "rendezvous", &state);
+    let gw = start_gateway(&text).await;
+    eventually(Duration::from_secs(5), "e1 from etcd", || async {
+        gw.handle.membership("p").expect("pool").workers == ["e1"]
+    })
+    .await;
+    // To static: the file's workers.
+    let static_text = config_text(&[&backends[1]], "", "");
+    gw.handle.reload(keyroute_gateway::Config::parse(&static_text, "t.toml").expect("valid")).expect("reload");
+    assert_eq!(gw.handle.membership("p").expect("pool").workers, ["w2"]);
+    registry.add("e2", &record(backends[2].addr, 1, false), 0).await.expect("add");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gw.handle.membership("p").expect("pool").workers, ["w2"], "a static pool ignores etcd");
+    // And back to etcd: the source runs again and applies what etcd has now.
+    gw.handle.reload(keyroute_gateway::Config::parse(&text, "t.toml").expect("valid")).expect("reload");
+    eventually(Duration::from_secs(5), "etcd's members again", || async {
+        gw.handle.membership("p").expect("pool").workers == ["e1", "e2"]
+    })
+    .await;
+    gw.task.abort();
+}

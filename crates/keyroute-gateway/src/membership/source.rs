@@ -99,23 +99,34 @@ enum Ended {
     Gone,
 }
 
+/// Takes a pool's name off the list of running source tasks when its task ends.
+struct Running {
+    shared: Weak<Shared>,
+    name: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.shared.upgrade() {
+            s.sources.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| *n != self.name);
+        }
+    }
+}
+
 async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
     let mut records = Records::default();
     let mut current: Option<EtcdConfig> = None;
     let mut backoff = BACKOFF.0;
     let mut down_since: Option<Instant> = None;
+    let Some(name) = pool.upgrade().map(|p| p.name.clone()) else { return };
+    // However this task ends, a pool of the same name may get a task of its own again.
+    let _running = Running { shared: shared.clone(), name: name.clone() };
     loop {
         let Some(p) = pool.upgrade() else { return };
-        let name = p.name.clone();
         let in_service =
             shared.upgrade().is_some_and(|s| s.front.routing.load().pools.iter().any(|q| Arc::ptr_eq(q, &p)));
         let source = if in_service { p.snapshot().config.membership.clone() } else { MembershipConfig::Static };
-        let MembershipConfig::Etcd(cfg) = source else {
-            if let Some(s) = shared.upgrade() {
-                s.sources.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| *n != name);
-            }
-            return;
-        };
+        let MembershipConfig::Etcd(cfg) = source else { return };
         if current.as_ref().is_none_or(|c| c.prefix != cfg.prefix) {
             // A new prefix: nothing read so far counts.
             records = Records::default();
