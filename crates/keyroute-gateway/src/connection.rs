@@ -8,7 +8,9 @@
 //!   connection is a tunnel to the worker (see `proxy::forward`) and is never timed again.
 //! - **HTTP/2** is hyper's server with its stream limits (`max_concurrent_streams`) and h2's
 //!   rapid-reset protections; requests go to the worker as HTTP/1.1 (`:authority` becomes `Host`).
-//!   The client's preface must arrive within the head timeout; after that, PINGs find dead peers.
+//!   The client's preface must arrive within the head timeout; a connection with no stream open
+//!   for the head timeout is closed (GOAWAY), as an idle HTTP/1.1 keep-alive connection is; PINGs
+//!   find dead peers.
 //!
 //! Every response of a listener with an access log is wrapped so that its line is written when it
 //! ends ([`crate::access`]).
@@ -184,6 +186,79 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FirstBytes<S> {
     }
 }
 
+/// An HTTP/2 connection's open streams, and when the last one ended.
+#[derive(Default)]
+struct Streams {
+    open: std::sync::atomic::AtomicUsize,
+    /// Bumped whenever a stream ends.
+    ended: tokio::sync::Notify,
+}
+
+/// One open stream; closes on drop.
+struct OpenStream(Arc<Streams>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Relaxed);
+        self.0.ended.notify_waiters();
+    }
+}
+
+impl Streams {
+    fn open(this: &Arc<Streams>) -> OpenStream {
+        this.open.fetch_add(1, Relaxed);
+        OpenStream(Arc::clone(this))
+    }
+
+    /// Resolves once no stream has been open for `limit`.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.open.load(Relaxed) == 0 {
+                // Quiet from now: done after `limit` unless a stream opens and ends meanwhile.
+                tokio::select! {
+                    _ = tokio::time::sleep(limit) => {
+                        if self.open.load(Relaxed) == 0 {
+                            return;
+                        }
+                    }
+                    _ = ended.as_mut() => {}
+                }
+            } else {
+                ended.await;
+            }
+        }
+    }
+}
+
+/// A response body that holds its stream open until it ends or is dropped.
+struct OnEnd {
+    inner: ProxyBody,
+    _open: OpenStream,
+}
+
+impl hyper::body::Body for OnEnd {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 fn access_conn(peer: &Peer) -> access::Conn {
     access::Conn { client: peer.addr, h2: peer.h2, tls: peer.tls }
 }
@@ -280,9 +355,12 @@ where
         .keep_alive_timeout(Duration::from_secs(10));
     let remote = peer.addr;
     let peer = Arc::new(peer);
+    let idle = Arc::new(Streams::default());
+    let streams = Arc::clone(&idle);
     let svc = service_fn(move |req: Request<Incoming>| {
         let shared = Arc::clone(&shared);
         let peer = Arc::clone(&peer);
+        let open = Streams::open(&streams);
         async move {
             let log = shared.front.access_logs.get(index).and_then(Option::as_ref);
             let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
@@ -291,7 +369,10 @@ where
                 (Some(log), Some(p)) => access::logged(log, p, resp),
                 _ => resp,
             };
-            Ok::<_, std::convert::Infallible>(resp)
+            // The stream counts as open until its response body ends.
+            Ok::<_, std::convert::Infallible>(
+                resp.map(|b| http_body_util::BodyExt::boxed_unsync(OnEnd { inner: b, _open: open })),
+            )
         }
     });
     let mut stop = stop_rx.clone();
@@ -301,6 +382,11 @@ where
         r = conn.as_mut() => r,
         _ = stopped(&mut stop) => {
             // GOAWAY: streams in progress finish, no new ones.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        _ = idle.idle_for(settings.header_timeout) => {
+            // No stream for the head timeout, as an idle HTTP/1.1 keep-alive connection: GOAWAY.
             conn.as_mut().graceful_shutdown();
             conn.await
         }

@@ -449,3 +449,24 @@ async fn a_tls_client_that_chose_h2_and_sends_nothing_is_closed_at_the_head_time
     gw.task.abort();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_at_the_head_timeout_but_not_during_a_stream() {
+    let bs = backends(1).await;
+    // A stream longer than the head timeout: it must not be cut.
+    bs[0].delay_ms.store(700, std::sync::atomic::Ordering::SeqCst);
+    let gw = start_gateway(&config(&[&bs[0]], "h2c = true\nheader_timeout_ms = 300", "")).await;
+    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let req = Request::get("http://x.test/thumb?k=1").body(Empty::<Bytes>::new()).expect("req");
+    let (status, _, _, _) = answer(send.send_request(req).await.expect("a slow response")).await;
+    assert_eq!(status, StatusCode::OK, "a 700 ms stream outlived a 300 ms head timeout");
+    // Then nothing: the gateway ends the connection (GOAWAY) after the head timeout.
+    let started = tokio::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "the idle HTTP/2 connection is still open after 5 s");
+    assert!(started.elapsed() >= Duration::from_millis(250), "closed before the head timeout");
+    gw.task.abort();
+}
