@@ -406,15 +406,7 @@ impl Policy {
     ///
     /// As [`Policy::build`].
     pub fn rebuild(&self, nodes: NodeSet) -> Result<Policy, Error> {
-        let mut next = Policy::build(self.strategy, NodeSet::empty(), &self.options)?;
-        next.table = match &self.table {
-            Some(t) => Some(t.rebuild(nodes.clone(), &self.options)?),
-            None => None,
-        };
-        next.rr = RoundRobin::new(&nodes);
-        next.wrr = Mutex::new(SmoothWeighted::new(&nodes));
-        next.nodes = nodes;
-        Ok(next)
+        Policy::build(self.strategy, nodes, &self.options)
     }
 
     /// The key's owner: the first node of its ranking, ignoring health and load.
