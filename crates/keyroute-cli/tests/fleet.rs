@@ -4,7 +4,7 @@
 //! every table within its lease; keys move only as placement says, checked on 100k keys against
 //! `keyroute place`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -24,7 +24,8 @@ fn bin() -> Command {
 /// A child process killed (by pid) when dropped, and its log lines.
 struct Proc {
     child: Child,
-    logs: mpsc::Receiver<String>,
+    /// Kept: a process whose log reader is gone fails its next log write.
+    _logs: mpsc::Receiver<String>,
     name: String,
 }
 
@@ -36,37 +37,11 @@ impl Drop for Proc {
 }
 
 /// Spawns and waits (20 s at most) for a log line containing each needle; returns the `addr=`
-/// of each.
+/// of those that have one.
 fn spawn(name: &str, cmd: &mut Command, needles: &[&str]) -> (Proc, Vec<SocketAddr>) {
-    let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut p = Proc { child, logs: rx, name: name.to_owned() };
-    let mut addrs = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for needle in needles {
-        loop {
-            let line = p
-                .logs
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .unwrap_or_else(|_| panic!("{name}: no log line with '{needle}' in time"));
-            if line.contains(needle) {
-                if let Some(a) = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()) {
-                    addrs.push(a.parse().expect("socket address"));
-                }
-                break;
-            }
-        }
-    }
-    p.name = name.to_owned();
-    (p, addrs)
+    let (child, lines, logs) = keyroute_testkit::spawn_logged(cmd, needles);
+    let addrs = lines.iter().filter_map(|l| keyroute_testkit::addr_in(l)).collect();
+    (Proc { child, _logs: logs, name: name.to_owned() }, addrs)
 }
 
 fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Vec<u8>) {

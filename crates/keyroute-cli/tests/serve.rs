@@ -1,9 +1,9 @@
 //! `keyroute serve` and `keyroute worker` as processes: logs tell the bound ports, signals reload
 //! and stop them.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -14,28 +14,8 @@ fn bin() -> Command {
 /// Spawns a process and waits (up to 20 s) for log lines containing each needle; returns the
 /// `addr=` value of each.
 fn spawn_and_wait(cmd: &mut Command, needles: &[&str]) -> (Child, Vec<SocketAddr>, mpsc::Receiver<String>) {
-    let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut addrs = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for needle in needles {
-        loop {
-            let line = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("log line in time");
-            if line.contains(needle) {
-                let addr = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()).expect("addr=");
-                addrs.push(addr.parse().expect("socket address"));
-                break;
-            }
-        }
-    }
+    let (child, lines, rx) = keyroute_testkit::spawn_logged(cmd, needles);
+    let addrs = lines.iter().map(|l| keyroute_testkit::addr_in(l).expect("addr=")).collect();
     (child, addrs, rx)
 }
 

@@ -3,7 +3,8 @@
 //! - [`Etcd`]: a real etcd, the Debian package's binary (installed by `scripts/test.sh`), on free
 //!   loopback ports, in a temporary directory, killed by pid when dropped;
 //! - [`Cuttable`]: a TCP forwarder that a test can cut, to part a gateway from etcd while etcd
-//!   keeps working.
+//!   keeps working;
+//! - [`spawn_logged`]: a process whose log lines a test waits for (the `keyroute` binary's tests).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +16,45 @@ use std::time::Duration;
 use std::io::{Read, Write};
 
 use tokio::net::{TcpListener, TcpStream};
+
+/// Spawns `cmd` with its standard error piped, and waits (20 s at most) for a line containing
+/// each needle in turn. Returns the child, the lines that matched, and the receiver of every
+/// later line (keep it: a process whose log reader is gone fails its next log write).
+///
+/// # Panics
+///
+/// If the process cannot be spawned, or a needle does not appear in time.
+pub fn spawn_logged(cmd: &mut Command, needles: &[&str]) -> (Child, Vec<String>, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = cmd.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut matched = Vec::new();
+    for needle in needles {
+        loop {
+            let wait = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = rx.recv_timeout(wait).unwrap_or_else(|_| panic!("no log line with '{needle}' in time"));
+            if line.contains(needle) {
+                matched.push(line);
+                break;
+            }
+        }
+    }
+    (child, matched, rx)
+}
+
+/// The `addr=` value of a log line.
+pub fn addr_in(line: &str) -> Option<SocketAddr> {
+    line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|a| a.parse().ok())
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
