@@ -228,9 +228,87 @@ fn build(c: &mut Criterion) {
     g.finish();
 }
 
+/// The hot-key detector's cost per request: a Zipf(1.0) stream of 4,096 key hashes with a hot key
+/// at 10% of it, `k = 64` counters, one request in 16 sampled. `observe` is the library's
+/// single-owner detector; `observe-shared` is the gateway's path (a per-thread counter, and a
+/// mutex taken only for the sampled request).
+fn hot(c: &mut Criterion) {
+    use keyroute::hot::{HotKeyDetector, SpaceSaving};
+    use std::sync::Mutex;
+    let mut rng = SplitMix64::new(11);
+    // Zipf(1.0) over 4,096 keys by inversion of the harmonic CDF, plus a hot key at 10%.
+    let n = 4096usize;
+    let h: Vec<f64> = (1..=n).map(|i| 1.0 / i as f64).collect();
+    let total: f64 = h.iter().sum();
+    let mut cdf = Vec::with_capacity(n);
+    let mut acc = 0.0;
+    for x in &h {
+        acc += x / total;
+        cdf.push(acc);
+    }
+    let stream: Vec<u64> = (0..65_536)
+        .map(|_| {
+            if rng.unit_open() < 0.1 {
+                return u64::MAX;
+            }
+            let u = rng.unit_open();
+            let i = cdf.partition_point(|&c| c < u).min(n - 1);
+            keyroute::hash::mix64(i as u64)
+        })
+        .collect();
+    let mask = stream.len() - 1;
+    let mut g = c.benchmark_group("hot");
+    let mut det = HotKeyDetector::try_new(64, 16).expect("valid");
+    let mut i = 0usize;
+    g.bench_function("observe/k=64,s=16", |b| {
+        b.iter(|| {
+            i = (i + 1) & mask;
+            det.observe(black_box(stream[i]));
+        })
+    });
+    assert!(det.seen() > 0);
+    let shared = Mutex::new(SpaceSaving::try_new(64).expect("valid"));
+    let mut seen = 0u64;
+    g.bench_function("observe-shared/k=64,s=16", |b| {
+        b.iter(|| {
+            i = (i + 1) & mask;
+            seen += 1;
+            if seen.is_multiple_of(16)
+                && let Ok(mut s) = shared.try_lock()
+            {
+                s.offer(black_box(stream[i]));
+            }
+        })
+    });
+    assert!(shared.lock().expect("not poisoned").total() > 0);
+    let mut ss = SpaceSaving::try_new(64).expect("valid");
+    g.bench_function("offer/k=64", |b| {
+        b.iter(|| {
+            i = (i + 1) & mask;
+            ss.offer(black_box(stream[i]));
+        })
+    });
+    let window = det.take_window();
+    let mut rule = keyroute::hot::HotKeys::try_new(keyroute::hot::HotKeyConfig {
+        threshold: keyroute::hot::Threshold::Share(0.05),
+        per_replica: 100.0,
+        max_replicas: 4,
+        hold: Duration::from_secs(5),
+    })
+    .expect("valid");
+    let set = rule.tick(Duration::from_secs(1), &window);
+    g.bench_function("hotset-lookup/miss", |b| {
+        b.iter(|| {
+            i = (i + 1) & mask;
+            black_box(set.replicas(black_box(stream[i] ^ 1)))
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(30);
-    targets = lookup, lookup_keyed, ranked, build
+    targets = lookup, lookup_keyed, ranked, build, hot
 }
 criterion_main!(benches);

@@ -71,6 +71,7 @@ mod strategy;
 pub mod bounded;
 pub mod choices;
 pub mod hash;
+pub mod hot;
 pub mod jump;
 pub mod maglev;
 pub mod modulo;
@@ -79,6 +80,7 @@ pub mod replicas;
 pub mod ring;
 pub mod round_robin;
 pub mod slots;
+pub mod warm;
 
 pub use bounded::{BoundedLoad, Choice};
 pub use choices::{LeastLoaded, LoadView, PowerOfChoices};

@@ -309,6 +309,10 @@ pub enum Spill {
     Unavailable,
     /// The owner was over its bounded-load capacity, or (affinity) more loaded than the runner-up.
     Overloaded,
+    /// A hot key served by one of its other replicas ([`crate::hot`]): less loaded than the owner.
+    Replica,
+    /// The owner is warming up and the key is not admitted to it yet ([`crate::warm`]).
+    Warming,
 }
 
 /// A placement decision.
@@ -481,6 +485,38 @@ impl Policy {
                 Some(Decision { node: choice.node, owner, spill })
             }
         }
+    }
+}
+
+impl Policy {
+    /// Chooses a node for a hot key with `replicas` replicas ([`crate::hot::pick_replica`]): the
+    /// least loaded eligible node of the first `replicas` of its ranking. Falls back to
+    /// [`Policy::decide`] for strategies that do not place by key, or for `replicas <= 1`.
+    pub fn decide_replicated<L, R>(
+        &self,
+        hash: u64,
+        replicas: usize,
+        loads: &L,
+        eligible: impl Fn(usize) -> bool,
+        rng: &mut R,
+    ) -> Option<Decision>
+    where
+        L: LoadView + ?Sized,
+        R: RandomSource + ?Sized,
+    {
+        let Some(table) = self.table.as_ref().filter(|_| replicas > 1 && self.strategy.uses_key()) else {
+            return self.decide(Some(hash), loads, eligible, rng);
+        };
+        let owner = table.pick_hash(hash);
+        let choice = crate::hot::pick_replica(table.ranked_hash(hash), replicas, &self.nodes, loads, &eligible)?;
+        let spill = if Some(choice.node) == owner {
+            None
+        } else if choice.rank < replicas && owner.is_some_and(&eligible) {
+            Some(Spill::Replica)
+        } else {
+            Some(Spill::Unavailable)
+        };
+        Some(Decision { node: choice.node, owner, spill })
     }
 }
 
