@@ -391,17 +391,15 @@ pub struct ChoicesArgs {
 
 #[derive(Debug, Args)]
 pub struct FleetArgs {
-    /// Scenario: steady, scale-out, slow-worker, hot-key, stale-gateways, or all.
+    /// Scenario: steady, scale-out, slow-worker, hot-key, flash-crowd, stale-gateways, or all.
     #[arg(long, default_value = "steady")]
     pub scenario: String,
-    /// Strategies to compare, comma separated (default: the eight the first document discusses).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        alias = "strategy",
-        default_value = "round-robin,modulo,ring,rendezvous,bounded-rendezvous,p2c,least-loaded,affinity"
-    )]
-    pub strategies: Vec<String>,
+    /// Strategies to compare, comma separated; each may carry variants: +replicas (hot-key
+    /// replication), +cache (the gateway cache for hot keys), +handoff, +slow-start
+    /// (default: the eight the first document discusses, plus the variants for hot-key,
+    /// flash-crowd and scale-out).
+    #[arg(long, value_delimiter = ',', alias = "strategy")]
+    pub strategies: Option<Vec<String>>,
     #[command(flatten)]
     pub knobs: FleetKnobs,
     /// Bounded loads: capacity is (1 + epsilon) times the mean load.

@@ -88,7 +88,7 @@ pub fn configure(
     set!(workers, gateways, refresh_ms, concurrency, hit_ms, miss_ms, cache_entries, keys, zipf, rate, requests, seed);
     for change in &mut c.changes {
         match &mut change.change {
-            Change::HotKey { share } => *share = knobs.hot_share.unwrap_or(*share),
+            Change::HotKey { share } | Change::FlashCrowd { share, .. } => *share = knobs.hot_share.unwrap_or(*share),
             Change::SlowWorker { factor, .. } => *factor = knobs.slow_factor.unwrap_or(*factor),
             _ => {}
         }
@@ -118,7 +118,15 @@ fn parse_change(spec: &str) -> Result<fleet::TimedChange, String> {
             Change::SlowWorker { worker: worker as usize - 1, factor: num(3, "FACTOR")? }
         }
         (Some("hot"), 3) => Change::HotKey { share: num(2, "SHARE")? },
-        _ => return Err("expected AT:add, AT:remove, AT:slow:WORKER:FACTOR or AT:hot:SHARE".into()),
+        (Some("flash"), 5) => {
+            Change::FlashCrowd { share: num(2, "SHARE")?, rise_s: num(3, "RISE_S")?, hold_s: num(4, "HOLD_S")? }
+        }
+        _ => {
+            return Err(
+                "expected AT:add, AT:remove, AT:slow:WORKER:FACTOR, AT:hot:SHARE or AT:flash:SHARE:RISE_S:HOLD_S"
+                    .into(),
+            );
+        }
     };
     Ok(fleet::TimedChange { at, change })
 }
@@ -126,19 +134,38 @@ fn parse_change(spec: &str) -> Result<fleet::TimedChange, String> {
 pub fn fleet(args: &FleetArgs) -> Result<()> {
     let scenarios: Vec<&str> =
         if args.scenario == "all" { scenario::SCENARIOS.to_vec() } else { vec![args.scenario.as_str()] };
-    let strategies = args
-        .strategies
-        .iter()
-        .map(|s| s.parse::<Strategy>().map_err(|e| Usage(format!("--strategies: {e}"))))
-        .collect::<Result<Vec<_>, _>>()?;
+    // A strategy may carry variants: `rendezvous+replicas+cache`.
+    let parse = |spec: &str| -> Result<(Strategy, Vec<String>), Usage> {
+        let mut parts = spec.split('+');
+        let s = parts.next().unwrap_or("").parse::<Strategy>().map_err(|e| Usage(format!("--strategies: {e}")))?;
+        let variants: Vec<String> = parts.map(str::to_owned).collect();
+        if let Some(bad) = variants.iter().find(|v| !scenario::VARIANTS.contains(&v.as_str())) {
+            return Err(Usage(format!(
+                "--strategies: unknown variant '+{bad}' in '{spec}' (valid: {})",
+                scenario::VARIANTS.map(|v| format!("+{v}")).join(", ")
+            )));
+        }
+        Ok((s, variants))
+    };
+    let chosen: Option<Vec<(Strategy, Vec<String>)>> =
+        args.strategies.as_ref().map(|list| list.iter().map(|s| parse(s)).collect::<Result<_, _>>()).transpose()?;
     if !(args.epsilon.is_finite() && args.epsilon >= 0.0) {
         return Err(Usage(format!("--epsilon: must be finite and >= 0, got {}", args.epsilon)).into());
     }
     let options = Options { epsilon: args.epsilon, vnodes: args.vnodes, ..Options::default() };
     let mut configs = Vec::new();
     for name in &scenarios {
-        for &s in &strategies {
-            configs.push(configure(name, s, options, &args.knobs)?);
+        let list = match &chosen {
+            Some(list) => list.clone(),
+            None => scenario::default_strategies(name).into_iter().map(parse).collect::<Result<_, _>>()?,
+        };
+        for (s, variants) in list {
+            let mut c = configure(name, s, options, &args.knobs)?;
+            for v in &variants {
+                scenario::apply_variant(&mut c, v);
+            }
+            c.validate().map_err(|e| Usage(format!("--strategies: {}: {e}", c.label())))?;
+            configs.push(c);
         }
     }
     let total: u64 = configs.iter().map(|c| c.requests).sum();

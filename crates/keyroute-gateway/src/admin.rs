@@ -92,6 +92,7 @@ enum Endpoint {
     Workers,
     Worker,
     Placement,
+    HotKeys,
 }
 
 impl Endpoint {
@@ -102,6 +103,7 @@ impl Endpoint {
             "/metrics" => Endpoint::Metrics,
             "/workers" => Endpoint::Workers,
             "/placement" => Endpoint::Placement,
+            "/hotkeys" => Endpoint::HotKeys,
             p if p.strip_prefix("/workers/").is_some_and(|n| !n.is_empty() && !n.contains('/')) => Endpoint::Worker,
             _ => return None,
         })
@@ -205,7 +207,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
             };
             body::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", crate::exposition::render(scrape))
         }
-        (Endpoint::Workers, Method::GET) => {
+        (Endpoint::HotKeys, _) | (Endpoint::Workers, Method::GET) => {
             let pools: Vec<Arc<Pool>> = match &pool_name {
                 Some(_) => match pool() {
                     Ok(p) => vec![p],
@@ -213,7 +215,8 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
                 },
                 None => routing.pools.clone(),
             };
-            json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| describe(p)).collect::<Vec<_>>() }))
+            let one: fn(&Pool) -> serde_json::Value = if endpoint == Endpoint::HotKeys { hot_keys } else { describe };
+            json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| one(p)).collect::<Vec<_>>() }))
         }
         (Endpoint::Workers | Endpoint::Worker, _) if pool().is_ok_and(|p| etcd_of(&p).is_some()) => {
             let Ok(pool) = pool() else { return fail(StatusCode::NOT_FOUND, "no such pool") };
@@ -355,6 +358,54 @@ fn drain(pool: Arc<Pool>, name: &str) -> Response<ProxyBody> {
         }
     });
     json(StatusCode::ACCEPTED, serde_json::json!({ "draining": name, "pool": pool_name }))
+}
+
+/// A pool's hot keys: each with its key text when a sampled request showed it, hash, measured rate,
+/// replica count and replicas (the first of its ranking), plus the cache's figures.
+fn hot_keys(pool: &Pool) -> serde_json::Value {
+    let snap = pool.snapshot();
+    let Some(hot) = &snap.hot else {
+        return serde_json::json!({ "pool": pool.name, "enabled": false, "keys": [] });
+    };
+    let keys: Vec<serde_json::Value> = hot
+        .keys()
+        .into_iter()
+        .map(|(key, hash, rate, replicas)| {
+            let owners: Vec<&str> =
+                snap.policy.ranked(hash).take(replicas).map(|i| snap.workers[i].name.as_str()).collect();
+            serde_json::json!({
+                "key": key,
+                "hash": format!("{hash:016x}"),
+                "rate": (rate * 10.0).round() / 10.0,
+                "replicas": replicas,
+                "owners": owners,
+            })
+        })
+        .collect();
+    let m = &hot.metrics;
+    let cache = hot.cache.as_ref().map(|c| {
+        serde_json::json!({
+            "bytes": c.bytes(),
+            "entries": c.entries(),
+            "hits": m.cache_hits.load(Relaxed),
+            "coalesced": m.coalesced.load(Relaxed),
+            "misses": m.cache_misses.load(Relaxed),
+            "stores": m.cache_stores.load(Relaxed),
+        })
+    });
+    let threshold = match hot.config.rule.threshold {
+        keyroute::hot::Threshold::Rate(r) => serde_json::json!({ "rate": r }),
+        keyroute::hot::Threshold::Share(s) => serde_json::json!({ "share": s }),
+    };
+    serde_json::json!({
+        "pool": pool.name,
+        "enabled": true,
+        "threshold": threshold,
+        "per_worker": hot.config.rule.per_replica,
+        "max_replicas": hot.config.rule.max_replicas,
+        "keys": keys,
+        "cache": cache,
+    })
 }
 
 fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
@@ -615,6 +666,7 @@ fn describe(p: &Pool) -> serde_json::Value {
                 "truncated": w.metrics.truncated.load(Relaxed),
                 "retries": w.metrics.retries.load(Relaxed),
                 "ejections": w.metrics.ejections.load(Relaxed),
+                "warm_up": snap.warm_progress(i, now),
             })
         })
         .collect();

@@ -183,6 +183,128 @@ impl Collector for Scrape {
             MetricType::Counter,
             &|p| Value::Int(p.source.compactions.load(Relaxed)),
         )?;
+        // Hot keys and the gateway cache, for pools that have them.
+        let hot: Vec<(&Arc<Pool>, &Arc<crate::hotkeys::HotKeysState>)> =
+            snaps.iter().filter_map(|(p, s)| s.hot.as_ref().map(|h| (*p, h))).collect();
+        if !hot.is_empty() {
+            let sets: Vec<_> = hot.iter().map(|(p, h)| (*p, h.set())).collect();
+            family(
+                &mut encoder,
+                "keyroute_pool_hot_keys",
+                "Keys hot now (served by the least loaded of their top replicas).",
+                MetricType::Gauge,
+                sets.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.len() as u64))),
+            )?;
+            family(
+                &mut encoder,
+                "keyroute_pool_hot_key_replicas",
+                "Hot keys now by replica count.",
+                MetricType::Gauge,
+                sets.iter().flat_map(|(p, s)| {
+                    let mut by: std::collections::BTreeMap<usize, u64> = std::collections::BTreeMap::new();
+                    for (_, r) in s.iter() {
+                        *by.entry(r).or_default() += 1;
+                    }
+                    by.into_iter()
+                        .map(|(r, n)| (labels(&[("pool", &p.name), ("replicas", &r.to_string())]), Value::Int(n)))
+                }),
+            )?;
+            let hot_counter =
+                |encoder: &mut DescriptorEncoder<'_>, name, help, get: &dyn Fn(&crate::hotkeys::HotMetrics) -> u64| {
+                    family(
+                        encoder,
+                        name,
+                        help,
+                        MetricType::Counter,
+                        hot.iter().map(|(p, h)| (labels(&[("pool", &p.name)]), Value::Int(get(&h.metrics)))),
+                    )
+                };
+            hot_counter(&mut encoder, "keyroute_pool_hot_key_requests", "Requests for keys that were hot.", &|m| {
+                m.hot_requests.load(Relaxed)
+            })?;
+            hot_counter(&mut encoder, "keyroute_pool_hot_keys_entered", "Keys that became hot.", &|m| {
+                m.became_hot.load(Relaxed)
+            })?;
+            let cached: Vec<_> = hot.iter().filter_map(|(p, h)| h.cache.as_ref().map(|c| (*p, *h, c))).collect();
+            if !cached.is_empty() {
+                let cache_family =
+                    |encoder: &mut DescriptorEncoder<'_>,
+                     name,
+                     help,
+                     kind,
+                     get: &dyn Fn(&crate::hotkeys::HotKeysState, &crate::cache::HttpCache) -> u64| {
+                        family(
+                            encoder,
+                            name,
+                            help,
+                            kind,
+                            cached.iter().map(|(p, h, c)| (labels(&[("pool", &p.name)]), Value::Int(get(h, c)))),
+                        )
+                    };
+                cache_family(
+                    &mut encoder,
+                    "keyroute_pool_cache_hits",
+                    "Hot-key responses served from the gateway cache (coalesced waits included).",
+                    MetricType::Counter,
+                    &|h, _| h.metrics.cache_hits.load(Relaxed) + h.metrics.coalesced.load(Relaxed),
+                )?;
+                cache_family(
+                    &mut encoder,
+                    "keyroute_pool_cache_coalesced",
+                    "Requests that waited for a concurrent miss of the same URL and were served its response.",
+                    MetricType::Counter,
+                    &|h, _| h.metrics.coalesced.load(Relaxed),
+                )?;
+                cache_family(
+                    &mut encoder,
+                    "keyroute_pool_cache_misses",
+                    "Cacheable hot-key requests that went upstream.",
+                    MetricType::Counter,
+                    &|h, _| h.metrics.cache_misses.load(Relaxed),
+                )?;
+                cache_family(
+                    &mut encoder,
+                    "keyroute_pool_cache_stores",
+                    "Responses stored in the gateway cache.",
+                    MetricType::Counter,
+                    &|h, _| h.metrics.cache_stores.load(Relaxed),
+                )?;
+                cache_family(
+                    &mut encoder,
+                    "keyroute_pool_cache_bytes",
+                    "Bytes held by the gateway cache.",
+                    MetricType::Gauge,
+                    &|_, c| c.bytes(),
+                )?;
+                cache_family(
+                    &mut encoder,
+                    "keyroute_pool_cache_entries",
+                    "Responses held by the gateway cache.",
+                    MetricType::Gauge,
+                    &|_, c| c.entries() as u64,
+                )?;
+            }
+        }
+        // Workers warming up (handoff or slow start): their progress, 0 to 1.
+        let warming: Vec<_> = snaps
+            .iter()
+            .flat_map(|(p, s)| (0..s.workers.len()).map(move |i| (p, s, i)))
+            .filter(|(_, s, i)| s.warm_progress(*i, now) < 1.0)
+            .collect();
+        if !warming.is_empty() {
+            family(
+                &mut encoder,
+                "keyroute_worker_warm_up",
+                "Warm-up progress of a worker that joined or recovered: the share of its keys it takes.",
+                MetricType::Gauge,
+                warming.iter().map(|(p, s, i)| {
+                    (
+                        labels(&[("pool", &p.name), ("worker", &s.workers[*i].name)]),
+                        Value::Float(s.warm_progress(*i, now)),
+                    )
+                }),
+            )?;
+        }
         family(
             &mut encoder,
             "keyroute_pool_generation",

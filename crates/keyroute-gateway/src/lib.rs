@@ -69,12 +69,14 @@
 mod access;
 mod admin;
 mod body;
+pub(crate) mod cache;
 pub mod config;
 mod connection;
 mod error;
 pub mod etcd;
 mod exposition;
 mod health;
+mod hotkeys;
 pub mod key;
 mod listener;
 pub mod membership;

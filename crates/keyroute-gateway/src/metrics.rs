@@ -68,16 +68,20 @@ pub enum Outcome {
     Retry,
     /// The strategy does not place by key, or the request had no key.
     Unkeyed,
+    /// A hot key served by one of its replicas other than its owner.
+    Replica,
+    /// The owner is warming up (handoff or slow start) and the key is not admitted to it yet.
+    Warming,
 }
 
 /// The outcome label values, in [`Outcome`] order.
-pub(crate) const OUTCOMES: [&str; 5] = ["owner", "unavailable", "overloaded", "retry", "unkeyed"];
+pub(crate) const OUTCOMES: [&str; 7] = ["owner", "unavailable", "overloaded", "retry", "unkeyed", "replica", "warming"];
 
 /// One pool's counters.
 #[derive(Debug, Default)]
 pub struct PoolMetrics {
-    /// Requests by [`Outcome`] (owner, unavailable, overloaded, retry, unkeyed).
-    pub outcomes: [AtomicU64; 5],
+    /// Requests by [`Outcome`] (owner, unavailable, overloaded, retry, unkeyed, replica, warming).
+    pub outcomes: [AtomicU64; 7],
     /// Requests answered 503 because no worker was available.
     pub no_worker: AtomicU64,
     /// Requests whose key template could not be rendered.

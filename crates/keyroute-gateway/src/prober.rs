@@ -48,6 +48,8 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
                         tracing::warn!(pool = %pool_name, worker = %w.name, "worker failed its health checks")
                     }
                     Transition::Up => {
+                        // Back with whatever its cache kept: slow start (if on) ramps it up again.
+                        w.start_warming(tokio::time::Instant::now());
                         tracing::info!(pool = %pool_name, worker = %w.name, "worker passed its health checks")
                     }
                     Transition::None => {}

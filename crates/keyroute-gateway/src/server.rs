@@ -35,6 +35,10 @@ pub struct Placements {
     pub retry: u64,
     /// Not placed by key (the strategy does not, or the key was missing).
     pub unkeyed: u64,
+    /// Hot keys served by a replica other than their owner.
+    pub replica: u64,
+    /// Keys whose owner is warming up, served by their previous owner (or next in ranking).
+    pub warming: u64,
 }
 
 /// A pool's membership as [`GatewayHandle::membership`] reports it.
@@ -308,6 +312,7 @@ impl Gateway {
         });
         crate::prober::spawn_probers(&shared);
         crate::membership::source::spawn_sources(&shared);
+        tokio::spawn(crate::hotkeys::tick_loop(Arc::downgrade(&shared)));
         let mut tasks = Vec::new();
         for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {
             tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(i), tls)));
@@ -535,7 +540,15 @@ impl GatewayHandle {
     pub fn placements(&self, pool: &str) -> Result<Placements, GatewayError> {
         let p = self.pool(pool)?;
         let o: Vec<u64> = p.metrics.outcomes.iter().map(|c| c.load(Relaxed)).collect();
-        Ok(Placements { owner: o[0], unavailable: o[1], overloaded: o[2], retry: o[3], unkeyed: o[4] })
+        Ok(Placements {
+            owner: o[0],
+            unavailable: o[1],
+            overloaded: o[2],
+            retry: o[3],
+            unkeyed: o[4],
+            replica: o[5],
+            warming: o[6],
+        })
     }
 
     /// The request path of client listener `index` (in configuration order), as a service that

@@ -24,8 +24,13 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::collections::VecDeque;
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use keyroute::hash::{RandomSource, SplitMix64};
-use keyroute::{Node, NodeSet, Options, Policy, Strategy};
+use keyroute::hot::{HotKeyConfig, HotKeyDetector, HotKeys, HotSet, Threshold};
+use keyroute::warm::{Handoff, Ramp, admitted};
+use keyroute::{Decision, Node, NodeSet, Options, Policy, Spill, Strategy};
 use serde::Serialize;
 
 use crate::hist::{Histogram, LatencySummary};
@@ -51,6 +56,53 @@ pub enum Change {
     HotKey {
         /// Its share of traffic, in (0, 1).
         share: f64,
+    },
+    /// A flash crowd: a new key's share of all requests rises from 0 to `share` over `rise_s`
+    /// seconds, stays there for `hold_s`, and falls back to 0 over `rise_s`.
+    FlashCrowd {
+        /// Its peak share of traffic, in (0, 1).
+        share: f64,
+        /// Seconds to rise (and to fall).
+        rise_s: f64,
+        /// Seconds at the peak.
+        hold_s: f64,
+    },
+}
+
+/// Hot-key replication ([`keyroute::hot`]) as each simulated gateway runs it: its own detector
+/// and rule, measuring only the requests it receives.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SimHotKeys {
+    /// A key is hot at this share of the gateway's requests.
+    pub threshold_share: f64,
+    /// The rate one replica should stay under (requests per second at one gateway).
+    pub per_replica: f64,
+    /// The most replicas.
+    pub max_replicas: usize,
+    /// Hold time, ms.
+    pub hold_ms: f64,
+    /// Measurement window, ms.
+    pub window_ms: f64,
+    /// One request in this many is sampled.
+    pub sample_every: u32,
+    /// Detector counters.
+    pub counters: usize,
+}
+
+/// Warm-up of a worker that joins ([`keyroute::warm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub enum SimWarmup {
+    /// Previous-owner handoff over this many ms.
+    Handoff {
+        /// The window, ms.
+        window_ms: f64,
+    },
+    /// Slow start over this many ms from `min_share`, slowed by the newcomer's hit rate.
+    SlowStart {
+        /// The window, ms.
+        window_ms: f64,
+        /// The share at the start.
+        min_share: f64,
     },
 }
 
@@ -104,6 +156,33 @@ pub struct FleetConfig {
     pub seed: u64,
     /// Timed changes.
     pub changes: Vec<TimedChange>,
+    /// Hot-key replication at each gateway, if on.
+    pub hot_keys: Option<SimHotKeys>,
+    /// The gateways' response cache for hot keys (with request coalescing): how long a response
+    /// stays fresh, ms; `None`: no cache.
+    pub gateway_cache_ttl_ms: Option<f64>,
+    /// Warm-up of workers that join, if on.
+    pub warmup: Option<SimWarmup>,
+}
+
+impl FleetConfig {
+    /// The run's label: the strategy, and `+replicas`, `+cache`, `+handoff` or `+slow-start` for
+    /// the hot-key and warm-up features it runs with.
+    pub fn label(&self) -> String {
+        let mut l = self.strategy.name().to_owned();
+        if self.hot_keys.is_some() {
+            l.push_str("+replicas");
+        }
+        if self.gateway_cache_ttl_ms.is_some() {
+            l.push_str("+cache");
+        }
+        match self.warmup {
+            Some(SimWarmup::Handoff { .. }) => l.push_str("+handoff"),
+            Some(SimWarmup::SlowStart { .. }) => l.push_str("+slow-start"),
+            None => {}
+        }
+        l
+    }
 }
 
 fn ser_strategy<S: serde::Serializer>(s: &Strategy, ser: S) -> Result<S::Ok, S::Error> {
@@ -162,8 +241,46 @@ impl FleetConfig {
                 Change::HotKey { share } if !(share > 0.0 && share < 1.0) => {
                     return bad("hot-key share must be in (0, 1)");
                 }
+                Change::FlashCrowd { share, rise_s, hold_s }
+                    if !(share > 0.0
+                        && share < 1.0
+                        && rise_s > 0.0
+                        && rise_s.is_finite()
+                        && hold_s >= 0.0
+                        && hold_s.is_finite()) =>
+                {
+                    return bad("flash-crowd needs a share in (0, 1), rise > 0 s and hold >= 0 s");
+                }
                 _ => {}
             }
+        }
+        if let Some(h) = &self.hot_keys {
+            if !(h.threshold_share > 0.0 && h.threshold_share <= 1.0 && pos(h.per_replica)) || h.max_replicas == 0 {
+                return bad("hot keys need a threshold share in (0, 1], per-replica > 0 and max-replicas >= 1");
+            }
+            if !(pos(h.window_ms) && h.hold_ms >= 0.0) || h.sample_every == 0 || h.counters == 0 {
+                return bad("hot keys need window > 0, hold >= 0, sample_every >= 1 and counters >= 1");
+            }
+        }
+        if self.gateway_cache_ttl_ms.is_some_and(|t| !pos(t)) {
+            return bad("gateway-cache ttl must be > 0 ms");
+        }
+        if self.gateway_cache_ttl_ms.is_some() && self.hot_keys.is_none() {
+            return bad("the gateway cache holds hot keys only: it needs hot keys on");
+        }
+        match self.warmup {
+            Some(SimWarmup::Handoff { window_ms }) | Some(SimWarmup::SlowStart { window_ms, .. })
+                if !pos(window_ms) =>
+            {
+                return bad("a warm-up window must be > 0 ms");
+            }
+            Some(SimWarmup::SlowStart { min_share, .. }) if !(0.0..=1.0).contains(&min_share) => {
+                return bad("slow-start min share must be in [0, 1]");
+            }
+            _ => {}
+        }
+        if (self.hot_keys.is_some() || self.warmup.is_some()) && !self.strategy.uses_key() {
+            return bad("hot keys and warm-up need a strategy that places by key");
         }
         Ok(())
     }
@@ -250,6 +367,17 @@ pub struct FleetReport {
     pub hot_key_requests: u64,
     /// Workers that served at least 1% of the hot key's requests.
     pub hot_key_workers: usize,
+    /// The most keys hot at once at any gateway (with hot keys on).
+    pub hot_keys_max: usize,
+    /// The most replicas any hot key had.
+    pub replicas_max: usize,
+    /// Requests answered by a gateway's cache (coalesced waits included), and their share.
+    pub gateway_cache_hits: u64,
+    /// Worker cache hit rate of the requests that arrived in the minute after the first membership
+    /// change (`None` without one).
+    pub hit_rate_after_change: Option<f64>,
+    /// The same over the 10 s after it.
+    pub hit_rate_10s_after_change: Option<f64>,
     /// Membership changes.
     pub remaps: Vec<RemapEvent>,
     /// Per worker.
@@ -273,6 +401,10 @@ struct Request {
     key: u32,
     gateway: u32,
     arrived: u64,
+    /// It leads its gateway's cache flight for its key.
+    leads: bool,
+    /// Its worker had it cached (set when service starts).
+    hit: bool,
 }
 
 struct Worker {
@@ -292,12 +424,19 @@ struct Worker {
     max_in_flight: u64,
     hot: u64,
     held_ns: u128,
+    hits_at_join: u64,
+    requests_at_join: u64,
 }
 
 struct Gateway {
     rng: SplitMix64,
     snapshot: Vec<u64>,
     own_since: Vec<i64>,
+    hot: Option<(HotKeyDetector, HotKeys, HotSet, u64)>,
+    /// Cached hot keys: fresh until (ns).
+    cached: HashMap<u32, u64>,
+    /// Keys with a miss in flight: the arrival times of the requests waiting for it.
+    flights: HashMap<u32, Vec<u64>>,
 }
 
 /// Runs the simulation. `progress` is called now and then with the number of requests that arrived.
@@ -330,6 +469,8 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
         max_in_flight: 0,
         hot: 0,
         held_ns: 0,
+        hits_at_join: 0,
+        requests_at_join: 0,
     };
     for i in 0..config.workers {
         workers.push(new_worker(i, 0));
@@ -344,15 +485,43 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
         .collect::<Result<_, _>>()?;
     let key_bytes = |k: u32| format!("thumb/{k}.jpg");
     let hashes: Vec<u64> = (0..total_keys as u32).map(|k| policies[0].key_hash(key_bytes(k).as_bytes())).collect();
-    let mut gateways: Vec<Gateway> = (0..config.gateways)
-        .map(|g| Gateway {
-            rng: SplitMix64::new(config.seed ^ (0x9e37 + g as u64).wrapping_mul(0x1000_0001)),
-            snapshot: vec![0; config.workers],
-            own_since: vec![0; config.workers],
-        })
-        .collect();
-
     let ns = |ms: f64| (ms * 1e6).round() as u64;
+    let hot_rule = config.hot_keys.map(|h| HotKeyConfig {
+        threshold: Threshold::Share(h.threshold_share),
+        per_replica: h.per_replica,
+        max_replicas: h.max_replicas,
+        hold: Duration::from_secs_f64(h.hold_ms / 1e3),
+    });
+    let mut gateways: Vec<Gateway> = (0..config.gateways)
+        .map(|g| -> Result<Gateway, SimError> {
+            let hot = match (config.hot_keys, hot_rule) {
+                (Some(h), Some(rule)) => Some((
+                    HotKeyDetector::try_new(h.counters, h.sample_every)?,
+                    HotKeys::try_new(rule)?,
+                    HotSet::default(),
+                    0u64,
+                )),
+                _ => None,
+            };
+            Ok(Gateway {
+                rng: SplitMix64::new(config.seed ^ (0x9e37 + g as u64).wrapping_mul(0x1000_0001)),
+                snapshot: vec![0; config.workers],
+                own_since: vec![0; config.workers],
+                hot,
+                cached: HashMap::new(),
+                flights: HashMap::new(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // Warm-up after the last join: the handoff table (for handoff), the newcomer's node index and
+    // when it joined, and its (hits, requests) since.
+    let mut warm: Option<(Option<Handoff>, usize, u64)> = None;
+    let mut first_change: Option<u64> = None;
+    let (mut after_hits, mut after_all, mut after10_hits, mut after10_all) = (0u64, 0u64, 0u64, 0u64);
+    let (mut hot_keys_max, mut replicas_max, mut gateway_cache_hits) = (0usize, 0usize, 0u64);
+    let window_ns = config.hot_keys.map_or(u64::MAX, |h| ns(h.window_ms).max(1));
+    let ttl_ns = config.gateway_cache_ttl_ms.map(ns);
+
     let mean_gap = 1e9 / config.rate;
     let expected_end = (config.requests as f64 * mean_gap) as u64;
     let sample_every = (expected_end / 400).max(1);
@@ -376,6 +545,8 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
     changes.sort_by(|a, b| a.at.total_cmp(&b.at));
     let mut next_change = 0;
     let mut hot_share = 0.0;
+    // A flash crowd: (start ns, peak share, rise ns, hold ns).
+    let mut flash: Option<(u64, f64, u64, u64)> = None;
 
     let mut requests: Vec<Request> = Vec::new();
     let mut free: Vec<u32> = Vec::new();
@@ -405,6 +576,9 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                             }
                         }
                         Change::HotKey { share } => hot_share = share,
+                        Change::FlashCrowd { share, rise_s, hold_s } => {
+                            flash = Some((now, share, ns(rise_s * 1e3).max(1), ns(hold_s * 1e3)));
+                        }
                         Change::AddWorker | Change::RemoveWorker => {
                             let mut next_members = members.clone();
                             if change == Change::AddWorker {
@@ -446,6 +620,18 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                                 keys_moved: moved,
                                 moved_share: moved.map(|m| m as f64 / config.keys as f64),
                             });
+                            first_change.get_or_insert(now);
+                            warm = None;
+                            if change == Change::AddWorker
+                                && let Some(w) = config.warmup
+                            {
+                                let idx = next_members.len() - 1;
+                                let handoff = match w {
+                                    SimWarmup::Handoff { .. } => Handoff::new(&next[0], &[idx])?,
+                                    SimWarmup::SlowStart { .. } => None,
+                                };
+                                warm = Some((handoff, idx, now));
+                            }
                             policies = next;
                             members = next_members;
                         }
@@ -455,10 +641,65 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                 if arrived.is_multiple_of(65_536) {
                     progress(arrived);
                 }
+                if let Some((start, peak, rise, hold)) = flash {
+                    let t = now.saturating_sub(start);
+                    hot_share = if t < rise {
+                        peak * t as f64 / rise as f64
+                    } else if t < rise + hold {
+                        peak
+                    } else if t < 2 * rise + hold {
+                        peak * (2 * rise + hold - t) as f64 / rise as f64
+                    } else {
+                        0.0
+                    };
+                }
                 let key =
                     if hot_share > 0.0 && rng.unit_open() < hot_share { hot_key } else { zipf.sample(&mut rng) as u32 };
                 let gateway = rng.below(config.gateways as u64) as usize;
-                let Gateway { rng: grng, snapshot, own_since } = &mut gateways[gateway];
+                let hash = hashes[key as usize];
+                let Gateway { rng: grng, snapshot, own_since, hot, cached, flights } = &mut gateways[gateway];
+                // Hot keys: the gateway measures, ends its window when due, and may answer from its
+                // cache or join a miss in flight.
+                let mut replicas = 0;
+                if let Some((det, rule, set, next_tick)) = hot {
+                    det.observe(hash);
+                    if now >= *next_tick {
+                        if *next_tick > 0 {
+                            *set = rule.tick(Duration::from_nanos(now), &det.take_window());
+                            hot_keys_max = hot_keys_max.max(set.len());
+                            replicas_max = replicas_max.max(set.iter().map(|(_, r)| r).max().unwrap_or(0));
+                        } else {
+                            det.take_window();
+                        }
+                        *next_tick = now + window_ns;
+                    }
+                    replicas = set.replicas(hash);
+                }
+                let mut leads = false;
+                if replicas > 0
+                    && let Some(ttl) = ttl_ns
+                {
+                    if cached.get(&key).is_some_and(|&until| until > now) {
+                        gateway_cache_hits += 1;
+                        completed += 1;
+                        latency.record(1);
+                        if arrived < config.requests {
+                            let gap = (-rng.unit_open().ln() * mean_gap * (1.0 - hot_share)) as u64;
+                            push(&mut heap, now + gap.max(1), Event::Arrival);
+                        }
+                        continue;
+                    }
+                    if let Some(waiting) = flights.get_mut(&key) {
+                        waiting.push(now);
+                        if arrived < config.requests {
+                            let gap = (-rng.unit_open().ln() * mean_gap * (1.0 - hot_share)) as u64;
+                            push(&mut heap, now + gap.max(1), Event::Arrival);
+                        }
+                        continue;
+                    }
+                    flights.insert(key, Vec::new());
+                    leads = ttl > 0;
+                }
                 let decision = {
                     let (snapshot, own_since) = (&*snapshot, &*own_since);
                     let view = |node: usize| -> u64 {
@@ -471,10 +712,17 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                             snapshot[w]
                         }
                     };
-                    policies[gateway].decide(Some(hashes[key as usize]), &view, |_| true, grng)
+                    let policy = &policies[gateway];
+                    steer(policy, hash, replicas, &view, grng, warm.as_ref(), now, config, &workers, &members)
                 };
                 match decision {
-                    None => errors += 1,
+                    None => {
+                        errors += 1;
+                        if leads {
+                            // The waiting requests fail with their leader.
+                            errors += flights.remove(&key).map_or(0, |w| w.len() as u64);
+                        }
+                    }
                     Some(d) => {
                         if d.owner.is_some() {
                             keyed += 1;
@@ -482,13 +730,14 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                         }
                         let w = members[d.node];
                         own_since[w] += 1;
+                        let req = Request { key, gateway: gateway as u32, arrived: now, leads, hit: false };
                         let id = match free.pop() {
                             Some(id) => {
-                                requests[id as usize] = Request { key, gateway: gateway as u32, arrived: now };
+                                requests[id as usize] = req;
                                 id
                             }
                             None => {
-                                requests.push(Request { key, gateway: gateway as u32, arrived: now });
+                                requests.push(req);
                                 (requests.len() - 1) as u32
                             }
                         };
@@ -496,7 +745,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                         worker.in_flight += 1;
                         worker.max_in_flight = worker.max_in_flight.max(worker.in_flight);
                         if worker.busy < config.concurrency {
-                            start(worker, w as u32, id, &requests, now, config, &mut rng, &mut heap, &mut push);
+                            start(worker, w as u32, id, &mut requests, now, config, &mut rng, &mut heap, &mut push);
                         } else {
                             worker.queue.push_back(id);
                             worker.max_queue = worker.max_queue.max(worker.queue.len() as u64);
@@ -524,11 +773,35 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                 gateways[r.gateway as usize].own_since[worker as usize] -= 1;
                 latency.record(now - r.arrived);
                 w.held_ns += u128::from(now - r.arrived);
+                if let Some(t0) = first_change
+                    && r.arrived >= t0
+                {
+                    let hit = r.hit;
+                    if r.arrived < t0 + 60_000_000_000 {
+                        after_all += 1;
+                        after_hits += u64::from(hit);
+                    }
+                    if r.arrived < t0 + 10_000_000_000 {
+                        after10_all += 1;
+                        after10_hits += u64::from(hit);
+                    }
+                }
+                if r.leads {
+                    let g = &mut gateways[r.gateway as usize];
+                    if let Some(ttl) = ttl_ns {
+                        g.cached.insert(r.key, now + ttl);
+                    }
+                    for t in g.flights.remove(&r.key).unwrap_or_default() {
+                        latency.record(now - t);
+                        completed += 1;
+                        gateway_cache_hits += 1;
+                    }
+                }
                 completed += 1;
                 last_completion = now;
                 free.push(request);
                 if let Some(next) = w.queue.pop_front() {
-                    start(w, worker, next, &requests, now, config, &mut rng, &mut heap, &mut push);
+                    start(w, worker, next, &mut requests, now, config, &mut rng, &mut heap, &mut push);
                 }
             }
             Event::Refresh { gateway } => {
@@ -597,6 +870,11 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
         owner_share: (keyed > 0).then(|| ratio(owner_hits, keyed)),
         hot_key_requests: hot_total,
         hot_key_workers: wr.iter().filter(|w| hot_total > 0 && w.hot_requests * 100 >= hot_total).count(),
+        hot_keys_max,
+        replicas_max,
+        gateway_cache_hits,
+        hit_rate_after_change: first_change.map(|_| ratio(after_hits, after_all)),
+        hit_rate_10s_after_change: first_change.map(|_| ratio(after10_hits, after10_all)),
         remaps,
         workers: wr,
         series,
@@ -611,7 +889,7 @@ fn start(
     w: &mut Worker,
     worker: u32,
     request: u32,
-    requests: &[Request],
+    requests: &mut [Request],
     now: u64,
     config: &FleetConfig,
     rng: &mut SplitMix64,
@@ -620,6 +898,7 @@ fn start(
 ) {
     let key = requests[request as usize].key;
     let hit = w.cache.touch(key);
+    requests[request as usize].hit = hit;
     w.hits += u64::from(hit);
     let base = if hit { config.hit_ms } else { config.miss_ms };
     let jitter = 1.0 + config.jitter * (2.0 * rng.unit_open() - 1.0);
@@ -627,6 +906,61 @@ fn start(
     w.busy += 1;
     w.busy_ns += u128::from(service);
     push(heap, now + service, Event::Completion { worker, request });
+}
+
+/// A gateway's decision: a hot key goes to the least loaded of its top replicas; a key whose
+/// owner joined within the warm-up window and is not admitted yet goes to its previous owner
+/// (handoff) or its next node (slow start); the rest as the strategy says.
+#[allow(clippy::too_many_arguments)]
+fn steer(
+    policy: &Policy,
+    hash: u64,
+    replicas: usize,
+    loads: &dyn Fn(usize) -> u64,
+    rng: &mut SplitMix64,
+    warm: Option<&(Option<Handoff>, usize, u64)>,
+    now: u64,
+    config: &FleetConfig,
+    workers: &[Worker],
+    members: &[usize],
+) -> Option<Decision> {
+    if replicas > 1 {
+        return policy.decide_replicated(hash, replicas, &|i| loads(i), |_| true, rng);
+    }
+    if let (Some((handoff, newcomer, joined)), Some(w)) = (warm, config.warmup) {
+        let elapsed = Duration::from_nanos(now.saturating_sub(*joined));
+        match (w, handoff) {
+            (SimWarmup::Handoff { window_ms }, Some(h)) => {
+                let p = (elapsed.as_secs_f64() * 1e3 / window_ms).min(1.0);
+                if let Some(owner) = policy.owner(hash)
+                    && owner == *newcomer
+                    && !admitted(hash, p)
+                    && let Some(prev) = h.previous_owner(hash)
+                {
+                    return Some(Decision { node: prev, owner: Some(owner), spill: Some(Spill::Warming) });
+                }
+            }
+            (SimWarmup::SlowStart { window_ms, min_share }, _) => {
+                let ramp = Ramp { window: Duration::from_secs_f64(window_ms / 1e3), min_share };
+                let nw = &workers[members[*newcomer]];
+                let (hits, all) = workers.iter().fold((0, 0), |a, w| (a.0 + w.hits, a.1 + w.requests));
+                let pool = ratio(hits, all);
+                let p = ramp.progress_with_hits(
+                    elapsed,
+                    nw.hits - nw.hits_at_join,
+                    nw.requests - nw.requests_at_join,
+                    pool,
+                );
+                if !admitted(hash, p)
+                    && let Some(d) = policy.decide(Some(hash), &|i| loads(i), |i| i != *newcomer, rng)
+                {
+                    return Some(d);
+                }
+            }
+            _ => {}
+        }
+    }
+    policy.decide(Some(hash), &|i| loads(i), |_| true, rng)
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

@@ -27,7 +27,7 @@ pub fn fleet_table(reports: &[FleetReport]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<22} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7} {:>8} {:>6}",
+        "{:<28} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7} {:>8} {:>6} {:>4} {:>5} {:>8} {:>7} {:>7}",
         "strategy",
         "hit",
         "p50 ms",
@@ -39,14 +39,19 @@ pub fn fleet_table(reports: &[FleetReport]) -> String {
         "owner",
         "remap",
         "req/s",
-        "errors"
+        "errors",
+        "hot",
+        "repl",
+        "gw cache",
+        "hit 10s",
+        "hit 60s"
     );
     for r in reports {
         let remap = r.remaps.iter().filter_map(|e| e.moved_share).map(pct).collect::<Vec<_>>().join(",");
         let _ = writeln!(
             out,
-            "{:<22} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8.2} {:>8} {:>7} {:>7} {:>8.0} {:>6}",
-            r.config.strategy.name(),
+            "{:<28} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8.2} {:>8} {:>7} {:>7} {:>8.0} {:>6} {:>4} {:>5} {:>8} {:>7} {:>7}",
+            r.config.label(),
             pct(r.hit_rate),
             ms(r.latency.p50_ms),
             ms(r.latency.p95_ms),
@@ -58,6 +63,15 @@ pub fn fleet_table(reports: &[FleetReport]) -> String {
             if remap.is_empty() { "-".into() } else { remap },
             r.throughput,
             r.errors,
+            if r.config.hot_keys.is_some() { r.hot_keys_max.to_string() } else { "-".into() },
+            if r.config.hot_keys.is_some() { r.replicas_max.to_string() } else { "-".into() },
+            if r.config.gateway_cache_ttl_ms.is_some() {
+                pct(r.gateway_cache_hits as f64 / (r.completed.max(1)) as f64)
+            } else {
+                "-".into()
+            },
+            r.hit_rate_10s_after_change.map_or("-".into(), pct),
+            r.hit_rate_after_change.map_or("-".into(), pct),
         );
     }
     out
@@ -66,7 +80,7 @@ pub fn fleet_table(reports: &[FleetReport]) -> String {
 /// Each worker's share of requests, hit rate, utilisation and worst queue, for one run.
 pub fn fleet_workers(r: &FleetReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "  {} on {}:", r.config.strategy.name(), r.config.scenario);
+    let _ = writeln!(out, "  {} on {}:", r.config.label(), r.config.scenario);
     let _ = writeln!(
         out,
         "  {:<6} {:>9} {:>7} {:>7} {:>9} {:>9} {:>7}",
@@ -92,7 +106,11 @@ pub fn fleet_workers(r: &FleetReport) -> String {
 pub const FLEET_LEGEND: &str = "hit: cache hit rate; p50/p95/p99: latency from arrival to response; max util: the busiest \
 worker's busy time over its capacity; max/mean: the busiest worker's mean requests in flight over the fleet's mean \
 (bounded loads caps it at 1+e); max q: the longest queue any worker had; owner: requests served by their key's owner; \
-remap: keys whose owner changed at each membership change; req/s: completed requests per simulated second.";
+remap: keys whose owner changed at each membership change; req/s: completed requests per simulated second; \
+hot: the most keys hot at once (hot-key replication on); repl: the most replicas a hot key had; gw cache: requests \
+answered by a gateway's cache for hot keys, coalesced waits included; hit 10s / hit 60s: the workers' hit rate for \
+requests that arrived in the 10 s / the minute after the first membership change. A strategy name with +replicas, \
++cache, +handoff or +slow-start runs with that feature (see `keyroute_sim::scenario::apply_variant`).";
 
 /// The remap analysis as text.
 pub fn remap_text(r: &RemapReport) -> String {
@@ -333,7 +351,7 @@ pub fn html(title: &str, scenarios: &[(String, Vec<FleetReport>)]) -> String {
         .map(|(name, reports)| Section {
             title: name.clone(),
             table: Some(fleet_table(reports)),
-            cdfs: reports.iter().map(|r| (r.config.strategy.name().to_owned(), r.latency_cdf.clone())).collect(),
+            cdfs: reports.iter().map(|r| (r.config.label(), r.latency_cdf.clone())).collect(),
             load: reports
                 .iter()
                 .map(|r| {
@@ -346,7 +364,7 @@ pub fn html(title: &str, scenarios: &[(String, Vec<FleetReport>)]) -> String {
                         })
                         .collect();
                     (
-                        format!("{name} / {}: requests in flight per worker", r.config.strategy.name()),
+                        format!("{name} / {}: requests in flight per worker", r.config.label()),
                         "simulated time (s)",
                         "in flight",
                         series,

@@ -160,6 +160,51 @@ pub struct PoolConfig {
     pub membership: MembershipConfig,
     /// The workers (of a `static` pool; an etcd-backed pool's come from etcd).
     pub workers: Vec<WorkerConfig>,
+    /// Hot-key detection and replication (and the gateway cache for hot keys), if on.
+    pub hot_keys: Option<HotKeysConfig>,
+    /// Slow start for workers that join or recover, if on.
+    pub slow_start: Option<SlowStartConfig>,
+    /// Previous-owner handoff after a join: its window, if on.
+    pub handoff: Option<Duration>,
+}
+
+/// `[pool.hot_keys]`: see [`keyroute::hot`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct HotKeysConfig {
+    /// The replication rule.
+    pub rule: keyroute::hot::HotKeyConfig,
+    /// How often rates are measured.
+    pub window: Duration,
+    /// The detector's counters.
+    pub counters: usize,
+    /// One request in this many is sampled.
+    pub sample_every: u32,
+    /// The gateway's response cache for hot keys, if on.
+    pub cache: Option<CacheSettings>,
+}
+
+/// `[pool.hot_keys.cache]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheSettings {
+    /// The most bytes it holds.
+    pub max_bytes: u64,
+    /// The largest response it stores.
+    pub max_object_bytes: u64,
+    /// Store responses to requests with `Authorization`.
+    pub cache_authorized: bool,
+    /// Store responses with `Set-Cookie` (the cookie itself is never served from the cache).
+    pub cache_set_cookie: bool,
+    /// How long a request waits for a concurrent miss of the same key before going upstream itself.
+    pub coalesce_timeout: Duration,
+}
+
+/// `[pool.slow_start]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlowStartConfig {
+    /// The ramp of a warming worker's share of its keys.
+    pub ramp: keyroute::warm::Ramp,
+    /// Whether a warming worker's `X-Cache` hit rate slows its ramp.
+    pub by_hit_rate: bool,
 }
 
 /// Where a pool's members come from: exactly one source.

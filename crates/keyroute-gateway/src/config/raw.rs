@@ -92,8 +92,49 @@ pub(super) struct RawPool {
     pub(super) passive: Option<RawPassive>,
     pub(super) retry: Option<RawRetry>,
     pub(super) membership: Option<RawMembership>,
+    pub(super) hot_keys: Option<RawHotKeys>,
+    pub(super) slow_start: Option<RawSlowStart>,
+    pub(super) handoff: Option<RawHandoff>,
     #[serde(default)]
     pub(super) worker: Vec<RawWorker>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHotKeys {
+    pub(super) threshold: Option<Spanned<f64>>,
+    pub(super) threshold_share: Option<Spanned<f64>>,
+    pub(super) per_worker: Option<Spanned<f64>>,
+    pub(super) max_replicas: Option<Spanned<u32>>,
+    pub(super) hold_ms: Option<Spanned<u64>>,
+    pub(super) window_ms: Option<Spanned<u64>>,
+    pub(super) counters: Option<Spanned<u64>>,
+    pub(super) sample_every: Option<Spanned<u64>>,
+    pub(super) cache: Option<RawCache>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCache {
+    pub(super) max_bytes: Option<Spanned<u64>>,
+    pub(super) max_object_bytes: Option<Spanned<u64>>,
+    pub(super) cache_authorized: Option<bool>,
+    pub(super) cache_set_cookie: Option<bool>,
+    pub(super) coalesce_timeout_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSlowStart {
+    pub(super) window_ms: Spanned<u64>,
+    pub(super) min_share: Option<Spanned<f64>>,
+    pub(super) by_hit_rate: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHandoff {
+    pub(super) window_ms: Spanned<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -679,7 +679,169 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
         membership,
         workers,
+        hot_keys: validate_hot_keys(ctx, p, name, strategy)?,
+        slow_start: validate_slow_start(ctx, p, name, strategy)?,
+        handoff: validate_handoff(ctx, p, name, strategy)?,
     })
+}
+
+/// A `u64` field within `lo..=hi`, or its default.
+fn ranged(
+    ctx: &Ctx<'_>,
+    v: Option<&Spanned<u64>>,
+    default: u64,
+    lo: u64,
+    hi: u64,
+    field: String,
+) -> Result<u64, ConfigError> {
+    match v {
+        Some(x) if !(lo..=hi).contains(x.get_ref()) => {
+            ctx.err(Some(x.span()), field, format!("must be in {lo}..={hi}"))
+        }
+        Some(x) => Ok(*x.get_ref()),
+        None => Ok(default),
+    }
+}
+
+/// Hot keys, slow start and handoff steer keys among their owners: they need a strategy that
+/// places by key.
+fn needs_key(ctx: &Ctx<'_>, p: &RawPool, name: &str, strategy: Strategy, what: &str) -> Result<(), ConfigError> {
+    if strategy.uses_key() {
+        return Ok(());
+    }
+    ctx.err(
+        p.strategy.as_ref().map(Spanned::span).or(Some(p.name.span())),
+        format!("pool.{name}.{what}"),
+        format!("{what} needs a strategy that places by key; '{}' does not", strategy.name()),
+    )
+}
+
+fn validate_hot_keys(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    strategy: Strategy,
+) -> Result<Option<HotKeysConfig>, ConfigError> {
+    use keyroute::hot::{HotKeyConfig, Threshold};
+    let Some(h) = &p.hot_keys else { return Ok(None) };
+    let field = |f: &str| format!("pool.{name}.hot_keys.{f}");
+    needs_key(ctx, p, name, strategy, "hot_keys")?;
+    let positive = |v: &Spanned<f64>, f: &str| -> Result<f64, ConfigError> {
+        let x = *v.get_ref();
+        if x.is_finite() && x > 0.0 { Ok(x) } else { ctx.err(Some(v.span()), field(f), "must be a number > 0") }
+    };
+    let threshold = match (&h.threshold, &h.threshold_share) {
+        (Some(t), None) => Threshold::Rate(positive(t, "threshold")?),
+        (None, Some(s)) => {
+            let x = *s.get_ref();
+            if !(x > 0.0 && x <= 1.0) {
+                return ctx.err(Some(s.span()), field("threshold_share"), "must be in (0, 1]");
+            }
+            Threshold::Share(x)
+        }
+        (Some(t), Some(_)) => {
+            return ctx.err(Some(t.span()), field("threshold"), "give threshold (req/s) or threshold_share, not both");
+        }
+        (None, None) => {
+            return ctx.err(
+                Some(p.name.span()),
+                field("threshold"),
+                "hot_keys needs threshold (requests per second) or threshold_share (of the pool's traffic)",
+            );
+        }
+    };
+    let per_replica = match (&h.per_worker, threshold) {
+        (Some(v), _) => positive(v, "per_worker")?,
+        (None, Threshold::Rate(t)) => t,
+        (None, Threshold::Share(_)) => {
+            return ctx.err(
+                h.threshold_share.as_ref().map(Spanned::span),
+                field("per_worker"),
+                "with threshold_share, give per_worker: the rate (req/s) one replica of a hot key should stay under",
+            );
+        }
+    };
+    let max_replicas = match &h.max_replicas {
+        Some(v) if !(1..=255).contains(v.get_ref()) => {
+            return ctx.err(Some(v.span()), field("max_replicas"), "must be in 1..=255");
+        }
+        Some(v) => *v.get_ref() as usize,
+        None => 4,
+    };
+    let hold = ranged(ctx, h.hold_ms.as_ref(), 10_000, 1, DAY_MS, field("hold_ms"))?;
+    let window = ranged(ctx, h.window_ms.as_ref(), 1_000, 100, 60_000, field("window_ms"))?;
+    let counters = ranged(ctx, h.counters.as_ref(), 64, 1, 4096, field("counters"))?;
+    let sample_every = ranged(ctx, h.sample_every.as_ref(), 16, 1, 1024, field("sample_every"))?;
+    let cache = match &h.cache {
+        None => None,
+        Some(c) => {
+            let cf = |f: &str| format!("pool.{name}.hot_keys.cache.{f}");
+            let max_bytes = ranged(ctx, c.max_bytes.as_ref(), 64 << 20, 1, 1 << 40, cf("max_bytes"))?;
+            let max_object_bytes = ranged(
+                ctx,
+                c.max_object_bytes.as_ref(),
+                (1 << 20).min(max_bytes),
+                1,
+                max_bytes,
+                cf("max_object_bytes"),
+            )?;
+            let coalesce = ranged(ctx, c.coalesce_timeout_ms.as_ref(), 5_000, 1, 600_000, cf("coalesce_timeout_ms"))?;
+            Some(CacheSettings {
+                max_bytes,
+                max_object_bytes,
+                cache_authorized: c.cache_authorized.unwrap_or(false),
+                cache_set_cookie: c.cache_set_cookie.unwrap_or(false),
+                coalesce_timeout: Duration::from_millis(coalesce),
+            })
+        }
+    };
+    let rule = HotKeyConfig { threshold, per_replica, max_replicas, hold: Duration::from_millis(hold) };
+    if let Err(e) = rule.validate() {
+        return ctx.err(Some(p.name.span()), field("threshold"), e.to_string());
+    }
+    Ok(Some(HotKeysConfig {
+        rule,
+        window: Duration::from_millis(window),
+        counters: counters as usize,
+        sample_every: sample_every as u32,
+        cache,
+    }))
+}
+
+fn validate_slow_start(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    strategy: Strategy,
+) -> Result<Option<SlowStartConfig>, ConfigError> {
+    let Some(s) = &p.slow_start else { return Ok(None) };
+    let field = |f: &str| format!("pool.{name}.slow_start.{f}");
+    needs_key(ctx, p, name, strategy, "slow_start")?;
+    let window = ranged(ctx, Some(&s.window_ms), 0, 1, DAY_MS, field("window_ms"))?;
+    let min_share = match &s.min_share {
+        Some(v) if !(0.0..=1.0).contains(v.get_ref()) => {
+            return ctx.err(Some(v.span()), field("min_share"), "must be in [0, 1]");
+        }
+        Some(v) => *v.get_ref(),
+        None => 0.1,
+    };
+    let ramp = match keyroute::warm::Ramp::try_new(Duration::from_millis(window), min_share) {
+        Ok(r) => r,
+        Err(e) => return ctx.err(Some(s.window_ms.span()), field("window_ms"), e.to_string()),
+    };
+    Ok(Some(SlowStartConfig { ramp, by_hit_rate: s.by_hit_rate.unwrap_or(true) }))
+}
+
+fn validate_handoff(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    strategy: Strategy,
+) -> Result<Option<Duration>, ConfigError> {
+    let Some(h) = &p.handoff else { return Ok(None) };
+    needs_key(ctx, p, name, strategy, "handoff")?;
+    let window = ranged(ctx, Some(&h.window_ms), 0, 1, DAY_MS, format!("pool.{name}.handoff.window_ms"))?;
+    Ok(Some(Duration::from_millis(window)))
 }
 
 fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<MembershipConfig, ConfigError> {

@@ -74,6 +74,15 @@ pub struct WorkerState {
     progress_ms: AtomicU64,
     /// Set by a response cut short, cleared by a complete one (to log a change once).
     truncating: AtomicBool,
+    /// Milliseconds since the epoch, plus 1, at which the worker started warming up (it joined, or
+    /// recovered); 0 if it never did.
+    warm_since_ms: AtomicU64,
+    /// `X-Cache` reports (hits, all) since the worker started warming up.
+    warm_hits: AtomicU64,
+    warm_reports: AtomicU64,
+    /// `X-Cache` reports (hits, all) over the worker's life.
+    cache_hits: AtomicU64,
+    cache_reports: AtomicU64,
     /// Counters.
     pub metrics: WorkerMetrics,
 }
@@ -97,6 +106,11 @@ impl WorkerState {
             awaiting: AtomicU64::new(0),
             progress_ms: AtomicU64::new(0),
             truncating: AtomicBool::new(false),
+            warm_since_ms: AtomicU64::new(0),
+            warm_hits: AtomicU64::new(0),
+            warm_reports: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_reports: AtomicU64::new(0),
             metrics: WorkerMetrics::default(),
         }
     }
@@ -216,6 +230,42 @@ impl WorkerState {
         m.1 =
             Ejector::retuned(pool.passive.consecutive_failures, pool.passive.base_ejection, pool.passive.max_ejection);
         self.upstream.set_connect_timeout(pool.connect_timeout);
+    }
+
+    /// Starts the worker's warm-up at `now` (it joined, or recovered): slow start ramps its share
+    /// from here, and its hit rate counts from here.
+    pub fn start_warming(&self, now: Instant) {
+        self.warm_hits.store(0, Relaxed);
+        self.warm_reports.store(0, Relaxed);
+        self.warm_since_ms.store(self.ms(now) + 1, Relaxed);
+    }
+
+    /// How long ago the worker started warming up, if it ever did.
+    pub fn warming_for(&self, now: Instant) -> Option<Duration> {
+        match self.warm_since_ms.load(Relaxed) {
+            0 => None,
+            since => Some(Duration::from_millis(self.ms(now).saturating_sub(since - 1))),
+        }
+    }
+
+    /// Notes the worker's own cache result for a response (its `X-Cache: HIT` or `MISS`).
+    pub fn note_cache(&self, hit: bool) {
+        self.cache_reports.fetch_add(1, Relaxed);
+        self.warm_reports.fetch_add(1, Relaxed);
+        if hit {
+            self.cache_hits.fetch_add(1, Relaxed);
+            self.warm_hits.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// `X-Cache` (hits, reports) since the warm-up started.
+    pub fn warm_reports(&self) -> (u64, u64) {
+        (self.warm_hits.load(Relaxed), self.warm_reports.load(Relaxed))
+    }
+
+    /// `X-Cache` (hits, reports) over the worker's life.
+    pub fn cache_reports(&self) -> (u64, u64) {
+        (self.cache_hits.load(Relaxed), self.cache_reports.load(Relaxed))
     }
 
     /// Marks the worker as draining (irreversible for this worker object).

@@ -157,7 +157,7 @@ impl Pool {
         let members: Members =
             config.workers.iter().map(|w| (Arc::new(WorkerState::new(w, &config, epoch)), w.weight)).collect();
         let name = config.name.clone();
-        let snapshot = build(Arc::new(config), members, 1)?;
+        let snapshot = build(Arc::new(config), members, 1, None)?;
         Ok(Pool {
             name,
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -213,7 +213,7 @@ impl Pool {
         if same {
             return Ok(old.generation);
         }
-        let next = build(Arc::clone(&old.config), members, old.generation + 1)?;
+        let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
         Ok(self.publish(&old, next))
     }
 
@@ -309,7 +309,7 @@ impl Pool {
             let members: Members =
                 old.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), old.weight(i))).collect();
             kept.extend(old.workers.iter().cloned());
-            let next = build(Arc::new(config), members, old.generation + 1)?;
+            let next = build(Arc::new(config), members, old.generation + 1, Some(&old))?;
             return Ok(Prepared { _guard: guard, old, next, kept });
         }
         let members: Members = config
@@ -324,7 +324,7 @@ impl Pool {
                 _ => (Arc::new(WorkerState::new(w, &config, self.epoch)), w.weight),
             })
             .collect();
-        let next = build(Arc::new(config), members, old.generation + 1)?;
+        let next = build(Arc::new(config), members, old.generation + 1, Some(&old))?;
         Ok(Prepared { _guard: guard, old, next, kept })
     }
 
@@ -341,7 +341,7 @@ impl Pool {
         let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.snapshot();
         let members = edit(&old)?;
-        let next = build(Arc::clone(&old.config), members, old.generation + 1)?;
+        let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
         Ok(self.publish(&old, next))
     }
 
@@ -372,7 +372,15 @@ fn members_of(snap: &Snapshot) -> Members {
     snap.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), snap.weight(i))).collect()
 }
 
-fn build(config: Arc<PoolConfig>, mut members: Members, generation: u64) -> Result<Snapshot, MembershipError> {
+/// Builds a snapshot. With the snapshot it replaces (`old`), workers that were not in it have
+/// joined: they start warming (slow start), and, with a handoff window, the snapshot carries the
+/// table without them (and without those that joined earlier within the window).
+fn build(
+    config: Arc<PoolConfig>,
+    mut members: Members,
+    generation: u64,
+    old: Option<&Snapshot>,
+) -> Result<Snapshot, MembershipError> {
     // Canonical order (by name, numbers as numbers): the table, and so every placement, is a
     // function of the member set alone, whatever order or history the members came in.
     members.sort_by(|a, b| keyroute::node::canonical_cmp(&a.0.name, &b.0.name));
@@ -382,6 +390,61 @@ fn build(config: Arc<PoolConfig>, mut members: Members, generation: u64) -> Resu
     check_table_size(config.strategy, &config.options, &nodes)
         .map_err(|message| MembershipError::TooLarge { pool: config.name.clone(), message })?;
     let policy = Policy::build(config.strategy, nodes, &config.options).map_err(placement)?;
-    let workers = members.into_iter().map(|(w, _)| w).collect();
-    Ok(Snapshot { generation, config, policy, workers })
+    let workers: Vec<Arc<WorkerState>> = members.into_iter().map(|(w, _)| w).collect();
+    let now = Instant::now();
+    let hot = match (old.and_then(|o| o.hot.as_ref()), &config.hot_keys) {
+        (Some(h), Some(c)) if h.config == *c => Some(Arc::clone(h)),
+        (_, Some(c)) => crate::hotkeys::HotKeysState::new(c.clone(), now).map(Arc::new),
+        _ => None,
+    };
+    // A pool that had no worker takes its first ones at once: there is nowhere else to warm from.
+    let old = old.filter(|o| !o.workers.is_empty());
+    let joined = |w: &Arc<WorkerState>| old.is_some_and(|o| !o.workers.iter().any(|x| Arc::ptr_eq(x, w)));
+    if config.slow_start.is_some() {
+        for w in workers.iter().filter(|w| joined(w)) {
+            w.start_warming(now);
+        }
+    }
+    let warm = match (config.handoff, old) {
+        (Some(window), Some(old)) => warm_for(&policy, &workers, old, window, now),
+        _ => None,
+    };
+    Ok(Snapshot { generation, config, policy, workers, hot, warm })
+}
+
+/// The handoff of a new snapshot: its workers that were not in `old`, and those of `old`'s handoff
+/// still within the window.
+fn warm_for(
+    policy: &Policy,
+    workers: &[Arc<WorkerState>],
+    old: &Snapshot,
+    window: std::time::Duration,
+    now: Instant,
+) -> Option<snapshot::Warm> {
+    let mut since = Vec::new();
+    for (i, w) in workers.iter().enumerate() {
+        match old.workers.iter().position(|x| Arc::ptr_eq(x, w)) {
+            None => since.push((i, now)),
+            Some(j) => {
+                if let Some(ow) = &old.warm
+                    && let Some(&(_, t)) = ow.since.iter().find(|(k, _)| *k == j)
+                    && now.saturating_duration_since(t) < window
+                {
+                    since.push((i, t));
+                }
+            }
+        }
+    }
+    if since.is_empty() || since.len() == workers.len() {
+        return None;
+    }
+    let warming: Vec<usize> = since.iter().map(|(i, _)| *i).collect();
+    match keyroute::warm::Handoff::new(policy, &warming) {
+        Ok(Some(handoff)) => Some(snapshot::Warm { handoff, since, window }),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "no handoff: the table without the new workers cannot be built");
+            None
+        }
+    }
 }

@@ -5,7 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use keyroute::hash::SplitMix64;
-use keyroute::{Decision, Node, Policy};
+use keyroute::warm::{Handoff, admitted};
+use keyroute::{Decision, Node, Policy, Spill};
 use tokio::time::Instant;
 
 use super::endpoint::{State, WorkerState};
@@ -71,6 +72,29 @@ pub struct Snapshot {
     pub policy: Policy,
     /// The members, in the policy's node order.
     pub workers: Vec<Arc<WorkerState>>,
+    /// The pool's hot keys, when `hot_keys` is on (the same state across membership changes).
+    pub(crate) hot: Option<Arc<crate::hotkeys::HotKeysState>>,
+    /// Previous-owner handoff for the workers that joined within the `handoff` window.
+    pub(crate) warm: Option<Warm>,
+}
+
+/// The handoff of a snapshot: the table without the workers that joined within the window, and
+/// when each of them joined.
+#[derive(Debug)]
+pub(crate) struct Warm {
+    pub(crate) handoff: Handoff,
+    /// (member index, when it joined).
+    pub(crate) since: Vec<(usize, Instant)>,
+    pub(crate) window: std::time::Duration,
+}
+
+impl Warm {
+    /// Member `i`'s handoff progress at `now`: the share of its keys it takes, 0 to 1 over the window.
+    pub(crate) fn progress(&self, i: usize, now: Instant) -> f64 {
+        let Some(&(_, since)) = self.since.iter().find(|(j, _)| *j == i) else { return 1.0 };
+        let t = now.saturating_duration_since(since);
+        if t >= self.window { 1.0 } else { t.as_secs_f64() / self.window.as_secs_f64() }
+    }
 }
 
 impl Snapshot {
@@ -92,16 +116,86 @@ impl Snapshot {
     /// Chooses a worker for a key hash (or none, for p2c), skipping unavailable workers and those in
     /// `tried`. Stalled workers are skipped too, unless no other worker is available: a stall
     /// steers traffic away, it never empties a pool.
+    ///
+    /// Before the strategy's own rule, in this order: a hot key goes to the least loaded of its
+    /// top replicas ([`keyroute::hot`]); a key whose owner joined within the handoff window and is
+    /// not yet admitted to it goes to its previous owner; and with slow start, a warming worker is
+    /// skipped for the keys not yet admitted to it ([`keyroute::warm`]).
     pub fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
         let loads = |i: usize| self.workers.get(i).map_or(0, |w| w.in_flight());
-        let pick = |ok: &dyn Fn(State) -> bool| {
-            let eligible = |i: usize| !tried.contains(&i) && ok(self.state(i, now));
+        let pick = |want: State| {
+            let eligible = |i: usize| !tried.contains(&i) && self.state(i, now) == want;
             RNG.with(|rng| {
                 let mut rng = rng.borrow_mut();
+                let Some(h) = hash else { return self.policy.decide(hash, &loads, eligible, &mut *rng) };
+                if let Some(hot) = &self.hot {
+                    let r = hot.replicas(h);
+                    if r > 1 {
+                        return self.policy.decide_replicated(h, r, &loads, eligible, &mut *rng);
+                    }
+                }
+                if let Some(w) = &self.warm
+                    && let Some(owner) = self.policy.owner(h)
+                    && w.handoff.is_warming(owner)
+                    && !admitted(h, w.progress(owner, now))
+                    && let Some(prev) = w.handoff.previous_owner(h)
+                    && eligible(prev)
+                {
+                    return Some(Decision { node: prev, owner: Some(owner), spill: Some(Spill::Warming) });
+                }
+                if self.config.slow_start.is_some() {
+                    let held = |i: usize| self.held_back(i, h, now);
+                    let d = self.policy.decide(hash, &loads, |i| eligible(i) && !held(i), &mut *rng);
+                    if let Some(mut d) = d {
+                        if d.spill.is_some() && d.owner.is_some_and(|o| eligible(o) && held(o)) {
+                            d.spill = Some(Spill::Warming);
+                        }
+                        return Some(d);
+                    }
+                }
                 self.policy.decide(hash, &loads, eligible, &mut *rng)
             })
         };
-        pick(&|s| s == State::Healthy).or_else(|| pick(&|s| s == State::Stalled))
+        pick(State::Healthy).or_else(|| pick(State::Stalled))
+    }
+
+    /// Whether slow start holds member `i` back for the key `hash` at `now`: it is warming, and the
+    /// key is not admitted at its progress.
+    fn held_back(&self, i: usize, hash: u64, now: Instant) -> bool {
+        let (Some(ss), Some(w)) = (&self.config.slow_start, self.workers.get(i)) else { return false };
+        let Some(elapsed) = w.warming_for(now) else { return false };
+        if elapsed >= ss.ramp.window {
+            return false;
+        }
+        let progress = if ss.by_hit_rate {
+            let (hits, reports) = w.warm_reports();
+            ss.ramp.progress_with_hits(elapsed, hits, reports, self.pool_hit_rate())
+        } else {
+            ss.ramp.progress(elapsed)
+        };
+        !admitted(hash, progress)
+    }
+
+    /// The pool's `X-Cache` hit rate over its members' lives (0 when none reports).
+    fn pool_hit_rate(&self) -> f64 {
+        let (hits, reports) =
+            self.workers.iter().map(|w| w.cache_reports()).fold((0u64, 0u64), |a, b| (a.0 + b.0, a.1 + b.1));
+        if reports == 0 { 0.0 } else { hits as f64 / reports as f64 }
+    }
+
+    /// Member `i`'s warm-up progress at `now` (1 when it is not warming), for reports: the handoff's
+    /// and slow start's, whichever holds it back more.
+    pub fn warm_progress(&self, i: usize, now: Instant) -> f64 {
+        let mut p: f64 = 1.0;
+        if let Some(w) = &self.warm {
+            p = p.min(w.progress(i, now));
+        }
+        if let (Some(ss), Some(w)) = (&self.config.slow_start, self.workers.get(i))
+            && let Some(elapsed) = w.warming_for(now)
+        {
+            p = p.min(ss.ramp.progress(elapsed));
+        }
+        p
     }
 
     /// Whether a worker other than `node` (and those in `tried`) could take a request now.

@@ -26,7 +26,7 @@ use http::uri::PathAndQuery;
 use http::{Uri, Version};
 
 /// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded.
-const HOP_BY_HOP: [HeaderName; 8] = [
+pub(crate) const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),

@@ -212,6 +212,30 @@ where
             k.clone_from(&key);
         }
     }
+    // Hot keys: every keyed request is counted; a hot one may be answered from the gateway's
+    // cache, or wait for a concurrent miss of the same URL instead of going upstream too.
+    let mut caching: Option<Caching> = None;
+    if let (Some(h), Some(hot)) = (hash, &snap.hot) {
+        hot.observe(h, &key);
+        if hot.replicas(h) > 0 {
+            hot.metrics.hot_requests.fetch_add(1, Relaxed);
+            if let Some(cache) = &hot.cache
+                && let Some(ck) =
+                    cache.request_key(parts).map(|k| k.with_scheme(if peer.tls { "https" } else { "http" }))
+            {
+                match consult(Arc::clone(hot), ck, parts, id).await {
+                    Consulted::Hit(resp) => {
+                        if let Some(p) = placed.as_deref_mut() {
+                            p.decision = "cache";
+                        }
+                        return resp;
+                    }
+                    Consulted::Lead(c) => caching = Some(*c),
+                    Consulted::Pass => {}
+                }
+            }
+        }
+    }
     // An upgrade (WebSocket...) keeps its Upgrade and Connection headers, and the client's side of
     // the tunnel is taken now (HTTP/1.1 only).
     let upgrade = headers::upgrade_of(parts.version, &parts.headers);
@@ -254,6 +278,8 @@ where
             (_, false, _) => Outcome::Unkeyed,
             (_, true, None) => Outcome::Owner,
             (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
+            (_, true, Some(Spill::Replica)) => Outcome::Replica,
+            (_, true, Some(Spill::Warming)) => Outcome::Warming,
             (_, true, Some(_)) => Outcome::Overloaded,
         };
         pool.metrics.outcome(outcome);
@@ -279,7 +305,16 @@ where
         match try_once(ctx, &mut body).await {
             Try::Answered(resp) => {
                 tracing::trace!(request_id = %id, worker = %worker.name, attempt, key = %key, "proxied");
-                return resp;
+                // An unsafe method's success invalidates what the cache holds for its URL (RFC 9111 §4.4).
+                if !parts.method.is_safe()
+                    && let Some(c) = snap.hot.as_ref().and_then(|h| h.cache.as_ref())
+                {
+                    c.invalidate(parts, resp.status());
+                }
+                return match caching.take() {
+                    Some(c) => c.store(resp).await,
+                    None => resp,
+                };
             }
             Try::Upgraded(resp, worker_side, in_flight) => {
                 let Some(client) = client_side.take() else {
@@ -339,6 +374,148 @@ where
             body::error(StatusCode::BAD_GATEWAY, "the worker's response failed", "upstream_failed", id)
         }
     }
+}
+
+/// The gateway cache's response header: `hit`, `coalesced` (served from the cache after waiting
+/// for a concurrent miss of the same URL) or `miss`.
+pub(crate) const X_CACHE: header::HeaderName = header::HeaderName::from_static("x-keyroute-cache");
+
+/// A hot key's request that leads its flight: what it needs to store the response.
+struct Caching {
+    hot: Arc<crate::hotkeys::HotKeysState>,
+    key: crate::cache::CacheKey,
+    /// The client's request head as it arrived (the cache's rules and `Vary` read it, not the
+    /// upstream request's).
+    request: Parts,
+    id: String,
+    _flight: crate::cache::LeaderGuard,
+}
+
+enum Consulted {
+    Hit(Response<ProxyBody>),
+    Lead(Box<Caching>),
+    Pass,
+}
+
+fn head_copy(parts: &Parts) -> Parts {
+    let mut r = Request::new(());
+    *r.method_mut() = parts.method.clone();
+    *r.uri_mut() = parts.uri.clone();
+    *r.version_mut() = parts.version;
+    *r.headers_mut() = parts.headers.clone();
+    r.into_parts().0
+}
+
+fn cached_response(c: crate::cache::Cached, how: &'static str, id: &str) -> Response<ProxyBody> {
+    let mut resp = Response::new(body::full(c.body));
+    *resp.status_mut() = c.status;
+    *resp.headers_mut() = c.headers;
+    resp.headers_mut().insert(X_CACHE, HeaderValue::from_static(how));
+    if let Ok(v) = HeaderValue::try_from(id) {
+        resp.headers_mut().insert(REQUEST_ID.clone(), v);
+    }
+    resp
+}
+
+/// Looks a hot key's request up in the gateway cache; on a miss, leads the URL's flight or waits
+/// (up to the coalescing timeout) for the one in the air and looks up again.
+async fn consult(
+    hot: Arc<crate::hotkeys::HotKeysState>,
+    key: crate::cache::CacheKey,
+    parts: &Parts,
+    id: &str,
+) -> Consulted {
+    let Some(cache) = hot.cache.as_ref() else { return Consulted::Pass };
+    let now = std::time::SystemTime::now();
+    if let Some(c) = cache.lookup(&key, parts, now) {
+        hot.metrics.cache_hits.fetch_add(1, Relaxed);
+        return Consulted::Hit(cached_response(c, "hit", id));
+    }
+    if crate::cache::HttpCache::only_if_cached(parts) {
+        // RFC 9111 §5.2.1.7: nothing stored, so no upstream request either.
+        return Consulted::Hit(body::error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "not in the gateway's cache",
+            "only_if_cached",
+            id,
+        ));
+    }
+    match cache.join(&key) {
+        crate::cache::Flight::Leader(guard) => {
+            hot.metrics.cache_misses.fetch_add(1, Relaxed);
+            let request = head_copy(parts);
+            Consulted::Lead(Box::new(Caching {
+                hot: Arc::clone(&hot),
+                key,
+                request,
+                id: id.to_owned(),
+                _flight: guard,
+            }))
+        }
+        crate::cache::Flight::Follower(mut f) => {
+            let wait = hot.config.cache.as_ref().map_or(Duration::from_secs(5), |c| c.coalesce_timeout);
+            let _ = tokio::time::timeout(wait, f.wait()).await;
+            match cache.lookup(&key, parts, std::time::SystemTime::now()) {
+                Some(c) => {
+                    hot.metrics.coalesced.fetch_add(1, Relaxed);
+                    Consulted::Hit(cached_response(c, "coalesced", id))
+                }
+                None => {
+                    hot.metrics.cache_misses.fetch_add(1, Relaxed);
+                    Consulted::Pass
+                }
+            }
+        }
+    }
+}
+
+impl Caching {
+    /// Stores a storable response (its whole body read first, up to the object limit) and returns
+    /// it; any other response passes through as it is. The flight ends (followers wake) on return.
+    async fn store(self, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+        let (mut head, incoming) = resp.into_parts();
+        head.headers.insert(X_CACHE, HeaderValue::from_static("miss"));
+        let now = std::time::SystemTime::now();
+        let Some(cache) = self.hot.cache.as_ref() else { return Response::from_parts(head, incoming) };
+        let token = match cache.storable(&self.request, &head, now) {
+            // Only a body of known length is buffered: anything else streams through unstored.
+            Ok(t) if head.headers.contains_key(header::CONTENT_LENGTH) => t,
+            Ok(_) => return Response::from_parts(head, incoming),
+            Err(why) => {
+                tracing::trace!(request_id = %self.id, reason = why.as_str(), "hot key's response not stored");
+                return Response::from_parts(head, incoming);
+            }
+        };
+        let limit = cache.config().max_object_bytes;
+        match buffer(incoming, limit).await {
+            Some(bytes) => {
+                if cache.store(self.key.clone(), token, &self.request, &head, bytes.clone(), now) {
+                    self.hot.metrics.cache_stores.fetch_add(1, Relaxed);
+                }
+                Response::from_parts(head, body::full(bytes))
+            }
+            None => body::error(StatusCode::BAD_GATEWAY, "the worker's response failed", "upstream_failed", &self.id),
+        }
+    }
+}
+
+/// A whole body, if it ends without error within `limit` bytes (its Content-Length was checked
+/// against the limit already).
+async fn buffer(mut body: ProxyBody, limit: u64) -> Option<Bytes> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            tracing::debug!("a hot key's response body failed while buffered for the cache");
+            return None;
+        };
+        if let Ok(data) = frame.into_data() {
+            if (out.len() + data.len()) as u64 > limit {
+                return None;
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Some(out.freeze())
 }
 
 /// Step 3: the key's hash, `None` when the strategy does not place by key or the key is missing
@@ -457,6 +634,15 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
         Ok(Ok((resp, conn))) => {
             worker.headers_arrived(arrived);
             let status = resp.status();
+            // The worker's own cache result, when it reports one: slow start reads it.
+            if let Some(v) = resp.headers().get("x-cache").map(HeaderValue::as_bytes) {
+                let word = |w: &[u8]| v.len() >= w.len() && v[..w.len()].eq_ignore_ascii_case(w);
+                if word(b"hit") {
+                    worker.note_cache(true);
+                } else if word(b"miss") {
+                    worker.note_cache(false);
+                }
+            }
             worker.metrics.record_latency(latency);
             if status.is_server_error() {
                 // A 5xx is complete as a failure now; a success is settled when its body ends.

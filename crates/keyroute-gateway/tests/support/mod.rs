@@ -114,7 +114,27 @@ impl Backend {
                             let fail = req.uri().query().is_some_and(|q| q.contains("fail=1"));
                             current.fetch_sub(1, SeqCst);
                             served.fetch_add(1, SeqCst);
-                            let mut r = Response::new(Full::new(Bytes::from(name.clone())));
+                            let q = req.uri().query().unwrap_or("").to_owned();
+                            let accept =
+                                req.headers().get("accept").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+                            // `vary=1` answers per Accept: the body says which.
+                            let text = if q.contains("vary=1") { format!("{name} {accept}") } else { name.clone() };
+                            let mut r = Response::new(Full::new(Bytes::from(text)));
+                            // Cacheable on request (`cc=1`), with a cookie (`cookie=1`), varying
+                            // on Accept (`vary=1`), reporting a worker cache result (`xcache=`).
+                            if q.contains("cc=1") {
+                                r.headers_mut().insert("cache-control", "public, max-age=60".parse().expect("header"));
+                            }
+                            if q.contains("cookie=1") {
+                                r.headers_mut().insert("set-cookie", "session=abc".parse().expect("header"));
+                            }
+                            if q.contains("vary=1") {
+                                r.headers_mut().insert("vary", "Accept".parse().expect("header"));
+                            }
+                            if let Some(x) = q.split('&').find_map(|p| p.strip_prefix("xcache=")) {
+                                r.headers_mut()
+                                    .insert("x-cache", x.parse().unwrap_or_else(|_| "?".parse().expect("header")));
+                            }
                             if fail {
                                 *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
                             }

@@ -1,0 +1,191 @@
+//! A pool's hot keys at run time: the detector the request path feeds, the replication rule a
+//! timer ticks, the [`HotSet`] requests read, and the response cache for hot keys.
+//!
+//! The algorithm and its guarantees are the library's ([`keyroute::hot`]); this module is the
+//! plumbing:
+//!
+//! - **Request path.** [`HotKeysState::observe`] counts the request in a per-thread counter and,
+//!   one request in `sample_every`, offers its key hash to the shared Space-Saving summary under a
+//!   `try_lock` (a sample lost to contention is lost for the hot key and for the total alike, so
+//!   rates stay unbiased). [`HotKeysState::replicas`] is one atomic load and a binary search of
+//!   the published [`HotSet`] (empty: one length check).
+//! - **Off the path.** [`tick_loop`] ends each pool's window every `window_ms`: the summary's counts
+//!   become rates, the rule applies its hysteresis, and the new set is swapped in.
+//! - **State.** The state lives as long as the pool's `hot_keys` settings do: a snapshot built for
+//!   a membership change carries the same `Arc`, a reload that changes the settings starts over.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use keyroute::hot::{Counted, HotKeys, HotSet, SpaceSaving, Window};
+use tokio::time::Instant;
+
+use crate::cache::{CacheConfig, HttpCache};
+use crate::config::HotKeysConfig;
+use crate::state::Shared;
+
+/// Counters of one pool's hot keys and cache.
+#[derive(Debug, Default)]
+pub(crate) struct HotMetrics {
+    /// Requests for a hot key (any replica).
+    pub(crate) hot_requests: AtomicU64,
+    /// Keys that became hot.
+    pub(crate) became_hot: AtomicU64,
+    /// Responses served from the gateway cache.
+    pub(crate) cache_hits: AtomicU64,
+    /// Cacheable requests for hot keys that went upstream.
+    pub(crate) cache_misses: AtomicU64,
+    /// Responses stored.
+    pub(crate) cache_stores: AtomicU64,
+    /// Requests that waited for a concurrent miss of the same key instead of going upstream.
+    pub(crate) coalesced: AtomicU64,
+}
+
+/// One pool's hot-key state. See the [module documentation](self).
+#[derive(Debug)]
+pub(crate) struct HotKeysState {
+    pub(crate) config: HotKeysConfig,
+    summary: Mutex<SpaceSaving>,
+    rule: Mutex<HotKeys>,
+    set: ArcSwap<HotSet>,
+    /// The key text of hot hashes, for `/hotkeys` (only hot keys are kept).
+    names: Mutex<HashMap<u64, String>>,
+    window_start: Mutex<Instant>,
+    pub(crate) cache: Option<HttpCache>,
+    pub(crate) metrics: HotMetrics,
+}
+
+thread_local! {
+    /// Requests seen on this thread: the sampling counter.
+    static SEEN: Cell<u32> = const { Cell::new(0) };
+}
+
+impl HotKeysState {
+    /// The state for validated settings.
+    pub(crate) fn new(config: HotKeysConfig, now: Instant) -> Option<Self> {
+        let summary = SpaceSaving::try_new(config.counters).ok()?;
+        let rule = HotKeys::try_new(config.rule).ok()?;
+        let cache = config.cache.as_ref().map(|c| {
+            HttpCache::new(CacheConfig {
+                max_bytes: c.max_bytes,
+                max_object_bytes: c.max_object_bytes,
+                cache_authorized: c.cache_authorized,
+                cache_set_cookie: c.cache_set_cookie,
+            })
+        });
+        Some(HotKeysState {
+            config,
+            summary: Mutex::new(summary),
+            rule: Mutex::new(rule),
+            set: ArcSwap::from_pointee(HotSet::default()),
+            names: Mutex::new(HashMap::new()),
+            window_start: Mutex::new(now),
+            cache,
+            metrics: HotMetrics::default(),
+        })
+    }
+
+    /// Notes one request for `hash`, whose key text is `key` (the request path). A sampled request
+    /// for a hot key whose text is not known yet leaves its text for `/hotkeys`.
+    #[inline]
+    pub(crate) fn observe(&self, hash: u64, key: &str) {
+        let every = self.config.sample_every;
+        let sampled = SEEN.with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n.is_multiple_of(every)
+        });
+        if !sampled {
+            return;
+        }
+        if let Ok(mut s) = self.summary.try_lock() {
+            s.offer(hash);
+        }
+        if self.replicas(hash) > 0
+            && let Ok(mut names) = self.names.try_lock()
+            && names.len() < 4 * self.config.counters
+        {
+            names.entry(hash).or_insert_with(|| key.to_owned());
+        }
+    }
+
+    /// The replica count of `hash`: 0 if it is not hot.
+    #[inline]
+    pub(crate) fn replicas(&self, hash: u64) -> usize {
+        self.set.load().replicas(hash)
+    }
+
+    /// Ends the window if it is over at `now`: measures, applies the rule, publishes the set.
+    /// `epoch` is the gateway's time origin.
+    pub(crate) fn tick(&self, now: Instant, epoch: Instant) {
+        {
+            let mut start = self.window_start.lock().unwrap_or_else(|e| e.into_inner());
+            if now.saturating_duration_since(*start) < self.config.window {
+                return;
+            }
+            *start = now;
+        }
+        let s = u64::from(self.config.sample_every);
+        let window = {
+            let mut summary = self.summary.lock().unwrap_or_else(|e| e.into_inner());
+            let w = Window {
+                requests: summary.total() * s,
+                items: summary
+                    .top()
+                    .into_iter()
+                    .map(|c| Counted { hash: c.hash, count: c.count * s, error: c.error * s })
+                    .collect(),
+            };
+            summary.clear();
+            w
+        };
+        let (set, entered) = {
+            let mut rule = self.rule.lock().unwrap_or_else(|e| e.into_inner());
+            let before: Vec<u64> = rule.keys().iter().map(|k| k.hash).collect();
+            let set = rule.tick(now.saturating_duration_since(epoch), &window);
+            let entered = rule.keys().iter().filter(|k| !before.contains(&k.hash)).count();
+            (set, entered)
+        };
+        self.metrics.became_hot.fetch_add(entered as u64, Relaxed);
+        self.names.lock().unwrap_or_else(|e| e.into_inner()).retain(|h, _| set.replicas(*h) > 0);
+        if let Some(c) = &self.cache {
+            c.purge_expired(std::time::SystemTime::now());
+        }
+        self.set.store(Arc::new(set));
+    }
+
+    /// The hot keys now, hottest first: (key text if known, hash, rate, replicas).
+    pub(crate) fn keys(&self) -> Vec<(Option<String>, u64, f64, usize)> {
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let rule = self.rule.lock().unwrap_or_else(|e| e.into_inner());
+        rule.keys().iter().map(|k| (names.get(&k.hash).cloned(), k.hash, k.rate, k.replicas)).collect()
+    }
+
+    /// The published set.
+    pub(crate) fn set(&self) -> Arc<HotSet> {
+        self.set.load_full()
+    }
+}
+
+/// How often the ticker looks at the pools: windows end within this of their due time.
+const TICK: Duration = Duration::from_millis(50);
+
+/// Ends every pool's hot-key window when it is due, until the gateway goes away.
+pub(crate) async fn tick_loop(shared: Weak<Shared>) {
+    loop {
+        {
+            let Some(s) = shared.upgrade() else { return };
+            let now = Instant::now();
+            for pool in &s.front.routing.load().pools {
+                if let Some(hot) = &pool.snapshot().hot {
+                    hot.tick(now, s.epoch);
+                }
+            }
+        }
+        tokio::time::sleep(TICK).await;
+    }
+}

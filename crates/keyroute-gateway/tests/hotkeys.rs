@@ -1,0 +1,288 @@
+//! Hot keys through the gateway: replication over the key's top owners and back, the cache in
+//! front with its HTTP semantics and request coalescing, and warm-up (handoff and slow start) that
+//! moves only a newcomer's keys, as stated.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use support::*;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+async fn ranking(gw: &Gw, key: &str) -> Vec<String> {
+    let (_, v) = admin(gw, "GET", &format!("/placement?key={key}"), "", None).await;
+    v["ranking"].as_array().expect("ranking").iter().map(|r| r["name"].as_str().unwrap_or("").to_owned()).collect()
+}
+
+async fn hot_keys(gw: &Gw) -> Vec<serde_json::Value> {
+    let (_, v) = admin(gw, "GET", "/hotkeys", "", None).await;
+    v["pools"][0]["keys"].as_array().cloned().unwrap_or_default()
+}
+
+/// GETs `url` from `tasks` concurrent loops for `secs`; the serving worker of each response.
+async fn hammer(url: &str, tasks: usize, secs: f64) -> Vec<String> {
+    let mut set = JoinSet::new();
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    for _ in 0..tasks {
+        let url = url.to_owned();
+        set.spawn(async move {
+            let c = client();
+            let mut v = Vec::new();
+            while Instant::now() < until {
+                let (s, h, _) = get(&c, &url).await;
+                assert_eq!(s, http::StatusCode::OK);
+                v.push(h["x-keyroute-worker"].clone());
+            }
+            v
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(r) = set.join_next().await {
+        all.extend(r.expect("task"));
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_spreads_over_its_top_owners_only_and_comes_back() {
+    let bs = backends(6).await;
+    for b in &bs {
+        b.delay_ms.store(20, SeqCst);
+    }
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let hot = "[pool.hot_keys]\nthreshold = 30\nper_worker = 25\nmax_replicas = 3\nwindow_ms = 200\nhold_ms = 600\nsample_every = 1";
+    let gw = start_gateway(&config_text(&refs, hot, "")).await;
+    let top = ranking(&gw, "/thumb?k=hot").await;
+    let served = hammer(&format!("http://{}/thumb?k=hot", gw.addr), 24, 1.5).await;
+    let mut by: HashMap<&str, usize> = HashMap::new();
+    for w in &served {
+        *by.entry(w.as_str()).or_default() += 1;
+    }
+    for w in by.keys() {
+        assert!(top[..3].iter().any(|t| t == w), "{w} is not one of the key's top 3 {:?}: {by:?}", &top[..3]);
+    }
+    for t in &top[..3] {
+        let n = by.get(t.as_str()).copied().unwrap_or(0);
+        assert!(n * 8 >= served.len(), "{t} served {n} of {}: the replicas share the load: {by:?}", served.len());
+    }
+    // What /hotkeys says.
+    let keys = hot_keys(&gw).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(keys[0]["key"], "/thumb?k=hot");
+    assert_eq!(keys[0]["replicas"], 3);
+    let owners: Vec<String> =
+        keys[0]["owners"].as_array().expect("owners").iter().map(|o| o.as_str().unwrap_or("").to_owned()).collect();
+    assert_eq!(owners, top[..3].to_vec());
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    let metrics = metrics.as_str().unwrap_or("").to_owned();
+    assert!(metrics.contains("keyroute_pool_hot_keys{pool=\"p\"} 1"), "{metrics}");
+    assert!(metrics.contains("keyroute_pool_hot_key_replicas{pool=\"p\",replicas=\"3\"} 1"));
+    let replica_line = metrics
+        .lines()
+        .find(|l| l.starts_with("keyroute_pool_requests_total{pool=\"p\",outcome=\"replica\"}"))
+        .expect("replica outcome");
+    assert!(!replica_line.ends_with(" 0"), "{replica_line}");
+    // Every other key keeps its single owner.
+    let c = client();
+    for k in keys_of(20) {
+        let owner = ranking(&gw, &format!("/thumb?k={k}")).await[0].clone();
+        for _ in 0..3 {
+            let (_, h, _) = get(&c, &format!("http://{}/thumb?k={k}", gw.addr)).await;
+            assert_eq!(h["x-keyroute-worker"], owner, "{k}");
+        }
+    }
+    // The traffic stops: below T/2 past the hold, the key leaves.
+    eventually(Duration::from_secs(5), "the key is no longer hot", || async { hot_keys(&gw).await.is_empty() }).await;
+    gw.task.abort();
+}
+
+fn keys_of(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("cold-{i}")).collect()
+}
+
+async fn get_with(url: &str, headers: &[(&str, &str)]) -> (http::StatusCode, HashMap<String, String>, String) {
+    let c = client();
+    let mut req = Request::builder().uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = c.request(req.body(Empty::<Bytes>::new()).expect("request")).await.expect("response");
+    let status = resp.status();
+    let h = resp.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned())).collect();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, h, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_cache_serves_hot_keys_as_an_http_cache_must_and_coalesces_misses() {
+    let bs = backends(3).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let hot = "[pool.hot_keys]\nthreshold = 5\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\n[pool.hot_keys.cache]\nmax_bytes = 100000";
+    let gw = start_gateway(&config_text(&refs, hot, "")).await;
+    let base = format!("http://{}/thumb?k=hot", gw.addr);
+    let served = || bs.iter().map(|b| b.served.load(SeqCst)).sum::<u64>();
+    // Not hot yet: a cacheable response is not stored.
+    let (_, h, _) = get(&client(), &format!("{base}&cc=1&v=0")).await;
+    assert!(!h.contains_key("x-keyroute-cache"), "{h:?}");
+    let c = client();
+    let until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < until {
+        get(&c, &base).await;
+    }
+    eventually(Duration::from_secs(3), "the key is hot", || async { !hot_keys(&gw).await.is_empty() }).await;
+
+    // 40 concurrent misses of one URL: one upstream request.
+    for b in &bs {
+        b.delay_ms.store(300, SeqCst);
+    }
+    let before = served();
+    let mut set = JoinSet::new();
+    for _ in 0..40 {
+        let url = format!("{base}&cc=1&v=1");
+        set.spawn(async move { get(&client(), &url).await });
+    }
+    let mut how: HashMap<String, usize> = HashMap::new();
+    let mut bodies = std::collections::HashSet::new();
+    while let Some(r) = set.join_next().await {
+        let (s, h, body) = r.expect("task");
+        assert_eq!(s, http::StatusCode::OK);
+        *how.entry(h.get("x-keyroute-cache").cloned().unwrap_or_default()).or_default() += 1;
+        bodies.insert(body);
+    }
+    assert_eq!(served() - before, 1, "coalesced into one upstream request: {how:?}");
+    assert_eq!(how.get("miss"), Some(&1), "{how:?}");
+    assert_eq!(bodies.len(), 1);
+    for b in &bs {
+        b.delay_ms.store(0, SeqCst);
+    }
+    // A hit, with its age.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, h, _) = get(&client(), &format!("{base}&cc=1&v=1")).await;
+    assert_eq!(h["x-keyroute-cache"], "hit");
+    assert!(h["age"].parse::<u64>().is_ok_and(|a| a >= 1), "{h:?}");
+    assert_eq!(served() - before, 1);
+
+    // Never stored: without freshness, with Set-Cookie, for a request with Authorization (the
+    // response is public, so RFC 9111 would allow it: a private one is not), or with no-store.
+    for (url, headers, why) in [
+        (format!("{base}&v=2"), vec![], "no freshness"),
+        (format!("{base}&cc=1&cookie=1&v=3"), vec![], "Set-Cookie"),
+        (format!("{base}&cc=1&v=4"), vec![("cache-control", "no-store")], "request no-store"),
+        (format!("{base}&cc=1&v=6"), vec![("authorization", "Bearer t")], "Authorization"),
+    ] {
+        let before = served();
+        for _ in 0..3 {
+            let (_, h, _) = get_with(&url, &headers).await;
+            assert_ne!(h.get("x-keyroute-cache").map(String::as_str), Some("hit"), "{why}");
+            assert!(!h.contains_key("set-cookie") || why == "Set-Cookie");
+        }
+        assert_eq!(served() - before, 3, "{why}: every request went upstream");
+    }
+    // Vary: one variant per Accept.
+    let before = served();
+    let url = format!("{base}&cc=1&vary=1&v=5");
+    let (_, _, webp) = get_with(&url, &[("accept", "image/webp")]).await;
+    let (_, _, png) = get_with(&url, &[("accept", "image/png")]).await;
+    let (_, h, again) = get_with(&url, &[("accept", "image/webp")]).await;
+    assert!(webp.ends_with("image/webp") && png.ends_with("image/png"), "{webp} {png}");
+    assert_eq!(again, webp);
+    assert_eq!(h["x-keyroute-cache"], "hit");
+    assert_eq!(served() - before, 2, "two variants, one upstream request each");
+    // A request that asks for no cached answer goes upstream.
+    let before = served();
+    let (_, h, _) = get_with(&format!("{base}&cc=1&v=1"), &[("cache-control", "no-cache")]).await;
+    assert_ne!(h.get("x-keyroute-cache").map(String::as_str), Some("hit"));
+    assert_eq!(served() - before, 1);
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    let metrics = metrics.as_str().unwrap_or("").to_owned();
+    assert!(metrics.contains("keyroute_pool_cache_coalesced_total{pool=\"p\"} 39"), "{metrics}");
+    gw.task.abort();
+}
+
+/// Sends each key once; the serving worker of each.
+async fn serve_all(gw: &Gw, keys: &[String]) -> HashMap<String, String> {
+    owners(&client(), gw, keys).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_sends_a_newcomers_keys_to_their_previous_owner_until_the_window_ends() {
+    let bs = backends(4).await;
+    let refs: Vec<&Backend> = bs[..3].iter().collect();
+    let gw = start_gateway(&config_text(&refs, "[pool.handoff]\nwindow_ms = 5000", "")).await;
+    let ks: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let before = serve_all(&gw, &ks).await;
+    let w4 = keyroute_gateway::WorkerConfig { name: "w4".into(), address: bs[3].addr, weight: 1, zone: None };
+    gw.handle.add_worker("p", w4).await.expect("added");
+    let mut owner = HashMap::new();
+    for k in &ks {
+        owner.insert(k.clone(), ranking(&gw, &format!("/thumb?k={k}")).await[0].clone());
+    }
+    let during = serve_all(&gw, &ks).await;
+    let moved: Vec<&String> = ks.iter().filter(|k| owner[*k] == "w4").collect();
+    assert!(moved.len() >= 25, "w4 owns about a quarter: {}", moved.len());
+    let mut to_old = 0;
+    for k in &ks {
+        if owner[k] != "w4" {
+            assert_eq!(during[k], before[k], "{k} did not move to w4 and must not move");
+        } else {
+            assert!(during[k] == before[k] || during[k] == "w4", "{k}: {} is neither", during[k]);
+            to_old += usize::from(during[k] == before[k]);
+        }
+    }
+    assert!(
+        to_old * 10 >= moved.len() * 7,
+        "early in the window most moved keys stay warm: {to_old} of {}",
+        moved.len()
+    );
+    tokio::time::sleep(Duration::from_millis(5200)).await;
+    let after = serve_all(&gw, &ks).await;
+    for k in &ks {
+        assert_eq!(after[k], owner[k], "{k}: after the window every key is on its owner");
+    }
+    gw.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_start_ramps_a_recovered_worker_back_in() {
+    let bs = backends(4).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let extra = "[pool.slow_start]\nwindow_ms = 6000\nmin_share = 0.0\n[pool.health]\npath = \"/healthz\"\ninterval_ms = 30\ntimeout_ms = 200\nrise = 1\nfall = 1";
+    let gw = start_gateway(&config_text(&refs, extra, "")).await;
+    let ks: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let before = serve_all(&gw, &ks).await;
+    let victim = before["k0"].clone();
+    let idx = bs.iter().position(|b| b.name == victim).expect("victim");
+    bs[idx].healthy.store(false, SeqCst);
+    eventually(Duration::from_secs(5), "unhealthy", || async {
+        worker_info(&gw, &victim).await["state"] == "unhealthy"
+    })
+    .await;
+    let down = serve_all(&gw, &ks).await;
+    bs[idx].healthy.store(true, SeqCst);
+    eventually(Duration::from_secs(5), "healthy", || async { worker_info(&gw, &victim).await["state"] == "healthy" })
+        .await;
+    let back = serve_all(&gw, &ks).await;
+    let mine: Vec<&String> = ks.iter().filter(|k| before[*k] == victim).collect();
+    let mut held = 0;
+    for k in &ks {
+        if before[k] != victim {
+            assert_eq!(back[k], before[k], "{k} was not the victim's");
+        } else {
+            // Either back on its owner, or still where it went during the outage.
+            assert!(back[k] == victim || back[k] == down[k], "{k}");
+            held += usize::from(back[k] == down[k]);
+        }
+    }
+    assert!(held * 10 >= mine.len() * 7, "just after recovery most of its keys stay away: {held} of {}", mine.len());
+    let info = worker_info(&gw, &victim).await;
+    assert!(info["warm_up"].as_f64().is_some_and(|p| p < 0.5), "{info}");
+    tokio::time::sleep(Duration::from_millis(6200)).await;
+    assert_eq!(serve_all(&gw, &ks).await, before, "after the window every key is back");
+    gw.task.abort();
+}
