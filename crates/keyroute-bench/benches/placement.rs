@@ -294,6 +294,7 @@ fn hot(c: &mut Criterion) {
         per_replica: 100.0,
         max_replicas: 4,
         hold: Duration::from_secs(5),
+        confidence: 2.0,
     })
     .expect("valid");
     let set = rule.tick(Duration::from_secs(1), &window);

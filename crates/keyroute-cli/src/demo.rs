@@ -2,9 +2,21 @@
 //!
 //! It generates source images, starts eight thumbnail workers and the gateway in this process on
 //! loopback ports, and drives a Zipf workload (open loop, bounded in time) through each strategy in
-//! turn, each starting with cold caches, in five scenarios: steady, scale-out (8 -> 9 mid-run), one
-//! slow worker, one hot image, one worker killed mid-run. Then it prints one table and writes an
-//! HTML report with charts.
+//! turn, each starting with cold caches, in the scenarios: steady, scale-out (8 -> 9 mid-run), one
+//! slow worker, one hot image, one worker killed mid-run; then the two problems consistent hashing
+//! leaves open, each with keyroute's answer:
+//!
+//! - `hot-image`: each worker has a fixed capacity (four requests at a time, 40 ms each, hits
+//!   included: 100 a second), and one image takes 60% of 240 requests a second, more than one
+//!   worker can serve even from its cache. Plain hashing overloads its owner; bounded loads spills
+//!   it wherever there is room; `rendezvous+replicas` (hot-key replication) serves it from the
+//!   least loaded of its top replicas. `hot-baseline` is the same run without the hot image.
+//! - `double-fleet`: four warm workers become eight (a busy week), at 15 requests a second, and
+//!   the 10 s after the join are measured: `rendezvous` sends half the keys to cold newcomers at
+//!   once, `rendezvous+handoff` keeps them on their warm previous owners and lets them move over
+//!   a minute.
+//!
+//! Then it prints one table and writes an HTML report with charts.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,7 +44,10 @@ use crate::Usage;
 use crate::cli::DemoArgs;
 
 /// The scenarios, in order.
-pub const SCENARIOS: [&str; 5] = ["steady", "scale-out", "slow-worker", "hot-image", "killed-worker"];
+pub const SCENARIOS: [&str; 7] =
+    ["steady", "scale-out", "slow-worker", "hot-image", "hot-baseline", "killed-worker", "double-fleet"];
+/// The variants a strategy may carry in the demo: hot-key replication, previous-owner handoff.
+pub const VARIANTS: [&str; 2] = ["replicas", "handoff"];
 /// The strategies compared by default.
 pub const STRATEGIES: [&str; 7] =
     ["round-robin", "modulo", "ring", "rendezvous", "bounded-rendezvous", "p2c", "affinity"];
@@ -45,6 +60,38 @@ const SIZES: [(u32, u32); 4] = [(96, 72), (160, 120), (240, 180), (320, 240)];
 const CACHE_BYTES: u64 = 400_000;
 const SLOWDOWN: f64 = 6.0;
 const HOT_SHARE: f64 = 0.4;
+/// The hot-image scenarios: the hot image's share, the rate, and each worker's capacity (four
+/// slots, 40 ms a request: 100 a second). The hot image alone wants 144 a second: two workers, at
+/// least.
+const CAPACITY_HOT_SHARE: f64 = 0.6;
+const CAPACITY_RATE: f64 = 240.0;
+const CAPACITY_SLOTS: usize = 4;
+const CAPACITY_COST_MS: u64 = 40;
+/// Hot-key replication in the demo: each replica should carry at most 50 a second (half a
+/// worker), so the hot image gets ceil(144 / 50) = 3.
+const PER_REPLICA: f64 = 50.0;
+/// The double-fleet scenario: its rate and measured seconds after the join.
+const DOUBLE_RATE: f64 = 15.0;
+const DOUBLE_SECONDS: f64 = 10.0;
+
+/// A case: a scenario, a strategy and its variants (`rendezvous+replicas`).
+#[derive(Clone, Debug)]
+pub struct Case {
+    scenario: String,
+    strategy: Strategy,
+    variants: Vec<String>,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        let mut l = self.strategy.name().to_owned();
+        for v in &self.variants {
+            l.push('+');
+            l.push_str(v);
+        }
+        l
+    }
+}
 
 /// One scenario under one strategy.
 #[derive(Clone, Debug, Serialize)]
@@ -75,6 +122,10 @@ pub struct CaseReport {
     pub keys_remapped: Option<f64>,
     /// Requests served by their key's owner (strategies that place by key).
     pub owner_share: Option<f64>,
+    /// Workers that served at least 5% of the hot image's requests (hot-image scenarios).
+    pub hot_workers: Option<usize>,
+    /// The most replicas `/hotkeys` showed for the hot image (with `+replicas`).
+    pub hot_replicas: Option<usize>,
     /// Requests per worker per half second, for the chart.
     #[serde(skip)]
     timeline: Vec<(String, Vec<u32>)>,
@@ -96,20 +147,27 @@ struct Sample {
     status: u16,
     hit: Option<bool>,
     worker: Option<String>,
+    /// A request for the hot image.
+    hot: bool,
 }
 
 pub fn run(args: &DemoArgs) -> Result<()> {
-    let strategies: Vec<Strategy> = if args.strategies.is_empty() {
-        STRATEGIES
-            .iter()
-            .map(|s| s.parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e: keyroute::Error| Usage(e.to_string()))?
+    let parse = |spec: &str| -> Result<(Strategy, Vec<String>), Usage> {
+        let mut parts = spec.split('+');
+        let s = parts.next().unwrap_or("").parse::<Strategy>().map_err(|e| Usage(format!("--strategies: {e}")))?;
+        let variants: Vec<String> = parts.map(str::to_owned).collect();
+        if let Some(bad) = variants.iter().find(|v| !VARIANTS.contains(&v.as_str())) {
+            return Err(Usage(format!("--strategies: unknown variant '+{bad}' (valid: +replicas, +handoff)")));
+        }
+        if !variants.is_empty() && !s.uses_key() {
+            return Err(Usage(format!("--strategies: '{spec}': variants need a strategy that places by key")));
+        }
+        Ok((s, variants))
+    };
+    let chosen: Option<Vec<(Strategy, Vec<String>)>> = if args.strategies.is_empty() {
+        None
     } else {
-        args.strategies
-            .iter()
-            .map(|s| s.parse::<Strategy>().map_err(|e| Usage(format!("--strategies: {e}"))))
-            .collect::<Result<_, _>>()?
+        Some(args.strategies.iter().map(|s| parse(s)).collect::<Result<_, _>>()?)
     };
     let scenarios: Vec<String> = if args.scenarios.is_empty() {
         if args.quick {
@@ -128,14 +186,26 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     if !(seconds > 0.0 && seconds <= 600.0 && rate > 0.0 && rate <= 10_000.0) {
         return Err(Usage("--seconds must be in (0, 600] and --rate in (0, 10000]".into()).into());
     }
-    let mut cases: Vec<(String, Strategy)> = Vec::new();
+    let mut cases: Vec<Case> = Vec::new();
     for sc in &scenarios {
-        for &st in &strategies {
+        // Each scenario's default strategies: the document's seven, and keyroute's answers where
+        // they apply.
+        let defaults: Vec<&str> = match sc.as_str() {
+            "hot-image" => STRATEGIES.iter().copied().chain(["rendezvous+replicas"]).collect(),
+            "hot-baseline" => vec!["rendezvous+replicas"],
+            "double-fleet" => vec!["rendezvous", "rendezvous+handoff"],
+            _ => STRATEGIES.to_vec(),
+        };
+        let list = match &chosen {
+            Some(l) => l.clone(),
+            None => defaults.into_iter().map(parse).collect::<Result<_, _>>()?,
+        };
+        for (st, variants) in list {
             // Quick mode checks the killed worker with one hashing and one load-aware strategy.
             if args.quick && sc == "killed-worker" && !matches!(st, Strategy::Rendezvous | Strategy::P2c) {
                 continue;
             }
-            cases.push((sc.clone(), st));
+            cases.push(Case { scenario: sc.clone(), strategy: st, variants });
         }
     }
     let dir = std::env::temp_dir().join(format!("keyroute-demo-{}", std::process::id()));
@@ -148,7 +218,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     result
 }
 
-fn run_all(args: &DemoArgs, dir: &Path, cases: &[(String, Strategy)], seconds: f64, rate: f64) -> Result<()> {
+fn run_all(args: &DemoArgs, dir: &Path, cases: &[Case], seconds: f64, rate: f64) -> Result<()> {
     let images_dir = dir.join("images");
     eprintln!("generating {IMAGES} source images (1024x768) in {} ...", images_dir.display());
     let images = keyroute_worker::generate_images(&images_dir, IMAGES, 1024, 768, 7).context("generating images")?;
@@ -162,10 +232,10 @@ fn run_all(args: &DemoArgs, dir: &Path, cases: &[(String, Strategy)], seconds: f
             .progress_chars("=> "),
     );
     let mut reports = Vec::new();
-    for (i, (scenario, strategy)) in cases.iter().enumerate() {
-        bar.set_message(format!("{scenario} / {strategy}"));
+    for (i, case) in cases.iter().enumerate() {
+        bar.set_message(format!("{} / {}", case.scenario, case.label()));
         let case_dir = dir.join(format!("case-{i}"));
-        let report = rt.block_on(run_case(&images_dir, &case_dir, &keys, scenario, *strategy, seconds, rate))?;
+        let report = rt.block_on(run_case(&images_dir, &case_dir, &keys, case, seconds, rate))?;
         let _ = std::fs::remove_dir_all(&case_dir);
         reports.push(report);
         bar.inc(1);
@@ -190,21 +260,35 @@ const LEGEND: &str = "Each row: one scenario under one strategy, starting with c
 second (open loop, so an overloaded fleet shows as latency, not as fewer requests sent); p50/p99: latency seen by the \
 client; hit: share of thumbnails served from a worker's disk cache; max/mean: the busiest worker's requests over the \
 mean; errors: responses other than 200 (a killed worker's failed GETs count here); remap: keys whose owner changed when \
-the ninth worker joined; owner: requests served by their key's owner.";
+the ninth worker joined; owner: requests served by their key's owner; hot wk: workers that served at least 5% of the \
+hot image's requests; repl: the replicas hot-key replication gave it. hot-image and hot-baseline give each worker a \
+fixed capacity (four requests at a time, 40 ms each, hits included: 100/s) at 240 requests/s; double-fleet measures the 10 s \
+after four warm workers become eight, at 15 requests/s, with caches warmed first.";
 
 fn table(reports: &[CaseReport]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<14} {:<19} {:>7} {:>8} {:>8} {:>6} {:>8} {:>6} {:>6} {:>6}",
-        "scenario", "strategy", "req/s", "p50 ms", "p99 ms", "hit", "max/mean", "errors", "remap", "owner"
+        "{:<14} {:<20} {:>7} {:>8} {:>8} {:>6} {:>8} {:>6} {:>6} {:>6} {:>6} {:>4}",
+        "scenario",
+        "strategy",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "hit",
+        "max/mean",
+        "errors",
+        "remap",
+        "owner",
+        "hot wk",
+        "repl"
     );
     let pct = |x: f64| format!("{:.0}%", x * 100.0);
     for r in reports {
         let _ = writeln!(
             out,
-            "{:<14} {:<19} {:>7.1} {:>8.1} {:>8.1} {:>6} {:>8.2} {:>6} {:>6} {:>6}",
+            "{:<14} {:<20} {:>7.1} {:>8.1} {:>8.1} {:>6} {:>8.2} {:>6} {:>6} {:>6} {:>6} {:>4}",
             r.scenario,
             r.strategy,
             r.throughput,
@@ -215,12 +299,14 @@ fn table(reports: &[CaseReport]) -> String {
             r.errors,
             r.keys_remapped.map_or("-".into(), pct),
             r.owner_share.map_or("-".into(), pct),
+            r.hot_workers.map_or("-".into(), |n| n.to_string()),
+            r.hot_replicas.map_or("-".into(), |n| n.to_string()),
         );
     }
     out
 }
 
-fn gateway_config(strategy: Strategy, workers: &[RunningWorker]) -> String {
+fn gateway_config(strategy: Strategy, variants: &[String], workers: &[RunningWorker], count: usize) -> String {
     let mut text = format!(
         r#"shutdown_grace_ms = 2000
 [admin]
@@ -249,19 +335,36 @@ deadline_ms = 30000
 "#,
         strategy.name()
     );
-    for w in workers.iter().take(WORKERS) {
+    if variants.iter().any(|v| v == "replicas") {
+        text.push_str(&format!(
+            "[pool.hot_keys]\nthreshold = {PER_REPLICA}\nper_worker = {PER_REPLICA}\nmax_replicas = 8\nwindow_ms = 500\nhold_ms = 5000\nsample_every = 1\n"
+        ));
+    }
+    if variants.iter().any(|v| v == "handoff") {
+        text.push_str("[pool.handoff]\nwindow_ms = 60000\n");
+    }
+    for w in workers.iter().take(count) {
         text.push_str(&format!("[[pool.worker]]\nname = \"{}\"\naddress = \"{}\"\n", w.name, w.addr));
     }
     text
 }
 
-async fn start_worker(images: &Path, cache: PathBuf, name: String, slowdown: f64) -> Result<RunningWorker> {
+async fn start_worker(
+    images: &Path,
+    cache: PathBuf,
+    name: String,
+    slowdown: f64,
+    capacity: Option<(usize, u64)>,
+) -> Result<RunningWorker> {
+    let (slots, cost_ms) = capacity.unwrap_or((0, 0));
     let config = WorkerConfig {
         name: name.clone(),
         images: images.to_path_buf(),
         cache_dir: cache,
         cache_bytes: CACHE_BYTES,
         slowdown,
+        slots,
+        cost_ms,
         ..WorkerConfig::default()
     };
     let worker = Worker::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config).await.context("starting a worker")?;
@@ -281,23 +384,39 @@ async fn start_worker(images: &Path, cache: PathBuf, name: String, slowdown: f64
     Ok(RunningWorker { name, addr, task, stop })
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_case(
     images: &Path,
     dir: &Path,
     keys: &[String],
-    scenario: &str,
-    strategy: Strategy,
+    case: &Case,
     seconds: f64,
     rate: f64,
 ) -> Result<CaseReport> {
-    let count = if scenario == "scale-out" { WORKERS + 1 } else { WORKERS };
+    let scenario = case.scenario.as_str();
+    let capacity = matches!(scenario, "hot-image" | "hot-baseline").then_some((CAPACITY_SLOTS, CAPACITY_COST_MS));
+    let (rate, seconds) = match scenario {
+        "hot-image" | "hot-baseline" => (CAPACITY_RATE, seconds),
+        "double-fleet" => (DOUBLE_RATE, DOUBLE_SECONDS),
+        _ => (rate, seconds),
+    };
+    let hot_share = match scenario {
+        "hot-image" => CAPACITY_HOT_SHARE,
+        "hot-baseline" => 0.0,
+        _ => HOT_SHARE,
+    };
+    let (started, serving) = match scenario {
+        "scale-out" => (WORKERS + 1, WORKERS),
+        "double-fleet" => (WORKERS, WORKERS / 2),
+        _ => (WORKERS, WORKERS),
+    };
     let mut workers = Vec::new();
-    for i in 0..count {
+    for i in 0..started {
         let slow = if scenario == "slow-worker" && i == 0 { SLOWDOWN } else { 1.0 };
-        workers.push(start_worker(images, dir.join(format!("w{}", i + 1)), format!("w{}", i + 1), slow).await?);
+        let name = format!("w{}", i + 1);
+        workers.push(start_worker(images, dir.join(&name), name, slow, capacity).await?);
     }
-    let config = Config::parse(&gateway_config(strategy, &workers), "demo.toml").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let text = gateway_config(case.strategy, &case.variants, &workers, serving);
+    let config = Config::parse(&text, "demo.toml").map_err(|e| anyhow::anyhow!("{e}"))?;
     let gateway = Gateway::bind(config).await.context("starting the gateway")?;
     let front = gateway.local_addrs()[0];
     let handle = gateway.handle();
@@ -307,20 +426,37 @@ async fn run_case(
 
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
+    let owners = |h: &keyroute_gateway::GatewayHandle| -> Result<Vec<Option<String>>> {
+        keys.iter().map(|k| h.owner("thumbs", k).context("the demo pool")).collect()
+    };
+    let mut keys_remapped = None;
+    if scenario == "double-fleet" {
+        // Warm every key's owner first (not measured), then double the fleet.
+        for k in keys {
+            let url: hyper::Uri = format!("http://{front}{k}").parse().context("url")?;
+            let resp = client.get(url).await.context("warming the caches")?;
+            let _ = resp.into_body().collect().await;
+        }
+        let before = owners(&handle)?;
+        for w in &workers[serving..] {
+            let w = keyroute_gateway::WorkerConfig { name: w.name.clone(), address: w.addr, weight: 1, zone: None };
+            handle.add_worker("thumbs", w).await.context("adding a worker")?;
+        }
+        let after = owners(&handle)?;
+        let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+        keys_remapped = Some(moved as f64 / keys.len().max(1) as f64);
+    }
     let zipf = Zipf::new(keys.len(), 1.0);
     let mut rng = SplitMix64::new(42);
     let total = (seconds * rate).round() as u64;
     let gap = Duration::from_secs_f64(1.0 / rate);
     let start = Instant::now();
     let mut tasks: JoinSet<Sample> = JoinSet::new();
-    let mut keys_remapped = None;
     let mut killed = false;
+    let mut hot_replicas: Option<usize> = None;
     for n in 0..total {
         let progress = n as f64 / total as f64;
         if scenario == "scale-out" && keys_remapped.is_none() && progress >= 0.5 {
-            let owners = |h: &keyroute_gateway::GatewayHandle| -> Result<Vec<Option<String>>> {
-                keys.iter().map(|k| h.owner("thumbs", k).context("the demo pool")).collect()
-            };
             let before = owners(&handle)?;
             let w9 = &workers[WORKERS];
             let w9 = keyroute_gateway::WorkerConfig { name: w9.name.clone(), address: w9.addr, weight: 1, zone: None };
@@ -334,11 +470,17 @@ async fn run_case(
             workers[2].task.abort();
             killed = true;
         }
-        let key = if scenario == "hot-image" && rng.unit_open() < HOT_SHARE {
-            &keys[0]
-        } else {
-            &keys[zipf.sample(&mut rng)]
-        };
+        if case.variants.iter().any(|v| v == "replicas") && n % 16 == 0 {
+            let r = handle
+                .hot_keys("thumbs")
+                .ok()
+                .and_then(|ks| ks.iter().find(|k| k.key.as_deref() == Some(keys[0].as_str())).map(|k| k.replicas));
+            if let Some(r) = r {
+                hot_replicas = Some(hot_replicas.map_or(r, |m| m.max(r)));
+            }
+        }
+        let hot = hot_share > 0.0 && scenario.starts_with("hot") && rng.unit_open() < hot_share;
+        let key = if hot { &keys[0] } else { &keys[zipf.sample(&mut rng)] };
         let url: hyper::Uri = format!("http://{front}{key}").parse().context("url")?;
         let client = client.clone();
         tasks.spawn(async move {
@@ -351,9 +493,9 @@ async fn run_case(
                     let hit = header("x-cache").map(|c| c == "hit");
                     let worker = header("x-keyroute-worker");
                     let body_ok = resp.into_body().collect().await.is_ok();
-                    Sample { at, latency: sent.elapsed(), status: if body_ok { status } else { 0 }, hit, worker }
+                    Sample { at, latency: sent.elapsed(), status: if body_ok { status } else { 0 }, hit, worker, hot }
                 }
-                _ => Sample { at, latency: sent.elapsed(), status: 0, hit: None, worker: None },
+                _ => Sample { at, latency: sent.elapsed(), status: 0, hit: None, worker: None, hot },
             }
         });
         // Open loop: the next request leaves on schedule whatever happened to this one.
@@ -368,8 +510,14 @@ async fn run_case(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let placed = handle.placements("thumbs").context("the demo pool")?;
-    let owner_share = strategy.uses_key().then(|| {
-        let all = placed.owner + placed.unavailable + placed.overloaded + placed.retry + placed.unkeyed;
+    let owner_share = case.strategy.uses_key().then(|| {
+        let all = placed.owner
+            + placed.unavailable
+            + placed.overloaded
+            + placed.retry
+            + placed.unkeyed
+            + placed.replica
+            + placed.warming;
         if all == 0 { 0.0 } else { placed.owner as f64 / all as f64 }
     });
     handle.shutdown();
@@ -380,12 +528,13 @@ async fn run_case(
     for w in workers {
         let _ = tokio::time::timeout(Duration::from_secs(5), w.task).await;
     }
-    Ok(summarise(scenario, strategy, &samples, elapsed, keys_remapped, owner_share))
+    let mut report = summarise(case, &samples, elapsed, keys_remapped, owner_share);
+    report.hot_replicas = hot_replicas;
+    Ok(report)
 }
 
 fn summarise(
-    scenario: &str,
-    strategy: Strategy,
+    case: &Case,
     samples: &[Sample],
     elapsed: f64,
     keys_remapped: Option<f64>,
@@ -424,8 +573,8 @@ fn summarise(
     let errors = samples.len() as u64 - ok;
     let s = hist.summary();
     CaseReport {
-        scenario: scenario.to_owned(),
-        strategy: strategy.name().to_owned(),
+        scenario: case.scenario.clone(),
+        strategy: case.label(),
         requests: samples.len() as u64,
         ok,
         errors,
@@ -437,6 +586,17 @@ fn summarise(
         per_worker,
         keys_remapped,
         owner_share,
+        hot_workers: case.scenario.starts_with("hot-image").then(|| {
+            let hot: Vec<&Sample> = samples.iter().filter(|s| s.hot).collect();
+            let mut by: HashMap<&str, usize> = HashMap::new();
+            for s in &hot {
+                if let Some(w) = &s.worker {
+                    *by.entry(w.as_str()).or_default() += 1;
+                }
+            }
+            by.values().filter(|&&n| n * 20 >= hot.len()).count()
+        }),
+        hot_replicas: None,
         timeline: names.into_iter().zip(timeline).filter(|(_, t)| t.iter().any(|&c| c > 0)).collect(),
         cdf: hist.cdf_points(100),
     }

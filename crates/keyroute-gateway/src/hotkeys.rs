@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use keyroute::hot::{Counted, HotKeys, HotSet, SpaceSaving, Window};
+use keyroute::hot::{HotKeys, HotSet, SpaceSaving, Window};
 use tokio::time::Instant;
 
 use crate::cache::{CacheConfig, HttpCache};
@@ -129,17 +129,9 @@ impl HotKeysState {
             }
             *start = now;
         }
-        let s = u64::from(self.config.sample_every);
         let window = {
             let mut summary = self.summary.lock().unwrap_or_else(|e| e.into_inner());
-            let w = Window {
-                requests: summary.total() * s,
-                items: summary
-                    .top()
-                    .into_iter()
-                    .map(|c| Counted { hash: c.hash, count: c.count * s, error: c.error * s })
-                    .collect(),
-            };
+            let w = Window::of(&summary, self.config.sample_every);
             summary.clear();
             w
         };

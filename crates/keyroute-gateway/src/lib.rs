@@ -96,7 +96,7 @@ pub use config::{Config, ConfigError, WorkerConfig};
 pub use error::{GatewayError, ReloadError};
 pub use pool::{Member, MembershipError};
 pub use proxy::ProxyService;
-pub use server::{Gateway, GatewayHandle, Membership, Placements};
+pub use server::{Gateway, GatewayHandle, HotKeyInfo, Membership, Placements};
 
 /// Entry points for the fuzz targets (`fuzz/`). Not part of the public API.
 #[doc(hidden)]

@@ -491,6 +491,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
         per_replica: h.per_replica,
         max_replicas: h.max_replicas,
         hold: Duration::from_secs_f64(h.hold_ms / 1e3),
+        confidence: 2.0,
     });
     let mut gateways: Vec<Gateway> = (0..config.gateways)
         .map(|g| -> Result<Gateway, SimError> {

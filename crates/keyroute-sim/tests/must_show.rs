@@ -141,3 +141,66 @@ fn hot_keys_overload_one_owner_bounded_loads_cap_it_and_affinity_splits_it() {
     assert_eq!(affinity.hot_key_workers, 2);
     assert!(affinity.max_over_mean_load < hrw.max_over_mean_load / 2.0);
 }
+
+fn run_variant(name: &str, strategy: Strategy, variants: &[&str], requests: u64) -> FleetReport {
+    let mut c = scenario::scenario(name, strategy).expect("known scenario");
+    c.requests = requests;
+    for v in variants {
+        assert!(scenario::apply_variant(&mut c, v), "{v}");
+    }
+    c.validate().expect("valid");
+    fleet::run(&c, &mut |_| {}).expect("runs")
+}
+
+/// Issue 11: replication spreads the hot key over no more workers than its rate needs, keeps
+/// rendezvous's hit rate (bounded loads gives some up), and ends the overload; the gateway cache
+/// takes most of the hot key's requests off the workers.
+#[test]
+fn replication_spreads_a_hot_key_over_its_top_owners_at_rendezvous_hit_rate() {
+    let requests = 150_000;
+    let hrw = run("hot-key", Strategy::Rendezvous, requests);
+    let bounded = run("hot-key", Strategy::BoundedRendezvous, requests);
+    let repl = run_variant("hot-key", Strategy::Rendezvous, &["replicas"], requests);
+    // The hot key: 2,550 req/s; each replica should carry under 1,000 (half of 4 slots / 2 ms).
+    assert_eq!(repl.replicas_max, 3, "ceil(2550 / 1000)");
+    assert!(repl.hot_key_workers <= 3, "{}", repl.hot_key_workers);
+    assert!(bounded.hot_key_workers > repl.hot_key_workers, "{} vs {}", bounded.hot_key_workers, repl.hot_key_workers);
+    assert!((repl.hit_rate - hrw.hit_rate).abs() < 0.03, "{} vs {}", repl.hit_rate, hrw.hit_rate);
+    assert!(repl.hit_rate > bounded.hit_rate, "{} vs bounded {}", repl.hit_rate, bounded.hit_rate);
+    assert!(repl.latency.p99_ms < hrw.latency.p99_ms / 10.0, "{} vs {}", repl.latency.p99_ms, hrw.latency.p99_ms);
+    assert_eq!(repl.errors, 0);
+    let cached = run_variant("hot-key", Strategy::Rendezvous, &["replicas", "cache"], requests);
+    assert!(cached.gateway_cache_hits as f64 > 0.5 * cached.completed as f64, "{}", cached.gateway_cache_hits);
+    assert!(
+        cached.hot_key_requests * 2 < repl.hot_key_requests,
+        "{} vs {}",
+        cached.hot_key_requests,
+        repl.hot_key_requests
+    );
+}
+
+/// A flash crowd: the key turns hot within its rise and gets replicas, and the overload of its
+/// owner is over (the queue stays a tenth of plain rendezvous's).
+#[test]
+fn a_flash_crowd_is_replicated_and_the_overload_ends() {
+    let requests = 150_000;
+    let hrw = run("flash-crowd", Strategy::Rendezvous, requests);
+    let repl = run_variant("flash-crowd", Strategy::Rendezvous, &["replicas"], requests);
+    assert!(repl.replicas_max >= 3, "{}", repl.replicas_max);
+    assert!(repl.max_queue * 10 < hrw.max_queue, "{} vs {}", repl.max_queue, hrw.max_queue);
+    assert!((repl.hit_rate - hrw.hit_rate).abs() < 0.03);
+}
+
+/// Scale-out with handoff and slow start: the newcomer warms from a trickle, so the hit rate in
+/// the 10 s after the join is higher than plain rendezvous's.
+#[test]
+fn handoff_and_slow_start_keep_the_hit_rate_up_after_a_join() {
+    let requests = 200_000;
+    let plain = run("scale-out", Strategy::Rendezvous, requests);
+    let handoff = run_variant("scale-out", Strategy::Rendezvous, &["handoff"], requests);
+    let slow = run_variant("scale-out", Strategy::Rendezvous, &["slow-start"], requests);
+    let after = |r: &FleetReport| r.hit_rate_10s_after_change.expect("a change");
+    assert!(after(&handoff) > after(&plain) + 0.02, "{} vs {}", after(&handoff), after(&plain));
+    assert!(after(&slow) > after(&plain) + 0.02, "{} vs {}", after(&slow), after(&plain));
+    assert_eq!(handoff.errors + slow.errors, 0);
+}

@@ -150,6 +150,14 @@ pub struct WorkerConfig {
     pub slowdown: f64,
     /// The JPEG quality, 1 to 100. Default [`DEFAULT_JPEG_QUALITY`].
     pub jpeg_quality: u8,
+    /// A fixed capacity, hits included: at most `slots` thumbnail requests are served at once,
+    /// each holding its slot for at least `cost_ms` (a cache hit included), so the worker serves
+    /// at most `slots * 1000 / cost_ms` thumbnails a second however warm its cache. Models a worker
+    /// whose per-request work (auth, logging, TLS, a database read) is not free. `slots = 0`
+    /// (the default) means no limit and no cost.
+    pub slots: usize,
+    /// See [`WorkerConfig::slots`]; at most 10,000.
+    pub cost_ms: u64,
 }
 
 impl Default for WorkerConfig {
@@ -162,6 +170,8 @@ impl Default for WorkerConfig {
             max_dimension: DEFAULT_MAX_DIMENSION,
             slowdown: 1.0,
             jpeg_quality: DEFAULT_JPEG_QUALITY,
+            slots: 0,
+            cost_ms: 0,
         }
     }
 }

@@ -55,6 +55,8 @@ struct State {
     stats: Arc<WorkerStats>,
     /// One permit per core: renders beyond that queue here instead of oversubscribing the CPU.
     compute: Semaphore,
+    /// The fixed capacity ([`WorkerConfig::slots`]), if any.
+    serve: Option<Semaphore>,
 }
 
 /// A worker that is bound to its address and has opened its cache, but does not serve yet.
@@ -112,7 +114,8 @@ impl Worker {
             cache_bytes = stats.cache_bytes.load(Ordering::Relaxed),
             "worker bound"
         );
-        let state = State { config, images, worker_header, cache, stats, compute: Semaphore::new(cores) };
+        let serve = (config.slots > 0).then(|| Semaphore::new(config.slots));
+        let state = State { config, images, worker_header, cache, stats, compute: Semaphore::new(cores), serve };
         Ok(Worker { listener, local_addr, state: Arc::new(state) })
     }
 
@@ -215,6 +218,9 @@ fn validate(config: &WorkerConfig) -> Result<HeaderValue, WorkerError> {
     }
     if !(1..=100).contains(&config.jpeg_quality) {
         return Err(invalid("jpeg_quality", "must be from 1 to 100"));
+    }
+    if config.slots > 10_000 || config.cost_ms > 10_000 {
+        return Err(invalid("slots", "slots and cost_ms must each be at most 10000"));
     }
     if !(1.0..=MAX_SLOWDOWN).contains(&config.slowdown) {
         return Err(invalid("slowdown", "must be a number from 1 to 1000"));
@@ -352,6 +358,15 @@ async fn thumbnail(state: &Arc<State>, raw_image: &str, req: &Parts) -> Result<R
     let format = Format::from_accept(&req.headers);
     let quality = state.config.jpeg_quality;
     let file = cache_file_name(&image, w, h, format, quality);
+    // A fixed capacity: the slot is held, and the cost paid, for the whole request.
+    let _slot = match &state.serve {
+        Some(s) => {
+            let permit = s.acquire().await.ok();
+            tokio::time::sleep(Duration::from_millis(state.config.cost_ms)).await;
+            permit
+        }
+        None => None,
+    };
 
     if let Some(path) = state.cache.lookup(&file) {
         match tokio::fs::read(&path).await {

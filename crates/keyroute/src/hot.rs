@@ -221,14 +221,8 @@ impl HotKeyDetector {
     /// Ends the window: the requests seen, the summary's items (counts scaled back to requests), and
     /// a fresh start.
     pub fn take_window(&mut self) -> Window {
-        let s = u64::from(self.sample_every);
-        let items = self
-            .summary
-            .top()
-            .into_iter()
-            .map(|c| Counted { hash: c.hash, count: c.count * s, error: c.error * s })
-            .collect();
-        let w = Window { requests: self.seen, items };
+        let mut w = Window::of(&self.summary, self.sample_every);
+        w.requests = self.seen;
         self.summary.clear();
         self.seen = 0;
         w
@@ -243,9 +237,31 @@ pub struct Window {
     pub requests: u64,
     /// The counted items (in requests, not samples).
     pub items: Vec<Counted>,
+    /// One request in this many was sampled (0 or 1: all): a count `c` is then known to within
+    /// `sqrt(c * sample_every)` (one standard deviation).
+    pub sample_every: u32,
 }
 
+/// The fewest sampled occurrences an item needs to be reported in a [`Window`]: below it, a
+/// sampled count is noise (one standard deviation is over a third of it), and a key of a few
+/// samples would look hot by chance when few requests are sampled.
+pub const MIN_SAMPLES: u64 = 8;
+
 impl Window {
+    /// The window of a summary fed one request in `sample_every`: counts scaled back to requests
+    /// (`requests` is the summary's total times `sample_every`), items with fewer than
+    /// [`MIN_SAMPLES`] guaranteed samples left out.
+    pub fn of(summary: &SpaceSaving, sample_every: u32) -> Window {
+        let s = u64::from(sample_every.max(1));
+        let items = summary
+            .top()
+            .into_iter()
+            .filter(|c| c.guaranteed() >= MIN_SAMPLES)
+            .map(|c| Counted { hash: c.hash, count: c.count * s, error: c.error * s })
+            .collect();
+        Window { requests: summary.total() * s, items, sample_every: sample_every.max(1) }
+    }
+
     /// Adds another detector's window over the same period: counts and errors add (an item one
     /// summary does not hold may have had up to that summary's smallest count there, which is
     /// added to its error).
@@ -292,6 +308,11 @@ pub struct HotKeyConfig {
     /// The least time between two changes of a key's replica count, and the least time a key stays
     /// hot.
     pub hold: Duration,
+    /// How sure a key must be to enter or to grow, in standard deviations of its count (Poisson
+    /// noise, and sampling): a key enters when `c - z sqrt(c s)` (count `c`, one in `s` sampled)
+    /// says so, not on a lucky window. 0 decides on the count itself; 2 (about 98% one-sided) is
+    /// what the gateway uses. Shrinking and leaving use the smoothed estimate.
+    pub confidence: f64,
 }
 
 impl HotKeyConfig {
@@ -312,6 +333,9 @@ impl HotKeyConfig {
         }
         if !(self.per_replica.is_finite() && self.per_replica > 0.0) {
             return Err(Error::invalid_parameter("per_replica must be > 0"));
+        }
+        if !(self.confidence.is_finite() && self.confidence >= 0.0) {
+            return Err(Error::invalid_parameter("confidence must be >= 0"));
         }
         if self.max_replicas == 0 || self.max_replicas > 255 {
             return Err(Error::invalid_parameter("max_replicas must be in 1..=255"));
@@ -425,20 +449,27 @@ impl HotKeys {
             Threshold::Rate(r) => r,
             Threshold::Share(s) => s * window.requests as f64 / elapsed,
         };
-        let rate_of = |hash: u64| -> f64 {
-            window.items.iter().find(|c| c.hash == hash).map_or(0.0, |c| c.guaranteed() as f64 / elapsed)
+        let s = f64::from(window.sample_every.max(1));
+        let z = self.config.confidence;
+        // (estimate, lower confidence bound), requests per second.
+        let rates = |c: &Counted| -> (f64, f64) {
+            let g = c.guaranteed() as f64;
+            (g / elapsed, (g - z * (g * s).sqrt()).max(0.0) / elapsed)
         };
+        let rate_of =
+            |hash: u64| -> (f64, f64) { window.items.iter().find(|c| c.hash == hash).map_or((0.0, 0.0), rates) };
         let held = |since: Duration| now.saturating_sub(since) >= self.config.hold;
         // Keys already hot: update, shrink or leave.
         let mut kept = Vec::with_capacity(self.keys.len());
         for mut k in std::mem::take(&mut self.keys) {
-            let measured = rate_of(k.hash);
+            let (measured, sure) = rate_of(k.hash);
             // Smoothed downwards, immediate upwards: a surge is served at once, a lull must last.
             k.rate = if measured >= k.rate { measured } else { 0.5 * (k.rate + measured) };
             if k.rate < threshold / 2.0 && held(k.since) && held(k.changed) {
                 continue;
             }
-            let need = self.needed(k.rate);
+            // Growing takes a rate the window is sure of: noise must not add replicas.
+            let need = self.needed(sure.min(k.rate));
             if need > k.replicas {
                 k.replicas = need;
                 k.changed = now;
@@ -454,11 +485,11 @@ impl HotKeys {
         }
         // New hot keys.
         for c in &window.items {
-            let rate = c.guaranteed() as f64 / elapsed;
-            if rate < threshold || rate <= 0.0 || kept.iter().any(|k| k.hash == c.hash) {
+            let (rate, sure) = rates(c);
+            if sure < threshold || sure <= 0.0 || kept.iter().any(|k| k.hash == c.hash) {
                 continue;
             }
-            kept.push(HotKey { hash: c.hash, rate, replicas: self.needed(rate), since: now, changed: now });
+            kept.push(HotKey { hash: c.hash, rate, replicas: self.needed(sure), since: now, changed: now });
         }
         kept.sort_by(|a, b| b.rate.total_cmp(&a.rate).then(a.hash.cmp(&b.hash)));
         self.keys = kept;
@@ -522,11 +553,16 @@ mod tests {
             per_replica: 100.0,
             max_replicas: 5,
             hold: Duration::from_secs(10),
+            confidence: 0.0,
         }
     }
 
     fn window(requests: u64, hot: &[(u64, u64)]) -> Window {
-        Window { requests, items: hot.iter().map(|&(hash, count)| Counted { hash, count, error: 0 }).collect() }
+        Window {
+            requests,
+            items: hot.iter().map(|&(hash, count)| Counted { hash, count, error: 0 }).collect(),
+            sample_every: 1,
+        }
     }
 
     #[test]

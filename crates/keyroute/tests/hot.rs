@@ -101,6 +101,7 @@ fn the_same_request_sequence_gives_the_same_hot_set_on_every_gateway() {
         per_replica: 500.0,
         max_replicas: 4,
         hold: Duration::from_secs(3),
+        confidence: 0.0,
     };
     let run = || {
         let mut rng = SplitMix64::new(99);
@@ -137,7 +138,7 @@ fn merged_windows_keep_the_bounds() {
         }
         *truth.entry(h).or_default() += 1;
     }
-    let to_window = |s: &SpaceSaving| Window { requests: s.total(), items: s.top() };
+    let to_window = |s: &SpaceSaving| Window { requests: s.total(), items: s.top(), sample_every: 1 };
     let mut w = to_window(&a);
     w.merge(&to_window(&b));
     assert_eq!(w.requests, 60_000);
@@ -148,7 +149,7 @@ fn merged_windows_keep_the_bounds() {
 }
 
 fn tick_at(rule: &mut HotKeys, sec: u64, rate: u64) -> usize {
-    let w = Window { requests: 10_000, items: vec![Counted { hash: 42, count: rate, error: 0 }] };
+    let w = Window { requests: 10_000, items: vec![Counted { hash: 42, count: rate, error: 0 }], sample_every: 1 };
     rule.tick(Duration::from_secs(sec), &w).replicas(42)
 }
 
@@ -159,6 +160,7 @@ fn replicas_follow_the_rate_with_hysteresis_and_a_hold_time() {
         per_replica: 100.0,
         max_replicas: 6,
         hold: Duration::from_secs(5),
+        confidence: 0.0,
     };
     let mut rule = HotKeys::try_new(cfg).expect("valid");
     let mut sec = 0;
@@ -212,6 +214,7 @@ fn a_key_just_under_the_exit_threshold_leaves_only_after_the_hold() {
         per_replica: 1_000.0,
         max_replicas: 4,
         hold: Duration::from_secs(10),
+        confidence: 0.0,
     };
     let mut rule = HotKeys::try_new(cfg).expect("valid");
     assert_eq!(tick_at(&mut rule, 1, 100), 1);
@@ -257,4 +260,53 @@ fn a_hot_key_is_served_only_by_its_top_replicas_for_every_strategy() {
             assert_eq!(Some(d.node), p.ranked(h).nth(r), "{s}");
         }
     }
+}
+
+#[test]
+fn confidence_keeps_lucky_windows_from_making_keys_hot_or_adding_replicas() {
+    // A key at a true 45 req/s against a threshold of 60, in windows of 0.5 s: Poisson counts of
+    // mean 22.5, one window in ten above 28 (56 req/s), about one in fifty above 31 (62 req/s).
+    use keyroute::hash::RandomSource;
+    let poisson = |rng: &mut SplitMix64, mean: f64| -> u64 {
+        // Knuth's method: fine for means this small.
+        let l = (-mean).exp();
+        let (mut k, mut p) = (0u64, 1.0);
+        loop {
+            p *= rng.unit_open();
+            if p <= l {
+                return k;
+            }
+            k += 1;
+        }
+    };
+    let run = |z: f64, mean: f64| -> (usize, usize) {
+        let cfg = HotKeyConfig {
+            threshold: Threshold::Rate(60.0),
+            per_replica: 60.0,
+            max_replicas: 8,
+            hold: Duration::from_secs(5),
+            confidence: z,
+        };
+        let mut rule = HotKeys::try_new(cfg).expect("valid");
+        let mut rng = SplitMix64::new(17);
+        let (mut hot_windows, mut max_r) = (0, 0);
+        for i in 1..=400u64 {
+            let c = poisson(&mut rng, mean);
+            let w = Window { requests: 10_000, items: vec![Counted { hash: 9, count: c, error: 0 }], sample_every: 1 };
+            let r = rule.tick(Duration::from_millis(500 * i), &w).replicas(9);
+            hot_windows += usize::from(r > 0);
+            max_r = max_r.max(r);
+        }
+        (hot_windows, max_r)
+    };
+    let (noisy, _) = run(0.0, 22.5);
+    let (sure, _) = run(2.0, 22.5);
+    assert!(noisy > 0, "without confidence a 45 req/s key turns hot on lucky windows");
+    assert_eq!(sure, 0, "with z = 2 it never does");
+    // A key at a true 144 req/s (72 per window) needs ceil(144 / 60) = 3; lucky windows would add a
+    // fourth without confidence, never with it.
+    let (_, noisy_r) = run(0.0, 72.0);
+    let (hot, sure_r) = run(2.0, 72.0);
+    assert!(noisy_r >= 4, "{noisy_r}");
+    assert!(hot > 390 && (2..=3).contains(&sure_r), "{hot} {sure_r}");
 }

@@ -381,6 +381,62 @@ weight = 2
         }
     }
 
+    /// GOOD with `section` inserted before the workers.
+    fn with_section(section: &str) -> String {
+        let at = GOOD.find("[[pool.worker]]").expect("workers");
+        format!("{}{section}\n{}", &GOOD[..at], &GOOD[at..])
+    }
+
+    #[test]
+    fn hot_keys_warm_up_and_the_cache_validate_and_name_their_errors() {
+        let text = with_section(
+            "[pool.hot_keys]\nthreshold = 200\nmax_replicas = 3\n[pool.hot_keys.cache]\nmax_bytes = 1000000\n[pool.slow_start]\nwindow_ms = 30000\n[pool.handoff]\nwindow_ms = 60000",
+        );
+        let c = Config::parse(&text, "k.toml").expect("valid");
+        let h = c.pools[0].hot_keys.as_ref().expect("hot keys");
+        assert_eq!(h.rule.threshold, keyroute::hot::Threshold::Rate(200.0));
+        assert_eq!((h.rule.per_replica, h.rule.max_replicas, h.sample_every), (200.0, 3, 16));
+        let cache = h.cache.as_ref().expect("cache");
+        assert_eq!(
+            (cache.max_bytes, cache.max_object_bytes, cache.cache_authorized),
+            (1_000_000, 1_000_000, false),
+            "an object may not exceed the cache"
+        );
+        assert_eq!(c.pools[0].slow_start.expect("slow start").ramp.min_share, 0.1);
+        assert_eq!(c.pools[0].handoff, Some(Duration::from_secs(60)));
+        // The section starts on line 10 of GOOD.
+        for (section, line, field, needle) in [
+            ("[pool.hot_keys]\nmax_replicas = 3", 6, "pool.thumbs.hot_keys.threshold", "threshold"),
+            ("[pool.hot_keys]\nthreshold = -1", 11, "pool.thumbs.hot_keys.threshold", "> 0"),
+            ("[pool.hot_keys]\nthreshold = 5\nthreshold_share = 0.1", 11, "pool.thumbs.hot_keys.threshold", "not both"),
+            ("[pool.hot_keys]\nthreshold_share = 1.5", 11, "pool.thumbs.hot_keys.threshold_share", "(0, 1]"),
+            ("[pool.hot_keys]\nthreshold_share = 0.1", 11, "pool.thumbs.hot_keys.per_worker", "per_worker"),
+            ("[pool.hot_keys]\nthreshold = 5\nmax_replicas = 0", 12, "pool.thumbs.hot_keys.max_replicas", "1..=255"),
+            ("[pool.hot_keys]\nthreshold = 5\nsample_every = 0", 12, "pool.thumbs.hot_keys.sample_every", "1..=1024"),
+            ("[pool.hot_keys]\nthreshold = 5\nwindow_ms = 10", 12, "pool.thumbs.hot_keys.window_ms", "100..=60000"),
+            ("[pool.hot_keys]\nthreshold = 5\nhot = 1", 12, "pool.hot_keys.hot", "unknown field"),
+            (
+                "[pool.hot_keys]\nthreshold = 5\n[pool.hot_keys.cache]\nmax_bytes = 10\nmax_object_bytes = 11",
+                14,
+                "pool.thumbs.hot_keys.cache.max_object_bytes",
+                "1..=10",
+            ),
+            ("[pool.slow_start]\nwindow_ms = 0", 11, "pool.thumbs.slow_start.window_ms", "1..=86400000"),
+            ("[pool.slow_start]\nwindow_ms = 10\nmin_share = 2", 12, "pool.thumbs.slow_start.min_share", "[0, 1]"),
+            ("[pool.slow_start]\nmin_share = 0.5", 10, "pool.slow_start.window_ms", "missing field `window_ms`"),
+            ("[pool.handoff]\nwindow_ms = 0", 11, "pool.thumbs.handoff.window_ms", "1..=86400000"),
+        ] {
+            let err = Config::parse(&with_section(section), "k.toml").expect_err("invalid");
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{section}: {err}");
+            assert!(err.message.contains(needle), "{section}: {err}");
+        }
+        // A strategy that ignores keys cannot have hot keys or warm-up.
+        let text =
+            with_section("[pool.handoff]\nwindow_ms = 5").replace("strategy = \"rendezvous\"", "strategy = \"p2c\"");
+        let err = Config::parse(&text, "k.toml").expect_err("p2c");
+        assert_eq!((err.line, err.field.as_str()), (Some(7), "pool.thumbs.handoff"), "{err}");
+    }
+
     /// GOOD with its workers replaced by an etcd source (`extra` appended to that section).
     fn etcd_pool(extra: &str) -> String {
         let head = &GOOD[..GOOD.find("[[pool.worker]]").expect("workers")];

@@ -110,6 +110,7 @@ pub(super) struct RawHotKeys {
     pub(super) window_ms: Option<Spanned<u64>>,
     pub(super) counters: Option<Spanned<u64>>,
     pub(super) sample_every: Option<Spanned<u64>>,
+    pub(super) confidence: Option<Spanned<f64>>,
     pub(super) cache: Option<RawCache>,
 }
 

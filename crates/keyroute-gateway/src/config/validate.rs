@@ -795,7 +795,14 @@ fn validate_hot_keys(
             })
         }
     };
-    let rule = HotKeyConfig { threshold, per_replica, max_replicas, hold: Duration::from_millis(hold) };
+    let confidence = match &h.confidence {
+        Some(v) if !(v.get_ref().is_finite() && (0.0..=10.0).contains(v.get_ref())) => {
+            return ctx.err(Some(v.span()), field("confidence"), "must be in [0, 10] (standard deviations)");
+        }
+        Some(v) => *v.get_ref(),
+        None => 2.0,
+    };
+    let rule = HotKeyConfig { threshold, per_replica, max_replicas, hold: Duration::from_millis(hold), confidence };
     if let Err(e) = rule.validate() {
         return ctx.err(Some(p.name.span()), field("threshold"), e.to_string());
     }
