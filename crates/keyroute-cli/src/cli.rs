@@ -106,6 +106,13 @@ pub struct WorkerArgs {
     /// Make every cache miss this many times slower (experiments).
     #[arg(long, default_value_t = 1.0)]
     pub slowdown: f64,
+    /// A fixed capacity (experiments): at most this many thumbnail requests at once, each holding
+    /// its slot for at least --cost-ms, cache hits included (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub slots: usize,
+    /// See --slots.
+    #[arg(long, default_value_t = 0)]
+    pub cost_ms: u64,
     /// First generate this many procedural source images into --images.
     #[arg(long)]
     pub generate: Option<usize>,

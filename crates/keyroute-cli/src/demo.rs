@@ -7,10 +7,12 @@
 //! leaves open, each with keyroute's answer:
 //!
 //! - `hot-image`: each worker has a fixed capacity (four requests at a time, 40 ms each, hits
-//!   included: 100 a second), and one image takes 60% of 240 requests a second, more than one
-//!   worker can serve even from its cache. Plain hashing overloads its owner; bounded loads spills
+//!   included: 100 a second); the usual traffic is 96 requests a second, and from 30% of the run
+//!   on one image goes viral: 144 requests a second more for it alone, more than one worker can
+//!   serve even from its cache. Plain hashing overloads its owner; bounded loads spills
 //!   it wherever there is room; `rendezvous+replicas` (hot-key replication) serves it from the
-//!   least loaded of its top replicas. `hot-baseline` is the same run without the hot image.
+//!   least loaded of its top replicas. `hot-baseline` is the same run without the hot image's
+//!   requests.
 //! - `double-fleet`: four warm workers become eight (a busy week), at 15 requests a second, and
 //!   the 10 s after the join are measured: `rendezvous` sends half the keys to cold newcomers at
 //!   once, `rendezvous+handoff` keeps them on their warm previous owners and lets them move over
@@ -31,7 +33,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use indicatif::{ProgressBar, ProgressStyle};
 use keyroute::Strategy;
-use keyroute::hash::{RandomSource, SplitMix64};
+use keyroute::hash::SplitMix64;
 use keyroute_gateway::{Config, Gateway};
 use keyroute_sim::report::{Section, page};
 use keyroute_sim::{Histogram, Zipf};
@@ -59,17 +61,19 @@ const SIZES: [(u32, u32); 4] = [(96, 72), (160, 120), (240, 180), (320, 240)];
 /// one worker, the fleet caches everything; with requests spread, each worker must cache it all.
 const CACHE_BYTES: u64 = 400_000;
 const SLOWDOWN: f64 = 6.0;
-const HOT_SHARE: f64 = 0.4;
-/// The hot-image scenarios: the hot image's share, the rate, and each worker's capacity (four
-/// slots, 40 ms a request: 100 a second). The hot image alone wants 144 a second: two workers, at
-/// least.
-const CAPACITY_HOT_SHARE: f64 = 0.6;
-const CAPACITY_RATE: f64 = 240.0;
+/// The hot-image scenarios: the usual traffic's rate, the hot image's rate on top of it from
+/// `HOT_FROM` of the run on, and each worker's capacity (four slots, 40 ms a request: 100 a
+/// second). The hot image alone wants 144 a second: two workers, at least.
+const USUAL_RATE: f64 = 96.0;
+const HOT_RATE: f64 = 144.0;
+const HOT_FROM: f64 = 0.3;
 const CAPACITY_SLOTS: usize = 4;
 const CAPACITY_COST_MS: u64 = 40;
 /// Hot-key replication in the demo: each replica should carry at most 50 a second (half a
 /// worker), so the hot image gets ceil(144 / 50) = 3.
 const PER_REPLICA: f64 = 50.0;
+/// The hot scenarios' default length.
+const HOT_SECONDS: f64 = 9.0;
 /// The double-fleet scenario: its rate and measured seconds after the join.
 const DOUBLE_RATE: f64 = 15.0;
 const DOUBLE_SECONDS: f64 = 10.0;
@@ -80,6 +84,8 @@ pub struct Case {
     scenario: String,
     strategy: Strategy,
     variants: Vec<String>,
+    /// Seconds of load.
+    seconds: f64,
 }
 
 impl Case {
@@ -126,6 +132,8 @@ pub struct CaseReport {
     pub hot_workers: Option<usize>,
     /// The most replicas `/hotkeys` showed for the hot image (with `+replicas`).
     pub hot_replicas: Option<usize>,
+    /// The 99th percentile of the hot image's requests, and of the others', ms (hot-image).
+    pub hot_p99_ms: Option<(f64, f64)>,
     /// Requests per worker per half second, for the chart.
     #[serde(skip)]
     timeline: Vec<(String, Vec<u32>)>,
@@ -191,7 +199,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         // Each scenario's default strategies: the document's seven, and keyroute's answers where
         // they apply.
         let defaults: Vec<&str> = match sc.as_str() {
-            "hot-image" => STRATEGIES.iter().copied().chain(["rendezvous+replicas"]).collect(),
+            // Plain hashing, bounded loads and replication: the three answers to a hot key.
+            "hot-image" => vec!["rendezvous", "bounded-rendezvous", "rendezvous+replicas"],
             "hot-baseline" => vec!["rendezvous+replicas"],
             "double-fleet" => vec!["rendezvous", "rendezvous+handoff"],
             _ => STRATEGIES.to_vec(),
@@ -205,7 +214,15 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             if args.quick && sc == "killed-worker" && !matches!(st, Strategy::Rendezvous | Strategy::P2c) {
                 continue;
             }
-            cases.push(Case { scenario: sc.clone(), strategy: st, variants });
+            // The hot scenarios run longer by default, so that the first half second (every cache
+            // cold, the hot image not yet detected) is not most of the run; double-fleet measures
+            // the 10 s after its join.
+            let secs = match sc.as_str() {
+                "hot-image" | "hot-baseline" if args.seconds.is_none() && !args.quick => HOT_SECONDS,
+                "double-fleet" => DOUBLE_SECONDS,
+                _ => seconds,
+            };
+            cases.push(Case { scenario: sc.clone(), strategy: st, variants, seconds: secs });
         }
     }
     let dir = std::env::temp_dir().join(format!("keyroute-demo-{}", std::process::id()));
@@ -235,7 +252,7 @@ fn run_all(args: &DemoArgs, dir: &Path, cases: &[Case], seconds: f64, rate: f64)
     for (i, case) in cases.iter().enumerate() {
         bar.set_message(format!("{} / {}", case.scenario, case.label()));
         let case_dir = dir.join(format!("case-{i}"));
-        let report = rt.block_on(run_case(&images_dir, &case_dir, &keys, case, seconds, rate))?;
+        let report = rt.block_on(run_case(&images_dir, &case_dir, &keys, case, rate))?;
         let _ = std::fs::remove_dir_all(&case_dir);
         reports.push(report);
         bar.inc(1);
@@ -262,7 +279,8 @@ client; hit: share of thumbnails served from a worker's disk cache; max/mean: th
 mean; errors: responses other than 200 (a killed worker's failed GETs count here); remap: keys whose owner changed when \
 the ninth worker joined; owner: requests served by their key's owner; hot wk: workers that served at least 5% of the \
 hot image's requests; repl: the replicas hot-key replication gave it. hot-image and hot-baseline give each worker a \
-fixed capacity (four requests at a time, 40 ms each, hits included: 100/s) at 240 requests/s; double-fleet measures the 10 s \
+fixed capacity (four requests at a time, 40 ms each, hits included: 100/s) for 9 s at 96 requests/s, plus in \
+hot-image 144/s for one image from 2.7 s on (hot-baseline: the same run without them); double-fleet measures the 10 s \
 after four warm workers become eight, at 15 requests/s, with caches warmed first.";
 
 fn table(reports: &[CaseReport]) -> String {
@@ -337,7 +355,7 @@ deadline_ms = 30000
     );
     if variants.iter().any(|v| v == "replicas") {
         text.push_str(&format!(
-            "[pool.hot_keys]\nthreshold = {PER_REPLICA}\nper_worker = {PER_REPLICA}\nmax_replicas = 8\nwindow_ms = 500\nhold_ms = 5000\nsample_every = 1\n"
+            "[pool.hot_keys]\nthreshold = {PER_REPLICA}\nper_worker = {PER_REPLICA}\nmax_replicas = 8\nwindow_ms = 100\nhold_ms = 5000\nsample_every = 1\n"
         ));
     }
     if variants.iter().any(|v| v == "handoff") {
@@ -384,26 +402,26 @@ async fn start_worker(
     Ok(RunningWorker { name, addr, task, stop })
 }
 
-async fn run_case(
-    images: &Path,
-    dir: &Path,
-    keys: &[String],
-    case: &Case,
-    seconds: f64,
-    rate: f64,
-) -> Result<CaseReport> {
+async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate: f64) -> Result<CaseReport> {
     let scenario = case.scenario.as_str();
     let capacity = matches!(scenario, "hot-image" | "hot-baseline").then_some((CAPACITY_SLOTS, CAPACITY_COST_MS));
-    let (rate, seconds) = match scenario {
-        "hot-image" | "hot-baseline" => (CAPACITY_RATE, seconds),
-        "double-fleet" => (DOUBLE_RATE, DOUBLE_SECONDS),
-        _ => (rate, seconds),
+    let seconds = case.seconds;
+    let rate = match scenario {
+        "hot-image" | "hot-baseline" => USUAL_RATE,
+        "double-fleet" => DOUBLE_RATE,
+        _ => rate,
     };
-    let hot_share = match scenario {
-        "hot-image" => CAPACITY_HOT_SHARE,
-        "hot-baseline" => 0.0,
-        _ => HOT_SHARE,
-    };
+    // When each request leaves (seconds from the start), and whether it is for the hot image: the
+    // usual traffic at `rate`, and in hot-image the hot image's on top of it from HOT_FROM on
+    // (hot-baseline is the same run without them).
+    let mut schedule: Vec<(f64, bool)> =
+        (0..(seconds * rate).round() as u64).map(|n| (n as f64 / rate, false)).collect();
+    if scenario == "hot-image" {
+        let first = (seconds * HOT_FROM * HOT_RATE).ceil() as u64;
+        let last = (seconds * HOT_RATE).round() as u64;
+        schedule.extend((first..last).map(|n| (n as f64 / HOT_RATE, true)));
+        schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
     let (started, serving) = match scenario {
         "scale-out" => (WORKERS + 1, WORKERS),
         "double-fleet" => (WORKERS, WORKERS / 2),
@@ -431,11 +449,19 @@ async fn run_case(
     };
     let mut keys_remapped = None;
     if scenario == "double-fleet" {
-        // Warm every key's owner first (not measured), then double the fleet.
-        for k in keys {
-            let url: hyper::Uri = format!("http://{front}{k}").parse().context("url")?;
-            let resp = client.get(url).await.context("warming the caches")?;
-            let _ = resp.into_body().collect().await;
+        // Warm every key's owner first (not measured, 8 at a time), then double the fleet.
+        for chunk in keys.chunks(8) {
+            let mut warming = JoinSet::new();
+            for k in chunk {
+                let url: hyper::Uri = format!("http://{front}{k}").parse().context("url")?;
+                let client = client.clone();
+                warming.spawn(async move {
+                    if let Ok(resp) = client.get(url).await {
+                        let _ = resp.into_body().collect().await;
+                    }
+                });
+            }
+            while warming.join_next().await.is_some() {}
         }
         let before = owners(&handle)?;
         for w in &workers[serving..] {
@@ -448,14 +474,16 @@ async fn run_case(
     }
     let zipf = Zipf::new(keys.len(), 1.0);
     let mut rng = SplitMix64::new(42);
-    let total = (seconds * rate).round() as u64;
-    let gap = Duration::from_secs_f64(1.0 / rate);
+    let total = schedule.len() as u64;
     let start = Instant::now();
     let mut tasks: JoinSet<Sample> = JoinSet::new();
     let mut killed = false;
     let mut hot_replicas: Option<usize> = None;
     for n in 0..total {
-        let progress = n as f64 / total as f64;
+        let (at, hot) = schedule[n as usize];
+        // Open loop: each request leaves on schedule whatever happened to the earlier ones.
+        tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
+        let progress = at / seconds;
         if scenario == "scale-out" && keys_remapped.is_none() && progress >= 0.5 {
             let before = owners(&handle)?;
             let w9 = &workers[WORKERS];
@@ -479,7 +507,6 @@ async fn run_case(
                 hot_replicas = Some(hot_replicas.map_or(r, |m| m.max(r)));
             }
         }
-        let hot = hot_share > 0.0 && scenario.starts_with("hot") && rng.unit_open() < hot_share;
         let key = if hot { &keys[0] } else { &keys[zipf.sample(&mut rng)] };
         let url: hyper::Uri = format!("http://{front}{key}").parse().context("url")?;
         let client = client.clone();
@@ -498,9 +525,6 @@ async fn run_case(
                 _ => Sample { at, latency: sent.elapsed(), status: 0, hit: None, worker: None, hot },
             }
         });
-        // Open loop: the next request leaves on schedule whatever happened to this one.
-        let due = start + gap.mul_f64((n + 1) as f64);
-        tokio::time::sleep_until(due).await;
     }
     let mut samples = Vec::with_capacity(total as usize);
     while let Some(s) = tasks.join_next().await {
@@ -597,6 +621,14 @@ fn summarise(
             by.values().filter(|&&n| n * 20 >= hot.len()).count()
         }),
         hot_replicas: None,
+        hot_p99_ms: case.scenario.starts_with("hot-image").then(|| {
+            let (mut hot, mut cold) = (Histogram::default(), Histogram::default());
+            for s in samples.iter().filter(|s| s.status == 200) {
+                let h = if s.hot { &mut hot } else { &mut cold };
+                h.record(s.latency.as_nanos() as u64);
+            }
+            (hot.summary().p99_ms, cold.summary().p99_ms)
+        }),
         timeline: names.into_iter().zip(timeline).filter(|(_, t)| t.iter().any(|&c| c > 0)).collect(),
         cdf: hist.cdf_points(100),
     }

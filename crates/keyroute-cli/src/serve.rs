@@ -148,6 +148,8 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
         cache_dir: args.cache_dir.clone(),
         cache_bytes: args.cache_bytes,
         slowdown: args.slowdown,
+        slots: args.slots,
+        cost_ms: args.cost_ms,
         ..keyroute_worker::WorkerConfig::default()
     };
     let rt = runtime(None)?;

@@ -55,6 +55,7 @@ pub(crate) struct HotKeysState {
     /// The key text of hot hashes, for `/hotkeys` (only hot keys are kept).
     names: Mutex<HashMap<u64, String>>,
     window_start: Mutex<Instant>,
+    created: Instant,
     pub(crate) cache: Option<HttpCache>,
     pub(crate) metrics: HotMetrics,
 }
@@ -68,7 +69,9 @@ impl HotKeysState {
     /// The state for validated settings.
     pub(crate) fn new(config: HotKeysConfig, now: Instant) -> Option<Self> {
         let summary = SpaceSaving::try_new(config.counters).ok()?;
-        let rule = HotKeys::try_new(config.rule).ok()?;
+        let mut rule = HotKeys::try_new(config.rule).ok()?;
+        // The rule's clock counts from the state's creation: the first window starts now.
+        rule.start(Duration::ZERO);
         let cache = config.cache.as_ref().map(|c| {
             HttpCache::new(CacheConfig {
                 max_bytes: c.max_bytes,
@@ -84,6 +87,7 @@ impl HotKeysState {
             set: ArcSwap::from_pointee(HotSet::default()),
             names: Mutex::new(HashMap::new()),
             window_start: Mutex::new(now),
+            created: now,
             cache,
             metrics: HotMetrics::default(),
         })
@@ -120,8 +124,7 @@ impl HotKeysState {
     }
 
     /// Ends the window if it is over at `now`: measures, applies the rule, publishes the set.
-    /// `epoch` is the gateway's time origin.
-    pub(crate) fn tick(&self, now: Instant, epoch: Instant) {
+    pub(crate) fn tick(&self, now: Instant) {
         {
             let mut start = self.window_start.lock().unwrap_or_else(|e| e.into_inner());
             if now.saturating_duration_since(*start) < self.config.window {
@@ -138,7 +141,7 @@ impl HotKeysState {
         let (set, entered) = {
             let mut rule = self.rule.lock().unwrap_or_else(|e| e.into_inner());
             let before: Vec<u64> = rule.keys().iter().map(|k| k.hash).collect();
-            let set = rule.tick(now.saturating_duration_since(epoch), &window);
+            let set = rule.tick(now.saturating_duration_since(self.created), &window);
             let entered = rule.keys().iter().filter(|k| !before.contains(&k.hash)).count();
             (set, entered)
         };
@@ -174,7 +177,7 @@ pub(crate) async fn tick_loop(shared: Weak<Shared>) {
             let now = Instant::now();
             for pool in &s.front.routing.load().pools {
                 if let Some(hot) = &pool.snapshot().hot {
-                    hot.tick(now, s.epoch);
+                    hot.tick(now);
                 }
             }
         }

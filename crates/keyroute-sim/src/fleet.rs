@@ -671,6 +671,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                             replicas_max = replicas_max.max(set.iter().map(|(_, r)| r).max().unwrap_or(0));
                         } else {
                             det.take_window();
+                            rule.start(Duration::from_nanos(now));
                         }
                         *next_tick = now + window_ns;
                     }

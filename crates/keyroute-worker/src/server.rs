@@ -352,6 +352,29 @@ fn stats_json(state: &State) -> String {
 }
 
 /// `GET /thumb/{image}?w=W&h=H`: the cache, else a render (which fills the cache).
+/// The cached thumbnail `file`, if the disk cache has it (a hit is counted).
+async fn cached(state: &Arc<State>, file: &str, format: Format) -> Option<Reply> {
+    let path = state.cache.lookup(file)?;
+    match tokio::fs::read(&path).await {
+        Ok(bytes) if !bytes.is_empty() => {
+            state.stats.hits.fetch_add(1, Ordering::Relaxed);
+            // Refresh the file's time so a restart ranks it as recently used; best effort.
+            drop(tokio::task::spawn_blocking(move || touch_file(&path)));
+            Some(Reply { content_type: format.content_type(), body: Bytes::from(bytes), cache: Some("hit") })
+        }
+        Ok(_) => {
+            state.cache.forget(file);
+            None
+        }
+        Err(err) => {
+            // Evicted between the lookup and the read, or unreadable: compute it again.
+            tracing::debug!(file = %file, error = %err, "cached thumbnail unreadable; recomputing");
+            state.cache.forget(file);
+            None
+        }
+    }
+}
+
 async fn thumbnail(state: &Arc<State>, raw_image: &str, req: &Parts) -> Result<Reply, RequestError> {
     let image = parse_image_name(raw_image)?;
     let (w, h) = parse_size(req.uri.query(), state.config.max_dimension)?;
@@ -368,25 +391,16 @@ async fn thumbnail(state: &Arc<State>, raw_image: &str, req: &Parts) -> Result<R
         None => None,
     };
 
-    if let Some(path) = state.cache.lookup(&file) {
-        match tokio::fs::read(&path).await {
-            Ok(bytes) if !bytes.is_empty() => {
-                state.stats.hits.fetch_add(1, Ordering::Relaxed);
-                // Refresh the file's time so a restart ranks it as recently used; best effort.
-                drop(tokio::task::spawn_blocking(move || touch_file(&path)));
-                return Ok(Reply { content_type: format.content_type(), body: Bytes::from(bytes), cache: Some("hit") });
-            }
-            Ok(_) => state.cache.forget(&file),
-            Err(err) => {
-                // Evicted between the lookup and the read, or unreadable: compute it again.
-                tracing::debug!(file = %file, error = %err, "cached thumbnail unreadable; recomputing");
-                state.cache.forget(&file);
-            }
-        }
+    if let Some(reply) = cached(state, &file, format).await {
+        return Ok(reply);
     }
-
     let source = resolve_source(&state.images, &image).await?;
     let _permit = state.compute.acquire().await.map_err(|err| RequestError::Internal(err.to_string()))?;
+    // Look again once a compute slot is free: a concurrent request for the same thumbnail may have
+    // rendered it meanwhile (a cold hot image otherwise gets rendered once per waiting request).
+    if let Some(reply) = cached(state, &file, format).await {
+        return Ok(reply);
+    }
     let job_state = Arc::clone(state);
     let (rendered, took) = tokio::task::spawn_blocking(move || {
         let started = Instant::now();

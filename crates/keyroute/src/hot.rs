@@ -28,8 +28,14 @@
 //!   count exceeds `N / k` is monitored. `tests/hot.rs` checks both on Zipf streams, exactly, for
 //!   every item. Sampling one request in `s` adds the binomial error of the sample: a key with true
 //!   rate `f` per window is estimated within `sqrt(f s)` (one standard deviation) plus `s N / k`.
-//! - **No false hot keys from the summary's error.** A key enters on its *guaranteed* count
-//!   `c - e`, so a key is hot only if at least that many of the sampled requests were for it.
+//! - **No false hot keys from the summary's error, few from noise.** A key enters on its
+//!   *guaranteed* count `c - e`, so a key is hot only if at least that many of the sampled requests
+//!   were for it; with `confidence = z`, only once `c - e - z sqrt((c - e) s)` clears the threshold
+//!   (its count's Poisson and sampling noise), so a lucky window neither makes a key hot nor adds a
+//!   replica (`tests/hot.rs`: a key at 75% of the threshold never enters over 400 windows at
+//!   `z = 2`, and does at `z = 0`). A key enters on one window's evidence; it grows on the
+//!   evidence of its recent windows (decayed by [`EVIDENCE_DECAY`] per window). A window reports
+//!   only items of at least [`MIN_SAMPLES`] samples.
 //! - **Hysteresis.** A key enters at rate `T` and leaves below `T / 2`, and never before it has
 //!   been hot for `hold`. Its replica count grows as soon as each replica would carry more than
 //!   `per_replica` requests per second, and shrinks only when the remaining replicas would carry
@@ -42,9 +48,11 @@
 //! # Cost
 //!
 //! [`HotKeyDetector::observe`] is one counter increment per request, and one [`SpaceSaving::offer`]
-//! (a scan of `k` hashes, vectorised) per sampled request: 2.6 ns per request with `k = 64` and
-//! `s = 16` (`cargo bench -p keyroute-bench --bench placement -- hot/observe`). Memory: 24 bytes per
-//! counter (`k = 64`: 1,536 bytes), plus the [`HotSet`] (16 bytes per hot key).
+//! (a scan of `k` hashes, vectorised) per sampled request: 5.7-8.3 ns per request with `k = 64`
+//! and `s = 16`, 4.5-5.8 ns for the gateway's path (a per-thread counter, and a `try_lock` only for
+//! the sampled request); an `offer` alone is 59-76 ns, a [`HotSet`] lookup 3-5 ns
+//! (`cargo bench -p keyroute-bench --bench placement -- hot/`). Memory: 24 bytes per counter
+//! (`k = 64`: 1,536 bytes), plus the [`HotSet`] (16 bytes per hot key).
 //! [`HotKeys::tick`] runs once per window, off the request path: `O(k log k)`.
 //!
 //! # When to use it
@@ -357,7 +365,16 @@ pub struct HotKey {
     pub since: Duration,
     /// When its replica count last changed (or it became hot).
     pub changed: Duration,
+    /// Its recent count and the time it was counted over, each decayed by [`EVIDENCE_DECAY`] per
+    /// window: the evidence growth is decided on.
+    evidence: f64,
+    span: f64,
 }
+
+/// How much of a hot key's recent count each window keeps (0.9: about the last ten windows), for
+/// the confidence bound that decides whether it needs more replicas: one window is too little
+/// evidence to add a replica on (a lucky one would), ten are enough to add it within a second.
+pub const EVIDENCE_DECAY: f64 = 0.9;
 
 /// The hot keys and their replica counts, immutable: what the request path reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -414,6 +431,12 @@ impl HotKeys {
         Ok(HotKeys { config, keys: Vec::new(), last: None })
     }
 
+    /// Starts the first window at `now` (otherwise the first [`HotKeys::tick`] counts its window
+    /// as one second long).
+    pub fn start(&mut self, now: Duration) {
+        self.last = Some(now);
+    }
+
     /// The configuration.
     pub fn config(&self) -> &HotKeyConfig {
         &self.config
@@ -433,8 +456,8 @@ impl HotKeys {
     /// Ends a window at `now` (time since any fixed origin, passed in): turns its counts into rates,
     /// applies the rule, and returns the new [`HotSet`].
     ///
-    /// The window's length is the time since the previous tick (the first tick counts as one
-    /// second).
+    /// The window's length is the time since the previous tick, or since [`HotKeys::start`] (a
+    /// first tick without either counts as one second).
     pub fn tick(&mut self, now: Duration, window: &Window) -> HotSet {
         let elapsed = match self.last {
             Some(prev) if now > prev => (now - prev).as_secs_f64(),
@@ -462,14 +485,22 @@ impl HotKeys {
         // Keys already hot: update, shrink or leave.
         let mut kept = Vec::with_capacity(self.keys.len());
         for mut k in std::mem::take(&mut self.keys) {
-            let (measured, sure) = rate_of(k.hash);
+            let (measured, _) = rate_of(k.hash);
             // Smoothed downwards, immediate upwards: a surge is served at once, a lull must last.
             k.rate = if measured >= k.rate { measured } else { 0.5 * (k.rate + measured) };
             if k.rate < threshold / 2.0 && held(k.since) && held(k.changed) {
                 continue;
             }
-            // Growing takes a rate the window is sure of: noise must not add replicas.
-            let need = self.needed(sure.min(k.rate));
+            k.evidence = k.evidence * EVIDENCE_DECAY + measured * elapsed;
+            k.span = k.span * EVIDENCE_DECAY + elapsed;
+            // Growing takes a rate the recent windows are sure of (with confidence): noise must
+            // not add replicas. Without, the window's own rate.
+            let sure = if z > 0.0 {
+                ((k.evidence - z * (k.evidence * s).sqrt()).max(0.0) / k.span.max(1e-9)).min(k.rate)
+            } else {
+                measured
+            };
+            let need = self.needed(sure);
             if need > k.replicas {
                 k.replicas = need;
                 k.changed = now;
@@ -489,7 +520,9 @@ impl HotKeys {
             if sure < threshold || sure <= 0.0 || kept.iter().any(|k| k.hash == c.hash) {
                 continue;
             }
-            kept.push(HotKey { hash: c.hash, rate, replicas: self.needed(sure), since: now, changed: now });
+            let replicas = self.needed(sure);
+            let (evidence, span) = (rate * elapsed, elapsed);
+            kept.push(HotKey { hash: c.hash, rate, replicas, since: now, changed: now, evidence, span });
         }
         kept.sort_by(|a, b| b.rate.total_cmp(&a.rate).then(a.hash.cmp(&b.hash)));
         self.keys = kept;

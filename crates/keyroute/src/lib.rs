@@ -23,6 +23,8 @@
 //! | `affinity` | [`choices::affinity`] | less loaded of the key's top two | two scores | locality and load at once |
 //! | `p2c` | [`PowerOfChoices`] | max load `~ln ln n` (vs `ln n / ln ln n`) | `O(1)` | work any node can do; slow-node avoidance |
 //! | `least-loaded` | [`LeastLoaded`] | optimal with one fresh view; herds with several stale ones | `O(n)` | a single balancer with exact counts |
+//! | hot keys | [`hot`] | a key above a rate gets the least loaded of its top `ceil(rate / per_replica)` owners, with hysteresis; Space-Saving error `<= N / k` | ~5 ns/request to detect | a key that one node cannot serve alone |
+//! | warm-up | [`warm`] | a newcomer's keys reach it as a trickle (a share `p` of them, a growing set); nobody else's move | one mix | scale-out and recovery without a cold cache |
 //! | `round-robin`, `weighted-round-robin` | [`RoundRobin`], [`SmoothWeighted`] | equal (weighted) turns, smoothly interleaved | `O(1)`, `O(n)` | cheap uniform requests, stateless nodes |
 //!
 //! ## The model

@@ -310,3 +310,23 @@ fn confidence_keeps_lucky_windows_from_making_keys_hot_or_adding_replicas() {
     assert!(noisy_r >= 4, "{noisy_r}");
     assert!(hot > 390 && (2..=3).contains(&sure_r), "{hot} {sure_r}");
 }
+
+/// The first window is as long as it really was once the rule is started: a 100 ms window with 20
+/// requests for a key is 200 req/s, not 20 (a gateway that counted it as a second detected a hot
+/// key one window late).
+#[test]
+fn a_started_rule_measures_its_first_window_at_its_length() {
+    let cfg = HotKeyConfig {
+        threshold: Threshold::Rate(100.0),
+        per_replica: 100.0,
+        max_replicas: 4,
+        hold: Duration::from_secs(1),
+        confidence: 0.0,
+    };
+    let w = Window { requests: 100, items: vec![Counted { hash: 5, count: 20, error: 0 }], sample_every: 1 };
+    let mut started = HotKeys::try_new(cfg).expect("valid");
+    started.start(Duration::from_secs(3));
+    assert_eq!(started.tick(Duration::from_millis(3_100), &w).replicas(5), 2);
+    let mut unstarted = HotKeys::try_new(cfg).expect("valid");
+    assert_eq!(unstarted.tick(Duration::from_millis(3_100), &w).replicas(5), 0, "counted as one second");
+}
