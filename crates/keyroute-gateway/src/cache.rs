@@ -30,8 +30,8 @@
 //! - **Authorization (§3.5, made stricter)**: a request with `Authorization` bypasses the cache
 //!   altogether (never answered from it, its response never stored) unless
 //!   [`CacheConfig::cache_authorized`] is set, even when the response says `public`: the cache is
-//!   there for hot keys, not for users' own pages, and a logged-in user is never handed what
-//!   another request stored.
+//!   there for hot keys, not for users' own pages. (A session carried in a cookie is not seen:
+//!   a response that depends on one must say `private` or `Vary: Cookie`.)
 //! - **Stored headers (§3.1)**: the hop-by-hop headers (RFC 9110 §7.6.1: `Connection`,
 //!   `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`, `TE`,
 //!   `Trailer`, `Transfer-Encoding`, `Upgrade`, and the headers `Connection` names) are dropped.
@@ -478,10 +478,8 @@ impl HttpCache {
 
     /// The request's primary cache key, or `None` when the request bypasses the cache: a method
     /// other than `GET` or `HEAD` (`HEAD` gets `GET`'s key), `Cache-Control: no-store`, or no
-    /// authority (neither in the target nor in one `Host` header). A request with
-    /// `Authorization` does get a key: whether its response may be stored, and which entries it
-    /// may be served, is decided by [`storable`](Self::storable) and [`lookup`](Self::lookup)
-    /// (RFC 9111 §3.5).
+    /// authority (neither in the target nor in one `Host` header), or `Authorization` unless
+    /// [`CacheConfig::cache_authorized`] (stricter than RFC 9111 §3.5).
     pub fn request_key(&self, req: &request::Parts) -> Option<CacheKey> {
         if req.method != Method::GET && req.method != Method::HEAD {
             return None;
@@ -650,7 +648,17 @@ impl HttpCache {
             return 0;
         }
         let Some(key) = key_of(req) else { return 0 };
-        lock(&self.inner).remove_where(&key, |_| true)
+        // The stored keys carry the scheme the listener served (`with_scheme`), which an
+        // origin-form request does not: the target is removed under every scheme.
+        let mut inner = lock(&self.inner);
+        ["", "http", "https"].iter().map(|s| inner.remove_where(&key.clone().with_scheme(s), |_| true)).sum()
+    }
+
+    /// Whether the request accepts a stored answer at all: not with `no-cache`, `max-age=0` or
+    /// (without `Cache-Control`) `Pragma: no-cache`. A request that does not should not wait for
+    /// another's miss either.
+    pub fn may_serve(req: &request::Parts) -> bool {
+        RequestLimits::of(&req.headers).is_some()
     }
 
     /// Removes every entry that is stale at `now`; returns how many. Optional (lookups remove the
@@ -1542,6 +1550,17 @@ mod tests {
         assert_eq!(cache.invalidate(&req("POST", "/x", &[]), StatusCode::CREATED), 2);
         assert_eq!(cache.entries(), 1);
         check_accounting(&cache);
+        // Stored under the listener's scheme (as the proxy stores), invalidated by an origin-form
+        // request, which carries none.
+        let rq = get("/z");
+        let key = cache.request_key(&rq).expect("key").with_scheme("https");
+        let token = cache.storable(&rq, &rs, t0()).expect("storable");
+        assert!(cache.store(key.clone(), token, &rq, &rs, Bytes::from_static(b"z"), t0()));
+        assert!(cache.lookup(&key, &rq, at(1)).is_some());
+        assert_eq!(cache.invalidate(&req("PUT", "/z", &[]), StatusCode::NO_CONTENT), 1);
+        assert!(cache.lookup(&key, &rq, at(1)).is_none());
+        assert!(!HttpCache::may_serve(&req("GET", "/z", &[("cache-control", "no-cache")])));
+        assert!(HttpCache::may_serve(&get("/z")));
     }
 
     #[test]

@@ -244,9 +244,9 @@ impl Collector for Scrape {
                 cache_family(
                     &mut encoder,
                     "keyroute_pool_cache_hits",
-                    "Hot-key responses served from the gateway cache (coalesced waits included).",
+                    "Hot-key responses served from the gateway cache at once (coalesced waits are counted apart).",
                     MetricType::Counter,
-                    &|h, _| h.metrics.cache_hits.load(Relaxed) + h.metrics.coalesced.load(Relaxed),
+                    &|h, _| h.metrics.cache_hits.load(Relaxed),
                 )?;
                 cache_family(
                     &mut encoder,

@@ -56,14 +56,23 @@ pub(crate) struct HotKeysState {
     names: Mutex<HashMap<u64, String>>,
     window_start: Mutex<Instant>,
     created: Instant,
+    id: u64,
     pub(crate) cache: Option<HttpCache>,
     pub(crate) metrics: HotMetrics,
 }
 
+/// Per-thread sampling counters, one per hot-key state (by its id, modulo the slots): a state
+/// samples one in `sample_every` of its own requests on each thread, whatever other pools the
+/// thread serves. More than `SLOTS` states on one thread share slots, which only blurs which
+/// requests are sampled, not how many.
+const SLOTS: usize = 8;
+
 thread_local! {
-    /// Requests seen on this thread: the sampling counter.
-    static SEEN: Cell<u32> = const { Cell::new(0) };
+    static SEEN: [Cell<(u64, u32)>; SLOTS] = const { [const { Cell::new((0, 0)) }; SLOTS] };
 }
+
+/// Ids of hot-key states, from 1.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl HotKeysState {
     /// The state for validated settings.
@@ -88,6 +97,7 @@ impl HotKeysState {
             names: Mutex::new(HashMap::new()),
             window_start: Mutex::new(now),
             created: now,
+            id: NEXT_ID.fetch_add(1, Relaxed),
             cache,
             metrics: HotMetrics::default(),
         })
@@ -98,9 +108,11 @@ impl HotKeysState {
     #[inline]
     pub(crate) fn observe(&self, hash: u64, key: &str) {
         let every = self.config.sample_every;
-        let sampled = SEEN.with(|c| {
-            let n = c.get().wrapping_add(1);
-            c.set(n);
+        let sampled = SEEN.with(|slots| {
+            let slot = &slots[(self.id % SLOTS as u64) as usize];
+            let (id, n) = slot.get();
+            let n = if id == self.id { n.wrapping_add(1) } else { 1 };
+            slot.set((self.id, n));
             n.is_multiple_of(every)
         });
         if !sampled {

@@ -123,7 +123,7 @@ async fn get_with(url: &str, headers: &[(&str, &str)]) -> (http::StatusCode, Has
 async fn the_gateway_cache_serves_hot_keys_as_an_http_cache_must_and_coalesces_misses() {
     let bs = backends(3).await;
     let refs: Vec<&Backend> = bs.iter().collect();
-    let hot = "[pool.hot_keys]\nthreshold = 5\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\n[pool.hot_keys.cache]\nmax_bytes = 100000";
+    let hot = "[pool.hot_keys]\nthreshold = 20\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\n[pool.hot_keys.cache]\nmax_bytes = 100000";
     let gw = start_gateway(&config_text(&refs, hot, "")).await;
     let base = format!("http://{}/thumb?k=hot", gw.addr);
     let served = || bs.iter().map(|b| b.served.load(SeqCst)).sum::<u64>();
@@ -205,6 +205,17 @@ async fn the_gateway_cache_serves_hot_keys_as_an_http_cache_must_and_coalesces_m
     gw.task.abort();
 }
 
+/// Adds `backend` as w4; each key's owner after the join.
+async fn join_w4(gw: &Gw, backend: &Backend, keys: &[String]) -> HashMap<String, String> {
+    let w4 = keyroute_gateway::WorkerConfig { name: "w4".into(), address: backend.addr, weight: 1, zone: None };
+    gw.handle.add_worker("p", w4).await.expect("added");
+    let mut owner = HashMap::new();
+    for k in keys {
+        owner.insert(k.clone(), ranking(gw, &format!("/thumb?k={k}")).await[0].clone());
+    }
+    owner
+}
+
 /// Sends each key once; the serving worker of each.
 async fn serve_all(gw: &Gw, keys: &[String]) -> HashMap<String, String> {
     owners(&client(), gw, keys).await
@@ -217,12 +228,7 @@ async fn handoff_sends_a_newcomers_keys_to_their_previous_owner_until_the_window
     let gw = start_gateway(&config_text(&refs, "[pool.handoff]\nwindow_ms = 5000", "")).await;
     let ks: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
     let before = serve_all(&gw, &ks).await;
-    let w4 = keyroute_gateway::WorkerConfig { name: "w4".into(), address: bs[3].addr, weight: 1, zone: None };
-    gw.handle.add_worker("p", w4).await.expect("added");
-    let mut owner = HashMap::new();
-    for k in &ks {
-        owner.insert(k.clone(), ranking(&gw, &format!("/thumb?k={k}")).await[0].clone());
-    }
+    let owner = join_w4(&gw, &bs[3], &ks).await;
     let during = serve_all(&gw, &ks).await;
     let moved: Vec<&String> = ks.iter().filter(|k| owner[*k] == "w4").collect();
     assert!(moved.len() >= 25, "w4 owns about a quarter: {}", moved.len());
@@ -285,4 +291,62 @@ async fn slow_start_ramps_a_recovered_worker_back_in() {
     tokio::time::sleep(Duration::from_millis(6200)).await;
     assert_eq!(serve_all(&gw, &ks).await, before, "after the window every key is back");
     gw.task.abort();
+}
+
+/// A worker that comes back under its name with a new address (a replaced process) is not a
+/// newcomer: no other worker holds its keys warm, so handoff does not send them elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_worker_is_not_handed_off() {
+    let bs = backends(4).await;
+    let refs: Vec<&Backend> = bs[..3].iter().collect();
+    let gw = start_gateway(&config_text(&refs, "[pool.handoff]\nwindow_ms = 60000", "")).await;
+    let ks: Vec<String> = (0..120).map(|i| format!("k{i}")).collect();
+    let before = serve_all(&gw, &ks).await;
+    // w3 now listens where the fourth backend does.
+    let text = config_text(&refs, "[pool.handoff]\nwindow_ms = 60000", "")
+        .replace(&bs[2].addr.to_string(), &bs[3].addr.to_string());
+    let config = keyroute_gateway::Config::parse(&text, "test.toml").expect("valid");
+    gw.handle.reload(config).expect("reloaded");
+    let after = serve_all(&gw, &ks).await;
+    assert_eq!(after, before, "every key stays on its owner, w3's included");
+    let w3 = ks.iter().filter(|k| before[*k] == "w3").count();
+    assert!(w3 > 10, "w3 owns keys: {w3}");
+    gw.task.abort();
+}
+
+/// Slow start by hit rate: a newcomer that reports `X-Cache: MISS` while the pool reports `HIT`
+/// ramps more slowly than time alone would take it; one that reports hits keeps the time ramp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_start_waits_for_a_cold_newcomers_hit_rate() {
+    let run = |newcomer_hits: bool| async move {
+        let bs = backends(4).await;
+        for (i, b) in bs.iter().enumerate() {
+            b.x_cache.store(if i == 3 && !newcomer_hits { 2 } else { 1 }, SeqCst);
+        }
+        let refs: Vec<&Backend> = bs[..3].iter().collect();
+        let gw = start_gateway(&config_text(&refs, "[pool.slow_start]\nwindow_ms = 6000\nmin_share = 0.0", "")).await;
+        let ks: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        serve_all(&gw, &ks).await;
+        let owner = join_w4(&gw, &bs[3], &ks).await;
+        // Traffic for 3 s (half the window), then: what share of w4's keys does w4 serve?
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            serve_all(&gw, &ks).await;
+        }
+        let now = serve_all(&gw, &ks).await;
+        let mine: Vec<&String> = ks.iter().filter(|k| owner[*k] == "w4").collect();
+        let taken = mine.iter().filter(|k| now[**k] == "w4").count();
+        for k in &ks {
+            if owner[k] != "w4" {
+                assert_eq!(now[k], owner[k], "{k} is not w4's and does not move");
+            }
+        }
+        gw.task.abort();
+        (taken, mine.len())
+    };
+    let (warm_taken, warm_all) = run(true).await;
+    let (cold_taken, cold_all) = run(false).await;
+    // By time alone, about half of its keys at half the window.
+    assert!(warm_taken * 10 >= warm_all * 3, "a newcomer with hits ramps by time: {warm_taken} of {warm_all}");
+    assert!(cold_taken * 10 <= cold_all, "a cold newcomer is held back: {cold_taken} of {cold_all}");
 }

@@ -344,7 +344,8 @@ pub struct FleetReport {
     pub duration_s: f64,
     /// Completed requests per simulated second.
     pub throughput: f64,
-    /// Cache hits over completed requests.
+    /// Worker cache hits over the requests workers served (a gateway cache's answers are not
+    /// in it: see `gateway_cache_hits`).
     pub hit_rate: f64,
     /// Latency (arrival to completion).
     pub latency: LatencySummary,
@@ -835,6 +836,8 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
         hits_total += w.hits;
     }
     let end = last_completion.max(now).max(1);
+    // Requests a worker served: the completed ones less those a gateway's cache answered.
+    let served = completed - gateway_cache_hits;
     let wr: Vec<WorkerReport> = workers
         .iter()
         .map(|w| {
@@ -842,7 +845,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
             WorkerReport {
                 name: w.name.clone(),
                 requests: w.requests,
-                share: ratio(w.requests, completed),
+                share: ratio(w.requests, served),
                 hit_rate: ratio(w.hits, w.requests),
                 utilisation: w.busy_ns as f64 / (span * f64::from(config.concurrency)),
                 max_queue: w.max_queue,
@@ -853,7 +856,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
         })
         .collect();
     let active: Vec<&WorkerReport> = wr.iter().filter(|w| w.requests > 0).collect();
-    let mean_req = completed as f64 / active.len().max(1) as f64;
+    let mean_req = served as f64 / active.len().max(1) as f64;
     let mean_load = active.iter().map(|w| w.mean_in_flight).sum::<f64>() / active.len().max(1) as f64;
     Ok(FleetReport {
         config: config.clone(),
@@ -861,7 +864,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
         errors,
         duration_s: end as f64 / 1e9,
         throughput: completed as f64 / (end as f64 / 1e9),
-        hit_rate: ratio(hits_total, completed),
+        hit_rate: ratio(hits_total, served),
         latency: latency.summary(),
         max_utilisation: wr.iter().map(|w| w.utilisation).fold(0.0, f64::max),
         mean_utilisation: wr.iter().map(|w| w.utilisation).sum::<f64>() / wr.len().max(1) as f64,

@@ -103,7 +103,7 @@ pub fn fleet_workers(r: &FleetReport) -> String {
 }
 
 /// How to read [`fleet_table`].
-pub const FLEET_LEGEND: &str = "hit: cache hit rate; p50/p95/p99: latency from arrival to response; max util: the busiest \
+pub const FLEET_LEGEND: &str = "hit: the workers' cache hit rate (of the requests they served); p50/p95/p99: latency from arrival to response; max util: the busiest \
 worker's busy time over its capacity; max/mean: the busiest worker's mean requests in flight over the fleet's mean \
 (bounded loads caps it at 1+e); max q: the longest queue any worker had; owner: requests served by their key's owner; \
 remap: keys whose owner changed at each membership change; req/s: completed requests per simulated second; \

@@ -7,15 +7,16 @@
 //! excess to the key's runner-up, then the next, so the key ends up cached wherever there was room.
 //! This module does it the other way round: it *measures* each hot key's rate, decides how many
 //! nodes it needs (`r`), and serves it from the least loaded of its top-`r` nodes. The set of nodes
-//! that cache it is the smallest that can carry it, and it is the same on every gateway, because it
-//! is a prefix of the key's ranking.
+//! that cache it is the smallest that can carry it, and it is the same on every gateway that gives
+//! the key the same `r`, because it is a prefix of the key's ranking.
 //!
 //! # The parts
 //!
 //! - [`SpaceSaving`]: a heavy-hitter summary over 64-bit key hashes (Metwally, Agrawal and
 //!   El Abbadi, *Efficient Computation of Frequent and Top-k Elements in Data Streams*, ICDT 2005).
 //! - [`HotKeyDetector`]: a summary fed with one request in `sample_every` (a counter, not
-//!   randomness: two gateways that see the same request sequence sample the same requests).
+//!   randomness: two detectors fed the same request sequence sample the same requests; a gateway
+//!   with several threads samples each thread's share).
 //! - [`HotKeys`]: the replication rule with hysteresis. Each window it turns the summary's counts
 //!   into rates, and publishes a [`HotSet`] (hash -> replica count): the immutable value the
 //!   request path reads.
@@ -34,8 +35,7 @@
 //!   (its count's Poisson and sampling noise), so a lucky window neither makes a key hot nor adds a
 //!   replica (`tests/hot.rs`: a key at 75% of the threshold never enters over 400 windows at
 //!   `z = 2`, and does at `z = 0`). A key enters on one window's evidence; it grows on the
-//!   evidence of its recent windows (decayed by [`EVIDENCE_DECAY`] per window). A window reports
-//!   only items of at least [`MIN_SAMPLES`] samples.
+//!   evidence of its recent windows (decayed by [`EVIDENCE_DECAY`] per window).
 //! - **Hysteresis.** A key enters at rate `T` and leaves below `T / 2`, and never before it has
 //!   been hot for `hold`. Its replica count grows as soon as each replica would carry more than
 //!   `per_replica` requests per second, and shrinks only when the remaining replicas would carry
@@ -250,24 +250,19 @@ pub struct Window {
     pub sample_every: u32,
 }
 
-/// The fewest sampled occurrences an item needs to be reported in a [`Window`]: below it, a
-/// sampled count is noise (one standard deviation is over a third of it), and a key of a few
-/// samples would look hot by chance when few requests are sampled.
-pub const MIN_SAMPLES: u64 = 8;
-
 impl Window {
     /// The window of a summary fed one request in `sample_every`: counts scaled back to requests
-    /// (`requests` is the summary's total times `sample_every`), items with fewer than
-    /// [`MIN_SAMPLES`] guaranteed samples left out.
+    /// (`requests` is the summary's total times `sample_every`). Noise is the rule's to discount
+    /// ([`HotKeyConfig::confidence`]): every item is reported, so that a hot key's falling rate is
+    /// seen falling.
     pub fn of(summary: &SpaceSaving, sample_every: u32) -> Window {
         let s = u64::from(sample_every.max(1));
         let items = summary
             .top()
             .into_iter()
-            .filter(|c| c.guaranteed() >= MIN_SAMPLES)
-            .map(|c| Counted { hash: c.hash, count: c.count * s, error: c.error * s })
+            .map(|c| Counted { hash: c.hash, count: c.count.saturating_mul(s), error: c.error.saturating_mul(s) })
             .collect();
-        Window { requests: summary.total() * s, items, sample_every: sample_every.max(1) }
+        Window { requests: summary.total().saturating_mul(s), items, sample_every: sample_every.max(1) }
     }
 
     /// Adds another detector's window over the same period: counts and errors add (an item one
@@ -488,7 +483,8 @@ impl HotKeys {
             let (measured, _) = rate_of(k.hash);
             // Smoothed downwards, immediate upwards: a surge is served at once, a lull must last.
             k.rate = if measured >= k.rate { measured } else { 0.5 * (k.rate + measured) };
-            if k.rate < threshold / 2.0 && held(k.since) && held(k.changed) {
+            // `<=`: with a share threshold, a window without traffic has a threshold of 0.
+            if k.rate <= threshold / 2.0 && held(k.since) && held(k.changed) {
                 continue;
             }
             k.evidence = k.evidence * EVIDENCE_DECAY + measured * elapsed;

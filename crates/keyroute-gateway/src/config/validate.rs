@@ -772,6 +772,19 @@ fn validate_hot_keys(
     let window = ranged(ctx, h.window_ms.as_ref(), 1_000, 100, 60_000, field("window_ms"))?;
     let counters = ranged(ctx, h.counters.as_ref(), 64, 1, 4096, field("counters"))?;
     let sample_every = ranged(ctx, h.sample_every.as_ref(), 16, 1, 1024, field("sample_every"))?;
+    // A rate threshold must be measurable: at least 2 sampled requests per window at it.
+    if let Threshold::Rate(t) = threshold {
+        let samples = t * window as f64 / 1e3 / sample_every as f64;
+        if samples < 2.0 {
+            return ctx.err(
+                h.threshold.as_ref().map(Spanned::span),
+                field("threshold"),
+                format!(
+                    "{t} req/s is {samples:.2} sampled requests per window (window_ms {window}, sample_every {sample_every}): at least 2 are needed to measure it; raise window_ms or lower sample_every"
+                ),
+            );
+        }
+    }
     let cache = match &h.cache {
         None => None,
         Some(c) => {

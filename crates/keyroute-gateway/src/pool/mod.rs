@@ -399,7 +399,10 @@ fn build(
     };
     // A pool that had no worker takes its first ones at once: there is nowhere else to warm from.
     let old = old.filter(|o| !o.workers.is_empty());
-    let joined = |w: &Arc<WorkerState>| old.is_some_and(|o| !o.workers.iter().any(|x| Arc::ptr_eq(x, w)));
+    // A worker joins when its name was not a member: one that comes back under its name with a
+    // new address or zone replaces itself, and no other worker holds its keys warm (their owner
+    // in the set without it would be a third, cold, worker).
+    let joined = |w: &Arc<WorkerState>| old.is_some_and(|o| !o.workers.iter().any(|x| x.name == w.name));
     if config.slow_start.is_some() {
         for w in workers.iter().filter(|w| joined(w)) {
             w.start_warming(now);
@@ -412,8 +415,8 @@ fn build(
     Ok(Snapshot { generation, config, policy, workers, hot, warm })
 }
 
-/// The handoff of a new snapshot: its workers that were not in `old`, and those of `old`'s handoff
-/// still within the window.
+/// The handoff of a new snapshot: its workers whose names were not in `old`, and those of `old`'s
+/// handoff still within the window.
 fn warm_for(
     policy: &Policy,
     workers: &[Arc<WorkerState>],
@@ -423,7 +426,7 @@ fn warm_for(
 ) -> Option<snapshot::Warm> {
     let mut since = Vec::new();
     for (i, w) in workers.iter().enumerate() {
-        match old.workers.iter().position(|x| Arc::ptr_eq(x, w)) {
+        match old.workers.iter().position(|x| x.name == w.name) {
             None => since.push((i, now)),
             Some(j) => {
                 if let Some(ow) = &old.warm

@@ -215,6 +215,8 @@ where
     // Hot keys: every keyed request is counted; a hot one may be answered from the gateway's
     // cache, or wait for a concurrent miss of the same URL instead of going upstream too.
     let mut caching: Option<Caching> = None;
+    // Whether this request waited for another's miss (its first try then reads the clock anew).
+    let mut waited = false;
     if let (Some(h), Some(hot)) = (hash, &snap.hot) {
         hot.observe(h, &key);
         if hot.replicas(h) > 0 {
@@ -223,7 +225,14 @@ where
                 && let Some(ck) =
                     cache.request_key(parts).map(|k| k.with_scheme(if peer.tls { "https" } else { "http" }))
             {
-                match consult(Arc::clone(hot), ck, parts, id).await {
+                let wait = hot
+                    .config
+                    .cache
+                    .as_ref()
+                    .map_or(Duration::ZERO, |c| c.coalesce_timeout)
+                    .min(snap.config.retry.deadline);
+                let worker_header = snap.config.worker_header.as_ref();
+                match consult(Arc::clone(hot), ck, parts, id, wait, worker_header).await {
                     Consulted::Hit(resp) => {
                         if let Some(p) = placed.as_deref_mut() {
                             p.decision = "cache";
@@ -231,7 +240,7 @@ where
                         return resp;
                     }
                     Consulted::Lead(c) => caching = Some(*c),
-                    Consulted::Pass => {}
+                    Consulted::Pass => waited = true,
                 }
             }
         }
@@ -266,7 +275,7 @@ where
     let mut last: Option<Failure> = None;
 
     for attempt in 0..attempts {
-        let now = if attempt == 0 { started } else { Instant::now() };
+        let now = if attempt == 0 && !waited { started } else { Instant::now() };
         if now >= deadline {
             last = last.or(Some(Failure::Timeout));
             break;
@@ -388,7 +397,9 @@ struct Caching {
     /// upstream request's).
     request: Parts,
     id: String,
-    _flight: crate::cache::LeaderGuard,
+    /// The URL's flight, which this request leads (none for a request that refused stored
+    /// answers: it may refresh the entry, but nobody waits for it).
+    _flight: Option<crate::cache::LeaderGuard>,
 }
 
 enum Consulted {
@@ -406,10 +417,19 @@ fn head_copy(parts: &Parts) -> Parts {
     r.into_parts().0
 }
 
-fn cached_response(c: crate::cache::Cached, how: &'static str, id: &str) -> Response<ProxyBody> {
+fn cached_response(
+    c: crate::cache::Cached,
+    how: &'static str,
+    id: &str,
+    worker_header: Option<&header::HeaderName>,
+) -> Response<ProxyBody> {
     let mut resp = Response::new(body::full(c.body));
     *resp.status_mut() = c.status;
     *resp.headers_mut() = c.headers;
+    // No worker served this one.
+    if let Some(h) = worker_header {
+        resp.headers_mut().remove(h);
+    }
     resp.headers_mut().insert(X_CACHE, HeaderValue::from_static(how));
     if let Ok(v) = HeaderValue::try_from(id) {
         resp.headers_mut().insert(REQUEST_ID.clone(), v);
@@ -418,18 +438,34 @@ fn cached_response(c: crate::cache::Cached, how: &'static str, id: &str) -> Resp
 }
 
 /// Looks a hot key's request up in the gateway cache; on a miss, leads the URL's flight or waits
-/// (up to the coalescing timeout) for the one in the air and looks up again.
+/// (up to `wait`: the coalescing timeout, within the retry deadline) for the one in the air and
+/// looks up again, as NGINX's `proxy_cache_lock` does. A request that refuses stored answers
+/// (`no-cache`, `max-age=0`) neither looks up nor waits: it goes upstream, and may refresh the
+/// entry.
 async fn consult(
     hot: Arc<crate::hotkeys::HotKeysState>,
     key: crate::cache::CacheKey,
     parts: &Parts,
     id: &str,
+    wait: Duration,
+    worker_header: Option<&header::HeaderName>,
 ) -> Consulted {
     let Some(cache) = hot.cache.as_ref() else { return Consulted::Pass };
+    if !crate::cache::HttpCache::may_serve(parts) {
+        hot.metrics.cache_misses.fetch_add(1, Relaxed);
+        let request = head_copy(parts);
+        return Consulted::Lead(Box::new(Caching {
+            hot: Arc::clone(&hot),
+            key,
+            request,
+            id: id.to_owned(),
+            _flight: None,
+        }));
+    }
     let now = std::time::SystemTime::now();
     if let Some(c) = cache.lookup(&key, parts, now) {
         hot.metrics.cache_hits.fetch_add(1, Relaxed);
-        return Consulted::Hit(cached_response(c, "hit", id));
+        return Consulted::Hit(cached_response(c, "hit", id, worker_header));
     }
     if crate::cache::HttpCache::only_if_cached(parts) {
         // RFC 9111 §5.2.1.7: nothing stored, so no upstream request either.
@@ -449,16 +485,15 @@ async fn consult(
                 key,
                 request,
                 id: id.to_owned(),
-                _flight: guard,
+                _flight: Some(guard),
             }))
         }
         crate::cache::Flight::Follower(mut f) => {
-            let wait = hot.config.cache.as_ref().map_or(Duration::from_secs(5), |c| c.coalesce_timeout);
             let _ = tokio::time::timeout(wait, f.wait()).await;
             match cache.lookup(&key, parts, std::time::SystemTime::now()) {
                 Some(c) => {
                     hot.metrics.coalesced.fetch_add(1, Relaxed);
-                    Consulted::Hit(cached_response(c, "coalesced", id))
+                    Consulted::Hit(cached_response(c, "coalesced", id, worker_header))
                 }
                 None => {
                     hot.metrics.cache_misses.fetch_add(1, Relaxed);

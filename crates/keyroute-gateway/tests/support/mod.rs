@@ -36,6 +36,8 @@ pub struct Backend {
     pub peak: Arc<AtomicU64>,
     pub delay_ms: Arc<AtomicU64>,
     pub healthy: Arc<AtomicBool>,
+    /// The worker cache result it reports in `X-Cache`: 0 none, 1 `HIT`, 2 `MISS`.
+    pub x_cache: Arc<std::sync::atomic::AtomicU8>,
     tasks: Option<JoinSet<()>>,
     accept: Option<tokio::task::AbortHandle>,
 }
@@ -51,6 +53,7 @@ impl Backend {
             peak: Arc::default(),
             delay_ms: Arc::default(),
             healthy: Arc::new(AtomicBool::new(true)),
+            x_cache: Arc::default(),
             tasks: None,
             accept: None,
         };
@@ -70,6 +73,7 @@ impl Backend {
             peak: Arc::clone(&self.peak),
             delay: Arc::clone(&self.delay_ms),
             healthy: Arc::clone(&self.healthy),
+            x_cache: Arc::clone(&self.x_cache),
         };
         let conns = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
         let conns2 = Arc::clone(&conns);
@@ -79,7 +83,7 @@ impl Backend {
                 let h = h.clone();
                 conns2.lock().await.spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let Handles { name, served, arrived, current, peak, delay, healthy } = h.clone();
+                        let Handles { name, served, arrived, current, peak, delay, healthy, x_cache } = h.clone();
                         async move {
                             if req.uri().path() == "/healthz" {
                                 let status =
@@ -130,6 +134,11 @@ impl Backend {
                             }
                             if q.contains("vary=1") {
                                 r.headers_mut().insert("vary", "Accept".parse().expect("header"));
+                            }
+                            match x_cache.load(SeqCst) {
+                                1 => drop(r.headers_mut().insert("x-cache", "HIT".parse().expect("header"))),
+                                2 => drop(r.headers_mut().insert("x-cache", "MISS".parse().expect("header"))),
+                                _ => {}
                             }
                             if let Some(x) = q.split('&').find_map(|p| p.strip_prefix("xcache=")) {
                                 r.headers_mut()
@@ -189,6 +198,7 @@ struct Handles {
     peak: Arc<AtomicU64>,
     delay: Arc<AtomicU64>,
     healthy: Arc<AtomicBool>,
+    x_cache: Arc<std::sync::atomic::AtomicU8>,
 }
 
 /// A running gateway under test.
