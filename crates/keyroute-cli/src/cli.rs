@@ -22,6 +22,9 @@ pub enum Command {
     Place(PlaceArgs),
     /// The slot moves between two node sets: one line per slot, `SLOT<TAB>FROM<TAB>TO`.
     SlotPlan(SlotPlanArgs),
+    /// Redis Cluster keyslots, exactly as Redis computes them: `KEY<TAB>SLOT`, and with --masters
+    /// the master `redis-cli --cluster create` gave the slot.
+    Slot(SlotArgs),
     /// Simulations: what moves, what balances, what a fleet does under each strategy.
     #[command(subcommand)]
     Sim(SimCommand),
@@ -42,7 +45,8 @@ pub struct DemoArgs {
     /// A short run (about 20 s): the steady scenario for every strategy and the killed worker for two.
     #[arg(long)]
     pub quick: bool,
-    /// Seconds of load per strategy and scenario (default 4, or 1.5 with --quick).
+    /// Seconds of load per strategy and scenario (default 4, or 1.5 with --quick; the hot scenarios
+    /// 9 and double-fleet 10).
     #[arg(long)]
     pub seconds: Option<f64>,
     /// Requests per second (open loop).
@@ -52,7 +56,8 @@ pub struct DemoArgs {
     /// bounded-rendezvous, p2c, affinity).
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
-    /// Scenarios, comma separated (default: steady, scale-out, slow-worker, hot-image, killed-worker).
+    /// Scenarios, comma separated (default: steady, scale-out, slow-worker, hot-image, hot-baseline,
+    /// killed-worker, double-fleet). Strategies may carry +replicas or +handoff.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Write the HTML report here.
@@ -311,6 +316,16 @@ pub struct PlaceArgs {
     pub json: bool,
     /// Keys to place; without any, keys are read from standard input, one per line.
     pub keys: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SlotArgs {
+    /// The keys (default: one per line on standard input).
+    pub keys: Vec<String>,
+    /// The masters as given to `redis-cli --cluster create` (HOST:PORT,..., in that order, at
+    /// least 3): each key's master is printed too.
+    #[arg(long)]
+    pub masters: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Place(args) => place::run(&args),
         Command::SlotPlan(args) => place::slot_plan(&args),
+        Command::Slot(args) => place::slot(&args),
         Command::Sim(SimCommand::Remap(args)) => sim::remap(&args),
         Command::Sim(SimCommand::Balance(args)) => sim::balance(&args),
         Command::Sim(SimCommand::Choices(args)) => sim::choices(&args),

@@ -6,7 +6,7 @@ use anyhow::Result;
 use keyroute::{MovePlan, NodeSet, SlotTable, Table, ZoneAware};
 
 use crate::Usage;
-use crate::cli::{PlaceArgs, SlotPlanArgs, parse_nodes};
+use crate::cli::{PlaceArgs, SlotArgs, SlotPlanArgs, parse_nodes};
 
 pub fn run(args: &PlaceArgs) -> Result<()> {
     let strategy = args.strategy.strategy()?;
@@ -41,24 +41,55 @@ pub fn run(args: &PlaceArgs) -> Result<()> {
         line.push(b'\n');
         out.write_all(&line)
     };
-    if args.keys.is_empty() {
-        let stdin = std::io::stdin();
-        let mut input = std::io::BufReader::with_capacity(1 << 16, stdin.lock());
-        let mut buf = Vec::with_capacity(256);
-        loop {
-            buf.clear();
-            if input.read_until(b'\n', &mut buf)? == 0 {
-                break;
-            }
-            let key = buf.strip_suffix(b"\n").unwrap_or(&buf);
-            let key = key.strip_suffix(b"\r").unwrap_or(key);
-            place(key, &mut out)?;
-        }
-    } else {
-        for key in &args.keys {
-            place(key.as_bytes(), &mut out)?;
-        }
+    for_each_key(&args.keys, &mut |key| place(key, &mut out))?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Calls `f` with each key: the arguments, or without any, each line of standard input (a
+/// trailing CR removed).
+fn for_each_key(keys: &[String], f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>) -> std::io::Result<()> {
+    if !keys.is_empty() {
+        return keys.iter().try_for_each(|k| f(k.as_bytes()));
     }
+    let stdin = std::io::stdin();
+    let mut input = std::io::BufReader::with_capacity(1 << 16, stdin.lock());
+    let mut buf = Vec::with_capacity(256);
+    loop {
+        buf.clear();
+        if input.read_until(b'\n', &mut buf)? == 0 {
+            return Ok(());
+        }
+        let key = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        let key = key.strip_suffix(b"\r").unwrap_or(key);
+        f(key)?;
+    }
+}
+
+/// `keyroute slot`: each key's Redis Cluster slot (`KEY<TAB>SLOT`), and with `--masters`, the
+/// master that `redis-cli --cluster create` with those masters gave the slot (`KEY<TAB>SLOT<TAB>MASTER`).
+pub fn slot(args: &SlotArgs) -> Result<()> {
+    use keyroute::compat::redis::{RedisCluster, key_slot};
+    let cluster = match &args.masters {
+        Some(list) => {
+            let nodes = parse_nodes("--masters", list)?;
+            Some(RedisCluster::new(nodes).map_err(|e| Usage(format!("--masters: {e}")))?)
+        }
+        None => None,
+    };
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    for_each_key(&args.keys, &mut |key| {
+        let slot = key_slot(key);
+        out.write_all(key)?;
+        write!(out, "\t{slot}")?;
+        if let Some(c) = &cluster
+            && let Some(i) = c.slot_owner(slot)
+        {
+            write!(out, "\t{}", keyroute::Placement::nodes(c).nodes()[i].name())?;
+        }
+        out.write_all(b"\n")
+    })?;
     out.flush()?;
     Ok(())
 }

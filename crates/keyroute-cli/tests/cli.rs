@@ -275,3 +275,22 @@ fn fleet_runs_a_small_scenario_and_writes_a_report() {
     assert!(html.contains("<svg") && html.contains("latency CDF"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn slot_prints_redis_keyslots_and_the_created_clusters_master() {
+    let out = keyroute(&["slot", "123456789", "{user1}.following", "a{b}c{d}", "b"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "123456789\t12739");
+    assert_eq!(lines[1], "{user1}.following\t8106");
+    // A hash tag: the same slot as its content.
+    assert_eq!(lines[2].split('\t').nth(1), lines[3].split('\t').nth(1));
+    // 3 masters: 0-5460, 5461-10922, 10923-16383 (as redis-cli --cluster create gives them).
+    let out = keyroute(&["slot", "--masters", "10.0.0.1:7000,10.0.0.1:7001,10.0.0.1:7002", "somekey", "{user1}.x"]);
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert_eq!(text, "somekey\t11058\t10.0.0.1:7002\n{user1}.x\t8106\t10.0.0.1:7001\n");
+    let out = keyroute(&["slot", "--masters", "a:1,b:2", "k"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("3 to 16384 masters"));
+}

@@ -72,6 +72,7 @@ mod strategy;
 
 pub mod bounded;
 pub mod choices;
+pub mod compat;
 pub mod hash;
 pub mod hot;
 pub mod jump;

@@ -108,7 +108,8 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crc16(hash_tag(key)) % SLOT_COUNT as u16
 }
 
-/// The bytes of a key that are hashed: the first non-empty `{tag}`, or the whole key.
+/// The bytes of a key that are hashed: what lies between its *first* `{` and the next `}`, if that
+/// is not empty (`{}{a}` hashes the whole key), or else the whole key.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{')
         && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')

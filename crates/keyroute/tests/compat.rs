@@ -1,0 +1,53 @@
+//! Compatibility modes against golden vectors from the real programs (`testdata/compat/`, each
+//! directory with the script that regenerates it and the version it ran).
+
+use keyroute::compat::redis::{RedisCluster, key_slot};
+use keyroute::{Node, NodeSet, Placement};
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+}
+
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+}
+
+#[test]
+fn redis_keyslots_equal_redis_server() {
+    let text = include_str!("../testdata/compat/redis/keyslots.tsv");
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (hex, slot) = line.split_once('\t').expect("two fields");
+        let key = unhex(hex);
+        assert_eq!(u32::from(key_slot(&key)), slot.parse::<u32>().expect("slot"), "key {key:?}");
+        n += 1;
+    }
+    assert!(n >= 5_000, "{n} keys");
+}
+
+#[test]
+fn redis_cluster_layouts_equal_redis_cli_create() {
+    let text = include_str!("../testdata/compat/redis/layouts.tsv");
+    let mut cases = 0;
+    for line in lines(text) {
+        let (names, slots) = line.split_once('\t').expect("two fields");
+        let names: Vec<&str> = names.split(',').collect();
+        let nodes = NodeSet::try_new(names.iter().map(|n| Node::new_unchecked(n))).expect("unique");
+        let cluster = RedisCluster::new(nodes).expect("3 or more masters");
+        let mut mine: Vec<String> = vec![String::new(); names.len()];
+        for (range, node) in cluster.ranges() {
+            mine[node] = format!("{}-{}", range.start(), range.end());
+        }
+        let real: Vec<&str> = slots.split(';').collect();
+        assert_eq!(mine, real, "{names:?}");
+        // And every slot's owner through the Placement trait.
+        for (i, r) in real.iter().enumerate() {
+            let (a, b) = r.split_once('-').expect("a range");
+            for slot in [a.parse::<u64>().expect("slot"), b.parse::<u64>().expect("slot")] {
+                assert_eq!(cluster.pick_hash(slot), Some(i), "slot {slot} of {names:?}");
+            }
+        }
+        cases += 1;
+    }
+    assert!(cases >= 9, "{cases} layouts");
+}
