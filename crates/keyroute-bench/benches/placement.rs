@@ -329,6 +329,13 @@ fn compat(c: &mut Criterion) {
             cluster.pick(black_box(keys[i].as_bytes())).expect("a master")
         })
     });
+    let ring = keyroute::compat::groupcache::GroupcacheRing::new(node_set(80, false), 50).expect("valid");
+    g.bench_function("groupcache/pick-keyed/n=80,r=50", |b| {
+        b.iter(|| {
+            i = (i + 1) & mask;
+            ring.pick(black_box(keys[i].as_bytes())).expect("a node")
+        })
+    });
     g.bench_function("build/redis-cluster/n=31", |b| {
         let names: Vec<String> = (0..31).map(|p| format!("10.0.0.1:{}", 7000 + p)).collect();
         let set = NodeSet::parse(&names.join(",")).expect("valid");

@@ -51,3 +51,27 @@ fn redis_cluster_layouts_equal_redis_cli_create() {
     }
     assert!(cases >= 9, "{cases} layouts");
 }
+
+#[test]
+fn groupcache_equals_golang_groupcache() {
+    use keyroute::compat::groupcache::GroupcacheRing;
+    let text = include_str!("../testdata/compat/groupcache/golden.tsv");
+    let mut ring: Option<(GroupcacheRing, Vec<String>)> = None;
+    let (mut keys, mut cases) = (0, 0);
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let Some(case) = line.strip_prefix("case ") {
+            let (replicas, names) = case.split_once('\t').expect("two fields");
+            let names: Vec<String> = names.split(',').map(str::to_owned).collect();
+            let nodes = NodeSet::try_new(names.iter().map(|n| Node::new_unchecked(n))).expect("unique");
+            ring = Some((GroupcacheRing::new(nodes, replicas.parse().expect("replicas")).expect("valid"), names));
+            cases += 1;
+            continue;
+        }
+        let (hex, want) = line.split_once('\t').expect("two fields");
+        let (r, names) = ring.as_ref().expect("a case first");
+        let got = r.pick(&unhex(hex)).map(|n| n.name().to_owned());
+        assert_eq!(got.as_deref(), Some(want), "key {hex} on {names:?}");
+        keys += 1;
+    }
+    assert_eq!((cases, keys), (6, 24_000));
+}

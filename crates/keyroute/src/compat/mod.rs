@@ -5,5 +5,7 @@
 //!
 //! - [`redis`]: Redis Cluster's keyslots (CRC16 with hash tags) and the slot layout of
 //!   `redis-cli --cluster create`.
+//! - [`groupcache`]: Go groupcache's `consistenthash` ring.
 
+pub mod groupcache;
 pub mod redis;
