@@ -336,6 +336,17 @@ fn compat(c: &mut Criterion) {
             ring.pick(black_box(keys[i].as_bytes())).expect("a node")
         })
     });
+    let guava = keyroute::compat::guava::GuavaConsistentHash::new(
+        node_set(80, false),
+        keyroute::compat::guava::GuavaInput::Murmur3_128,
+    )
+    .expect("valid");
+    g.bench_function("guava-murmur3/pick-keyed/n=80", |b| {
+        b.iter(|| {
+            i = (i + 1) & mask;
+            guava.pick(black_box(keys[i].as_bytes())).expect("a node")
+        })
+    });
     g.bench_function("build/redis-cluster/n=31", |b| {
         let names: Vec<String> = (0..31).map(|p| format!("10.0.0.1:{}", 7000 + p)).collect();
         let set = NodeSet::parse(&names.join(",")).expect("valid");

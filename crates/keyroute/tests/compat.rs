@@ -75,3 +75,24 @@ fn groupcache_equals_golang_groupcache() {
     }
     assert_eq!((cases, keys), (6, 24_000));
 }
+
+#[test]
+fn guava_consistent_hash_equals_guava() {
+    use keyroute::compat::guava::{GuavaInput, consistent_hash, key_input};
+    let text = include_str!("../testdata/compat/guava/golden.txt");
+    let mut n = 0;
+    for line in lines(text) {
+        let f: Vec<&str> = line.split(' ').collect();
+        let buckets: u32 = f[2].parse().expect("buckets");
+        let want: u32 = f[3].parse().expect("bucket");
+        let key = || if f[1] == "-" { Vec::new() } else { unhex(f[1]) };
+        let input = match f[0] {
+            "murmur3" => key_input(&key(), GuavaInput::Murmur3_128),
+            "md5" => key_input(&key(), GuavaInput::Md5),
+            _ => f[1].parse::<i64>().expect("a long"),
+        };
+        assert_eq!(consistent_hash(input, buckets), want, "{line}");
+        n += 1;
+    }
+    assert!(n >= 13_000, "{n} lines");
+}

@@ -6,6 +6,8 @@
 //! - [`redis`]: Redis Cluster's keyslots (CRC16 with hash tags) and the slot layout of
 //!   `redis-cli --cluster create`.
 //! - [`groupcache`]: Go groupcache's `consistenthash` ring.
+//! - [`guava`]: Guava's `Hashing.consistentHash`, over murmur3_128, md5 or a raw 64-bit input.
 
 pub mod groupcache;
+pub mod guava;
 pub mod redis;
