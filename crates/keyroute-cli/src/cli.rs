@@ -314,6 +314,18 @@ pub struct PlaceArgs {
     /// One JSON object per line instead of tab-separated text.
     #[arg(long)]
     pub json: bool,
+    /// Place exactly as a deployed system does (instead of --strategy): redis-cluster (the layout
+    /// of `redis-cli --cluster create` over --nodes in order), groupcache, guava (bucket = index in
+    /// --nodes).
+    #[arg(long)]
+    pub compat: Option<String>,
+    /// groupcache: points per node (its HTTPPool uses 50).
+    #[arg(long, default_value_t = 50)]
+    pub groupcache_replicas: u32,
+    /// guava: what `consistentHash` is given: murmur3 (`murmur3_128().hashBytes(key)`), md5, or
+    /// long (the key is a signed 64-bit integer, passed as is).
+    #[arg(long, default_value = "murmur3")]
+    pub guava_input: String,
     /// Keys to place; without any, keys are read from standard input, one per line.
     pub keys: Vec<String>,
 }

@@ -9,6 +9,9 @@ use crate::Usage;
 use crate::cli::{PlaceArgs, SlotArgs, SlotPlanArgs, parse_nodes};
 
 pub fn run(args: &PlaceArgs) -> Result<()> {
+    if let Some(mode) = &args.compat {
+        return place_compat(args, mode);
+    }
     let strategy = args.strategy.strategy()?;
     let options = args.strategy.options()?;
     let nodes = parse_nodes("--nodes", &args.nodes)?;
@@ -42,6 +45,79 @@ pub fn run(args: &PlaceArgs) -> Result<()> {
         out.write_all(&line)
     };
     for_each_key(&args.keys, &mut |key| place(key, &mut out))?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `keyroute place --compat MODE`: each key's node as the deployed system places it.
+fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
+    use keyroute::compat::groupcache::GroupcacheRing;
+    use keyroute::compat::guava::{GuavaConsistentHash, GuavaInput, consistent_hash};
+    use keyroute::compat::redis::RedisCluster;
+    use keyroute::{Placement, Ranking};
+    let nodes = parse_nodes("--nodes", &args.nodes)?;
+    if args.zone_aware {
+        return Err(Usage("--zone-aware: not with --compat (the systems it reproduces have no zones)".into()).into());
+    }
+    let usage = |e: keyroute::Error| Usage(format!("--compat {mode}: {e}"));
+    // The raw-long Guava input parses each key; every other mode hashes it.
+    let raw_long = mode == "guava" && args.guava_input == "long";
+    let table: Box<dyn Placement> = match mode {
+        "redis-cluster" => Box::new(RedisCluster::new(nodes.clone()).map_err(usage)?),
+        "groupcache" => Box::new(GroupcacheRing::new(nodes.clone(), args.groupcache_replicas).map_err(usage)?),
+        "guava" => {
+            let input = match args.guava_input.as_str() {
+                "murmur3" | "long" => GuavaInput::Murmur3_128,
+                "md5" => GuavaInput::Md5,
+                other => {
+                    return Err(Usage(format!("--guava-input: '{other}' (valid: murmur3, md5, long)")).into());
+                }
+            };
+            Box::new(GuavaConsistentHash::new(nodes.clone(), input).map_err(usage)?)
+        }
+        other => {
+            return Err(
+                Usage(format!("--compat: unknown mode '{other}' (valid: redis-cluster, groupcache, guava)")).into()
+            );
+        }
+    };
+    let ring = (mode == "groupcache")
+        .then(|| GroupcacheRing::new(nodes.clone(), args.groupcache_replicas))
+        .transpose()
+        .map_err(usage)?;
+    if args.replicas > 1 && ring.is_none() {
+        return Err(Usage(format!("--replicas: {mode} places each key on one node (it has no ranking)")).into());
+    }
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut bad: Option<String> = None;
+    for_each_key(&args.keys, &mut |key| {
+        let names: Vec<&str> = if raw_long {
+            let Some(v) = std::str::from_utf8(key).ok().and_then(|k| k.trim().parse::<i64>().ok()) else {
+                bad = Some(String::from_utf8_lossy(key).into_owned());
+                return Err(std::io::Error::other("not a long"));
+            };
+            if nodes.is_empty() {
+                Vec::new()
+            } else {
+                vec![nodes.nodes()[consistent_hash(v, nodes.len() as u32) as usize].name()]
+            }
+        } else if let Some(r) = &ring {
+            r.ranked(key).take(args.replicas).map(|i| nodes.nodes()[i].name()).collect()
+        } else {
+            table.pick(key).map(keyroute::Node::name).into_iter().collect()
+        };
+        out.write_all(key)?;
+        for n in names {
+            out.write_all(b"\t")?;
+            out.write_all(n.as_bytes())?;
+        }
+        out.write_all(b"\n")
+    })
+    .map_err(|e| match &bad {
+        Some(k) => anyhow::Error::from(Usage(format!("--guava-input long: key '{k}' is not a signed 64-bit integer"))),
+        None => e.into(),
+    })?;
     out.flush()?;
     Ok(())
 }

@@ -294,3 +294,35 @@ fn slot_prints_redis_keyslots_and_the_created_clusters_master() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("3 to 16384 masters"));
 }
+
+/// `place --compat`: the answers of the real programs (from the golden files of
+/// `crates/keyroute/testdata/compat/`).
+#[test]
+fn place_compat_answers_as_the_real_programs() {
+    let buckets: Vec<String> = (0..100).map(|i| format!("b{i}")).collect();
+    let buckets = buckets.join(",");
+    let one = |args: &[&str]| {
+        let out = keyroute(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    // Guava 31.1: consistentHash(42, 100) = 43; murmur3_128("hello") -> 65; md5("hello") -> 89.
+    assert_eq!(one(&["place", "--compat", "guava", "--guava-input", "long", "-n", &buckets, "42"]), "42\tb43\n");
+    assert_eq!(one(&["place", "--compat", "guava", "-n", &buckets, "hello"]), "hello\tb65\n");
+    assert_eq!(one(&["place", "--compat", "guava", "--guava-input", "md5", "-n", &buckets, "hello"]), "hello\tb89\n");
+    // golang/groupcache, 50 replicas over cache-a..cache-h: "a" -> cache-d.
+    let names8 = "cache-a,cache-b,cache-c,cache-d,cache-e,cache-f,cache-g,cache-h";
+    assert_eq!(one(&["place", "--compat", "groupcache", "-n", names8, "a"]), "a\tcache-d\n");
+    // Redis Cluster created over 3 masters: somekey (slot 11058) -> the third.
+    assert_eq!(
+        one(&["place", "--compat", "redis-cluster", "-n", "10.0.0.1:7000,10.0.0.1:7001,10.0.0.1:7002", "somekey"]),
+        "somekey\t10.0.0.1:7002\n"
+    );
+    for bad in [
+        vec!["place", "--compat", "guava", "--guava-input", "long", "-n", "a,b", "x"],
+        vec!["place", "--compat", "nginx", "-n", "a,b", "x"],
+        vec!["place", "--compat", "guava", "-r", "2", "-n", "a,b", "x"],
+    ] {
+        assert_eq!(keyroute(&bad).status.code(), Some(64), "{bad:?}");
+    }
+}
