@@ -64,6 +64,7 @@ fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
     let raw_long = mode == "guava" && args.guava_input == "long";
     let table: Box<dyn Placement> = match mode {
         "redis-cluster" => Box::new(RedisCluster::new(nodes.clone()).map_err(usage)?),
+        "libketama" => Box::new(keyroute::compat::libketama::Libketama::new(nodes.clone()).map_err(usage)?),
         "groupcache" => Box::new(GroupcacheRing::new(nodes.clone(), args.groupcache_replicas).map_err(usage)?),
         "guava" => {
             let input = match args.guava_input.as_str() {
@@ -76,9 +77,10 @@ fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
             Box::new(GuavaConsistentHash::new(nodes.clone(), input).map_err(usage)?)
         }
         other => {
-            return Err(
-                Usage(format!("--compat: unknown mode '{other}' (valid: redis-cluster, groupcache, guava)")).into()
-            );
+            return Err(Usage(format!(
+                "--compat: unknown mode '{other}' (valid: redis-cluster, groupcache, guava, libketama)"
+            ))
+            .into());
         }
     };
     let ring = (mode == "groupcache")

@@ -96,3 +96,28 @@ fn guava_consistent_hash_equals_guava() {
     }
     assert!(n >= 13_000, "{n} lines");
 }
+
+#[test]
+fn libketama_equals_libketama() {
+    use keyroute::compat::libketama::Libketama;
+    let text = include_str!("../testdata/compat/libketama/golden.tsv");
+    let mut ring: Option<Libketama> = None;
+    let (mut keys, mut cases) = (0, 0);
+    for line in lines(text) {
+        if let Some(case) = line.strip_prefix("case ") {
+            let nodes = NodeSet::try_new(case.split(',').map(|s| {
+                let (addr, w) = s.rsplit_once(':').expect("ADDR:WEIGHT");
+                Node::new_unchecked(addr).with_weight(w.parse().expect("weight"))
+            }))
+            .expect("unique");
+            ring = Some(Libketama::new(nodes).expect("valid"));
+            cases += 1;
+            continue;
+        }
+        let (hex, want) = line.split_once('\t').expect("two fields");
+        let r = ring.as_ref().expect("a case first");
+        assert_eq!(r.pick(&unhex(hex)).map(Node::name), Some(want), "key {hex}, case {cases}");
+        keys += 1;
+    }
+    assert_eq!((cases, keys), (8, 24_000));
+}

@@ -90,14 +90,6 @@ impl GroupcacheRing {
         let points = points.into_iter().map(|p| (p, owner[&p])).collect();
         Ok(GroupcacheRing { nodes, points })
     }
-
-    fn first_at_or_after(&self, h: u32) -> Option<usize> {
-        if self.points.is_empty() {
-            return None;
-        }
-        let i = self.points.partition_point(|&(p, _)| p < h);
-        Some(if i == self.points.len() { 0 } else { i })
-    }
 }
 
 impl Placement for GroupcacheRing {
@@ -111,45 +103,20 @@ impl Placement for GroupcacheRing {
     }
 
     fn pick_hash(&self, hash: u64) -> Option<usize> {
-        let i = self.first_at_or_after(hash as u32)?;
+        let i = super::first_at_or_after(&self.points, hash as u32)?;
         Some(self.points[i].1 as usize)
     }
 }
 
-/// The ring walked onwards from a key's point: distinct nodes, owner first.
-#[derive(Clone, Debug)]
-pub struct GroupcacheRanked<'a> {
-    ring: &'a GroupcacheRing,
-    at: usize,
-    left: usize,
-    seen: Vec<bool>,
-}
-
-impl Iterator for GroupcacheRanked<'_> {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        while self.left > 0 {
-            let (_, n) = self.ring.points[self.at % self.ring.points.len()];
-            self.at += 1;
-            self.left -= 1;
-            let n = n as usize;
-            if !self.seen[n] {
-                self.seen[n] = true;
-                return Some(n);
-            }
-        }
-        None
-    }
-}
+/// The ring walked onwards from a key's point (see [`super::PointWalk`]).
+pub type GroupcacheRanked<'a> = super::PointWalk<'a>;
 
 impl Ranking for GroupcacheRing {
     type Ranked<'a> = GroupcacheRanked<'a>;
 
     /// groupcache itself has no failover; keyroute's ranking walks the ring onwards.
     fn ranked_hash(&self, hash: u64) -> GroupcacheRanked<'_> {
-        let at = self.first_at_or_after(hash as u32).unwrap_or(0);
-        GroupcacheRanked { ring: self, at, left: self.points.len(), seen: vec![false; self.nodes.len()] }
+        super::PointWalk::new(&self.points, hash, self.nodes.len())
     }
 }
 
