@@ -62,10 +62,15 @@ fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
     let usage = |e: keyroute::Error| Usage(format!("--compat {mode}: {e}"));
     // The raw-long Guava input parses each key; every other mode hashes it.
     let raw_long = mode == "guava" && args.guava_input == "long";
-    let table: Box<dyn Placement> = match mode {
-        "redis-cluster" => Box::new(RedisCluster::new(nodes.clone()).map_err(usage)?),
-        "libketama" => Box::new(keyroute::compat::libketama::Libketama::new(nodes.clone()).map_err(usage)?),
-        "groupcache" => Box::new(GroupcacheRing::new(nodes.clone(), args.groupcache_replicas).map_err(usage)?),
+    // groupcache's ring also ranks (for -r); the other modes only pick.
+    let mut ring = None;
+    let table: Option<Box<dyn Placement>> = match mode {
+        "redis-cluster" => Some(Box::new(RedisCluster::new(nodes.clone()).map_err(usage)?)),
+        "libketama" => Some(Box::new(keyroute::compat::libketama::Libketama::new(nodes.clone()).map_err(usage)?)),
+        "groupcache" => {
+            ring = Some(GroupcacheRing::new(nodes.clone(), args.groupcache_replicas).map_err(usage)?);
+            None
+        }
         "guava" => {
             let input = match args.guava_input.as_str() {
                 "murmur3" | "long" => GuavaInput::Murmur3_128,
@@ -74,7 +79,7 @@ fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
                     return Err(Usage(format!("--guava-input: '{other}' (valid: murmur3, md5, long)")).into());
                 }
             };
-            Box::new(GuavaConsistentHash::new(nodes.clone(), input).map_err(usage)?)
+            Some(Box::new(GuavaConsistentHash::new(nodes.clone(), input).map_err(usage)?))
         }
         other => {
             return Err(Usage(format!(
@@ -83,10 +88,6 @@ fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
             .into());
         }
     };
-    let ring = (mode == "groupcache")
-        .then(|| GroupcacheRing::new(nodes.clone(), args.groupcache_replicas))
-        .transpose()
-        .map_err(usage)?;
     if args.replicas > 1 && ring.is_none() {
         return Err(Usage(format!("--replicas: {mode} places each key on one node (it has no ranking)")).into());
     }
@@ -107,7 +108,7 @@ fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
         } else if let Some(r) = &ring {
             r.ranked(key).take(args.replicas).map(|i| nodes.nodes()[i].name()).collect()
         } else {
-            table.pick(key).map(keyroute::Node::name).into_iter().collect()
+            table.as_ref().and_then(|t| t.pick(key)).map(keyroute::Node::name).into_iter().collect()
         };
         out.write_all(key)?;
         for n in names {

@@ -368,17 +368,15 @@ fn hot_keys(pool: &Pool) -> serde_json::Value {
         return serde_json::json!({ "pool": pool.name, "enabled": false, "keys": [] });
     };
     let keys: Vec<serde_json::Value> = hot
-        .keys()
+        .report(&snap)
         .into_iter()
-        .map(|(key, hash, rate, replicas)| {
-            let owners: Vec<&str> =
-                snap.policy.ranked(hash).take(replicas).map(|i| snap.workers[i].name.as_str()).collect();
+        .map(|k| {
             serde_json::json!({
-                "key": key,
-                "hash": format!("{hash:016x}"),
-                "rate": (rate * 10.0).round() / 10.0,
-                "replicas": replicas,
-                "owners": owners,
+                "key": k.key,
+                "hash": format!("{:016x}", k.hash),
+                "rate": (k.rate * 10.0).round() / 10.0,
+                "replicas": k.replicas,
+                "owners": k.owners,
             })
         })
         .collect();

@@ -28,6 +28,21 @@ use crate::cache::{CacheConfig, HttpCache};
 use crate::config::HotKeysConfig;
 use crate::state::Shared;
 
+/// A hot key as [`crate::GatewayHandle::hot_keys`] (and `GET /hotkeys`) reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HotKeyInfo {
+    /// The key's text, once a sampled request showed it.
+    pub key: Option<String>,
+    /// The key's hash.
+    pub hash: u64,
+    /// Its measured rate, requests per second.
+    pub rate: f64,
+    /// Its replica count.
+    pub replicas: usize,
+    /// Its replicas: the first `replicas` workers of its ranking.
+    pub owners: Vec<String>,
+}
+
 /// Counters of one pool's hot keys and cache.
 #[derive(Debug, Default)]
 pub(crate) struct HotMetrics {
@@ -165,11 +180,20 @@ impl HotKeysState {
         self.set.store(Arc::new(set));
     }
 
-    /// The hot keys now, hottest first: (key text if known, hash, rate, replicas).
-    pub(crate) fn keys(&self) -> Vec<(Option<String>, u64, f64, usize)> {
-        let names = self.names.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    /// The hot keys now, hottest first, each with its replicas in `snap`'s table.
+    pub(crate) fn report(&self, snap: &crate::pool::Snapshot) -> Vec<HotKeyInfo> {
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         let rule = self.rule.lock().unwrap_or_else(|e| e.into_inner());
-        rule.keys().iter().map(|k| (names.get(&k.hash).cloned(), k.hash, k.rate, k.replicas)).collect()
+        rule.keys()
+            .iter()
+            .map(|k| HotKeyInfo {
+                key: names.get(&k.hash).cloned(),
+                hash: k.hash,
+                rate: k.rate,
+                replicas: k.replicas,
+                owners: snap.policy.ranked(k.hash).take(k.replicas).map(|i| snap.workers[i].name.clone()).collect(),
+            })
+            .collect()
     }
 
     /// The published set.

@@ -94,9 +94,10 @@ mod upstream;
 pub use body::{BoxError, ProxyBody};
 pub use config::{Config, ConfigError, WorkerConfig};
 pub use error::{GatewayError, ReloadError};
+pub use hotkeys::HotKeyInfo;
 pub use pool::{Member, MembershipError};
 pub use proxy::ProxyService;
-pub use server::{Gateway, GatewayHandle, HotKeyInfo, Membership, Placements};
+pub use server::{Gateway, GatewayHandle, Membership, Placements};
 
 /// Entry points for the fuzz targets (`fuzz/`). Not part of the public API.
 #[doc(hidden)]

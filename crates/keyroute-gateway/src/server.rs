@@ -41,21 +41,6 @@ pub struct Placements {
     pub warming: u64,
 }
 
-/// A hot key as [`GatewayHandle::hot_keys`] (and `GET /hotkeys`) reports it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HotKeyInfo {
-    /// The key's text, once a sampled request showed it.
-    pub key: Option<String>,
-    /// The key's hash.
-    pub hash: u64,
-    /// Its measured rate, requests per second.
-    pub rate: f64,
-    /// Its replica count.
-    pub replicas: usize,
-    /// Its replicas: the first `replicas` workers of its ranking.
-    pub owners: Vec<String>,
-}
-
 /// A pool's membership as [`GatewayHandle::membership`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Membership {
@@ -552,21 +537,10 @@ impl GatewayHandle {
     /// # Errors
     ///
     /// No such pool.
-    pub fn hot_keys(&self, pool: &str) -> Result<Vec<HotKeyInfo>, GatewayError> {
+    pub fn hot_keys(&self, pool: &str) -> Result<Vec<crate::hotkeys::HotKeyInfo>, GatewayError> {
         let p = self.pool(pool)?;
         let snap = p.snapshot();
-        let Some(hot) = &snap.hot else { return Ok(Vec::new()) };
-        Ok(hot
-            .keys()
-            .into_iter()
-            .map(|(key, hash, rate, replicas)| HotKeyInfo {
-                owners: snap.policy.ranked(hash).take(replicas).map(|i| snap.workers[i].name.clone()).collect(),
-                key,
-                hash,
-                rate,
-                replicas,
-            })
-            .collect())
+        Ok(snap.hot.as_ref().map_or_else(Vec::new, |hot| hot.report(&snap)))
     }
 
     /// How a pool's requests were placed so far.

@@ -85,7 +85,7 @@ impl<F: Fn(usize) -> u64> LoadView for F {
 
 /// Whether `a` (load, weight) is strictly less loaded than `b`, relative to weight.
 #[inline]
-fn lighter(a: (u64, u32), b: (u64, u32)) -> bool {
+pub(crate) fn lighter(a: (u64, u32), b: (u64, u32)) -> bool {
     u128::from(a.0) * u128::from(b.1) < u128::from(b.0) * u128::from(a.1)
 }
 

@@ -547,26 +547,21 @@ where
     I: IntoIterator<Item = usize>,
     L: LoadView + ?Sized,
 {
-    let weight = |i: usize| u128::from(nodes.get(i).map_or(1, |n| n.weight().max(1)));
-    let mut best: Option<(Choice, u64)> = None;
+    let r = replicas.max(1);
+    let mut best: Option<(Choice, (u64, u32))> = None;
     for (rank, node) in ranking.into_iter().enumerate() {
-        if rank >= replicas.max(1) && best.is_some() {
+        if rank >= r && best.is_some() {
             break;
         }
         if !eligible(node) {
             continue;
         }
-        let load = loads.load(node);
-        if rank >= replicas.max(1) {
+        if rank >= r {
             return Some(Choice { node, rank });
         }
-        let better = match best {
-            None => true,
-            // load / weight < best_load / best_weight
-            Some((b, bl)) => u128::from(load) * weight(b.node) < u128::from(bl) * weight(node),
-        };
-        if better {
-            best = Some((Choice { node, rank }, load));
+        let lw = (loads.load(node), nodes.get(node).map_or(1, |n| n.weight().max(1)));
+        if best.is_none_or(|(_, b)| crate::choices::lighter(lw, b)) {
+            best = Some((Choice { node, rank }, lw));
         }
     }
     best.map(|(c, _)| c)

@@ -475,16 +475,25 @@ impl Policy {
                         crate::Choice { node, rank: 0 }
                     }
                 };
-                let spill = if Some(choice.node) == owner {
-                    None
-                } else if owner.is_some_and(&eligible) {
-                    Some(Spill::Overloaded)
-                } else {
-                    Some(Spill::Unavailable)
-                };
-                Some(Decision { node: choice.node, owner, spill })
+                Some(Decision::spilled(choice.node, owner, &eligible, Spill::Overloaded))
             }
         }
+    }
+}
+
+impl Decision {
+    /// The decision for `node` when the key's owner is `owner`: no spill when they are the same;
+    /// `passed_over` (overloaded, or a replica chosen) when the owner was eligible; unavailable
+    /// otherwise.
+    fn spilled(node: usize, owner: Option<usize>, eligible: impl Fn(usize) -> bool, passed_over: Spill) -> Self {
+        let spill = if Some(node) == owner {
+            None
+        } else if owner.is_some_and(eligible) {
+            Some(passed_over)
+        } else {
+            Some(Spill::Unavailable)
+        };
+        Decision { node, owner, spill }
     }
 }
 
@@ -509,14 +518,8 @@ impl Policy {
         };
         let owner = table.pick_hash(hash);
         let choice = crate::hot::pick_replica(table.ranked_hash(hash), replicas, &self.nodes, loads, &eligible)?;
-        let spill = if Some(choice.node) == owner {
-            None
-        } else if choice.rank < replicas && owner.is_some_and(&eligible) {
-            Some(Spill::Replica)
-        } else {
-            Some(Spill::Unavailable)
-        };
-        Some(Decision { node: choice.node, owner, spill })
+        // An eligible owner is first of the replicas, so a choice past them means it was not.
+        Some(Decision::spilled(choice.node, owner, &eligible, Spill::Replica))
     }
 }
 
