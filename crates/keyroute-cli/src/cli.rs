@@ -264,6 +264,29 @@ pub struct StrategyArgs {
     /// Choices for p2c, and owners considered by affinity.
     #[arg(long, default_value_t = 2)]
     pub choices: usize,
+    /// groupcache: points per node (its HTTPPool uses 50).
+    #[arg(long, default_value_t = 50)]
+    pub groupcache_replicas: u32,
+    /// guava: what `consistentHash` is given: murmur3 (`murmur3_128().hashBytes(key)`), md5, or
+    /// (with `place`) long: the key is a signed 64-bit integer, passed as is.
+    #[arg(long, default_value = "murmur3")]
+    pub guava_input: String,
+    /// haproxy: the words after `hash-type consistent` ("" = sdbm with avalanche, "sdbm",
+    /// "djb2", "wt6", "crc32", each optionally followed by "avalanche").
+    #[arg(long, default_value = "")]
+    pub haproxy_hash: String,
+    /// twemproxy: `hash_tag`, two characters such as "{}" (none by default).
+    #[arg(long)]
+    pub hash_tag: Option<String>,
+    /// envoy-ring-hash: `minimum_ring_size`.
+    #[arg(long, default_value_t = keyroute::compat::envoy::DEFAULT_MIN_RING_SIZE)]
+    pub envoy_min_ring_size: u64,
+    /// envoy-ring-hash: `maximum_ring_size`.
+    #[arg(long, default_value_t = keyroute::compat::envoy::DEFAULT_MAX_RING_SIZE)]
+    pub envoy_max_ring_size: u64,
+    /// envoy-maglev: `table_size` (a prime).
+    #[arg(long, default_value_t = keyroute::compat::envoy::DEFAULT_TABLE_SIZE)]
+    pub envoy_table_size: u64,
 }
 
 impl StrategyArgs {
@@ -290,6 +313,34 @@ impl StrategyArgs {
             maglev_size: self.maglev_size,
             epsilon: self.epsilon,
             choices: self.choices,
+            compat: self.compat_options()?,
+        })
+    }
+
+    fn compat_options(&self) -> Result<keyroute::compat::CompatOptions, Usage> {
+        use keyroute::compat::guava::GuavaInput;
+        let guava_input = match self.guava_input.as_str() {
+            "murmur3" | "long" => GuavaInput::Murmur3_128,
+            "md5" => GuavaInput::Md5,
+            other => return Err(Usage(format!("--guava-input: '{other}' (valid: murmur3, md5, long)"))),
+        };
+        let haproxy_hash = keyroute::compat::haproxy::HaproxyHash::parse(&self.haproxy_hash)
+            .map_err(|e| Usage(format!("--haproxy-hash: {e}")))?;
+        let twemproxy_hash_tag = match &self.hash_tag {
+            None => None,
+            Some(t) => Some(
+                <[u8; 2]>::try_from(t.as_bytes())
+                    .map_err(|_| Usage(format!("--hash-tag: '{t}' must be two bytes, such as {{}}")))?,
+            ),
+        };
+        Ok(keyroute::compat::CompatOptions {
+            groupcache_replicas: self.groupcache_replicas,
+            guava_input,
+            haproxy_hash,
+            twemproxy_hash_tag,
+            envoy_min_ring_size: self.envoy_min_ring_size,
+            envoy_max_ring_size: self.envoy_max_ring_size,
+            envoy_table_size: self.envoy_table_size,
         })
     }
 }
@@ -314,18 +365,13 @@ pub struct PlaceArgs {
     /// One JSON object per line instead of tab-separated text.
     #[arg(long)]
     pub json: bool,
-    /// Place exactly as a deployed system does (instead of --strategy): redis-cluster (the layout
-    /// of `redis-cli --cluster create` over --nodes in order), groupcache, guava (bucket = index in
-    /// --nodes).
+    /// Place exactly as a deployed system does (instead of --strategy): nginx (names are the
+    /// `server` texts), twemproxy (names are the servers' names or host:port), libketama,
+    /// redis-cluster (the layout of `redis-cli --cluster create` over --nodes in order), guava
+    /// (bucket = index in --nodes), haproxy (ids from `:id=N`, else 1, 2, ...), envoy-ring-hash,
+    /// envoy-maglev (names are the hosts' hash keys or addresses), groupcache.
     #[arg(long)]
     pub compat: Option<String>,
-    /// groupcache: points per node (its HTTPPool uses 50).
-    #[arg(long, default_value_t = 50)]
-    pub groupcache_replicas: u32,
-    /// guava: what `consistentHash` is given: murmur3 (`murmur3_128().hashBytes(key)`), md5, or
-    /// long (the key is a signed 64-bit integer, passed as is).
-    #[arg(long, default_value = "murmur3")]
-    pub guava_input: String,
     /// Keys to place; without any, keys are read from standard input, one per line.
     pub keys: Vec<String>,
 }
@@ -371,12 +417,18 @@ pub struct KeyArgs {
 pub struct RemapArgs {
     #[command(flatten)]
     pub strategy: StrategyArgs,
+    /// The strategy or compatibility mode placing keys before the change (default: --strategy).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// The strategy or compatibility mode placing keys after the change (default: --from).
+    #[arg(long)]
+    pub to: Option<String>,
     /// The nodes before the change.
     #[arg(long)]
     pub before: String,
-    /// The nodes after the change.
+    /// The nodes after the change (default: --before, for a change of strategy alone).
     #[arg(long)]
-    pub after: String,
+    pub after: Option<String>,
     #[command(flatten)]
     pub keys: KeyArgs,
     /// A traffic log, one key per request: also report the share of requests whose key moved.

@@ -3,24 +3,39 @@
 use std::io::{BufRead, BufWriter, Write};
 
 use anyhow::Result;
-use keyroute::{MovePlan, NodeSet, SlotTable, Table, ZoneAware};
+use keyroute::{MovePlan, NodeSet, SlotTable, Strategy, Table, ZoneAware};
 
 use crate::Usage;
 use crate::cli::{PlaceArgs, SlotArgs, SlotPlanArgs, parse_nodes};
 
 pub fn run(args: &PlaceArgs) -> Result<()> {
-    if let Some(mode) = &args.compat {
-        return place_compat(args, mode);
-    }
-    let strategy = args.strategy.strategy()?;
+    let strategy = match &args.compat {
+        Some(mode) => {
+            let mode: keyroute::compat::Mode =
+                mode.parse().map_err(|e: keyroute::Error| Usage(format!("--compat: {e}")))?;
+            if args.zone_aware {
+                return Err(
+                    Usage("--zone-aware: not with --compat (the systems it reproduces have no zones)".into()).into()
+                );
+            }
+            if mode == keyroute::compat::Mode::Guava && args.strategy.guava_input == "long" {
+                return place_guava_long(args);
+            }
+            Strategy::Compat(mode)
+        }
+        None => args.strategy.strategy()?,
+    };
     let options = args.strategy.options()?;
     let nodes = parse_nodes("--nodes", &args.nodes)?;
     if args.replicas == 0 {
         return Err(Usage("--replicas: must be at least 1".into()).into());
     }
-    let Some(table) = Table::build(strategy, nodes.clone(), &options).map_err(|e| Usage(format!("{e}")))? else {
+    let what = if args.compat.is_some() { "--compat" } else { "--strategy" };
+    let Some(table) =
+        Table::build(strategy, nodes.clone(), &options).map_err(|e| Usage(format!("{what} {strategy}: {e}")))?
+    else {
         return Err(Usage(format!(
-            "strategy '{strategy}' does not place by key; `place` needs one that does (modulo, ring, rendezvous, jump, maglev, slots, bounded-ring, bounded-rendezvous, affinity)"
+            "strategy '{strategy}' does not place by key; `place` needs one that does (modulo, ring, rendezvous, jump, maglev, slots, bounded-ring, bounded-rendezvous, affinity, or a --compat mode)"
         ))
         .into());
     };
@@ -49,71 +64,27 @@ pub fn run(args: &PlaceArgs) -> Result<()> {
     Ok(())
 }
 
-/// `keyroute place --compat MODE`: each key's node as the deployed system places it.
-fn place_compat(args: &PlaceArgs, mode: &str) -> Result<()> {
-    use keyroute::compat::groupcache::GroupcacheRing;
-    use keyroute::compat::guava::{GuavaConsistentHash, GuavaInput, consistent_hash};
-    use keyroute::compat::redis::RedisCluster;
-    use keyroute::{Placement, Ranking};
+/// `keyroute place --compat guava --guava-input long`: each key is the signed 64-bit input itself.
+fn place_guava_long(args: &PlaceArgs) -> Result<()> {
+    use keyroute::compat::guava::consistent_hash;
     let nodes = parse_nodes("--nodes", &args.nodes)?;
-    if args.zone_aware {
-        return Err(Usage("--zone-aware: not with --compat (the systems it reproduces have no zones)".into()).into());
-    }
-    let usage = |e: keyroute::Error| Usage(format!("--compat {mode}: {e}"));
-    // The raw-long Guava input parses each key; every other mode hashes it.
-    let raw_long = mode == "guava" && args.guava_input == "long";
-    // groupcache's ring also ranks (for -r); the other modes only pick.
-    let mut ring = None;
-    let table: Option<Box<dyn Placement>> = match mode {
-        "redis-cluster" => Some(Box::new(RedisCluster::new(nodes.clone()).map_err(usage)?)),
-        "libketama" => Some(Box::new(keyroute::compat::libketama::Libketama::new(nodes.clone()).map_err(usage)?)),
-        "groupcache" => {
-            ring = Some(GroupcacheRing::new(nodes.clone(), args.groupcache_replicas).map_err(usage)?);
-            None
-        }
-        "guava" => {
-            let input = match args.guava_input.as_str() {
-                "murmur3" | "long" => GuavaInput::Murmur3_128,
-                "md5" => GuavaInput::Md5,
-                other => {
-                    return Err(Usage(format!("--guava-input: '{other}' (valid: murmur3, md5, long)")).into());
-                }
-            };
-            Some(Box::new(GuavaConsistentHash::new(nodes.clone(), input).map_err(usage)?))
-        }
-        other => {
-            return Err(Usage(format!(
-                "--compat: unknown mode '{other}' (valid: redis-cluster, groupcache, guava, libketama)"
-            ))
-            .into());
-        }
-    };
-    if args.replicas > 1 && ring.is_none() {
-        return Err(Usage(format!("--replicas: {mode} places each key on one node (it has no ranking)")).into());
+    if args.replicas > 1 {
+        return Err(
+            Usage("--replicas: a raw Guava input has no ranking; use --guava-input murmur3 or md5".into()).into()
+        );
     }
     let stdout = std::io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     let mut bad: Option<String> = None;
     for_each_key(&args.keys, &mut |key| {
-        let names: Vec<&str> = if raw_long {
-            let Some(v) = std::str::from_utf8(key).ok().and_then(|k| k.trim().parse::<i64>().ok()) else {
-                bad = Some(String::from_utf8_lossy(key).into_owned());
-                return Err(std::io::Error::other("not a long"));
-            };
-            if nodes.is_empty() {
-                Vec::new()
-            } else {
-                vec![nodes.nodes()[consistent_hash(v, nodes.len() as u32) as usize].name()]
-            }
-        } else if let Some(r) = &ring {
-            r.ranked(key).take(args.replicas).map(|i| nodes.nodes()[i].name()).collect()
-        } else {
-            table.as_ref().and_then(|t| t.pick(key)).map(keyroute::Node::name).into_iter().collect()
+        let Some(v) = std::str::from_utf8(key).ok().and_then(|k| k.trim().parse::<i64>().ok()) else {
+            bad = Some(String::from_utf8_lossy(key).into_owned());
+            return Err(std::io::Error::other("not a long"));
         };
         out.write_all(key)?;
-        for n in names {
+        if !nodes.is_empty() {
             out.write_all(b"\t")?;
-            out.write_all(n.as_bytes())?;
+            out.write_all(nodes.nodes()[consistent_hash(v, nodes.len() as u32) as usize].name().as_bytes())?;
         }
         out.write_all(b"\n")
     })

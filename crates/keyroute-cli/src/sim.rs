@@ -48,12 +48,25 @@ fn print_text(text: &str) -> Result<()> {
 }
 
 pub fn remap(args: &RemapArgs) -> Result<()> {
-    let strategy = args.strategy.strategy()?;
+    let parse = |flag: &str, name: &str| -> Result<Strategy, Usage> {
+        name.parse().map_err(|e: keyroute::Error| Usage(format!("{flag}: {e}")))
+    };
+    let from = match &args.from {
+        Some(f) => parse("--from", f)?,
+        None => args.strategy.strategy()?,
+    };
+    let to = match &args.to {
+        Some(t) => parse("--to", t)?,
+        None => from,
+    };
     let options = args.strategy.options()?;
     let before = parse_nodes("--before", &args.before)?;
-    let after = parse_nodes("--after", &args.after)?;
+    let after = match &args.after {
+        Some(a) => parse_nodes("--after", a)?,
+        None => before.clone(),
+    };
     let keys = key_set(&args.keys, args.traffic.as_deref())?;
-    let r = keyroute_sim::remap(strategy, &options, &before, &after, &keys).map_err(sim_error)?;
+    let r = keyroute_sim::remap_between((from, &before), (to, &after), &options, &keys).map_err(sim_error)?;
     if args.json { print_json(&r) } else { print_text(&report::remap_text(&r)) }
 }
 

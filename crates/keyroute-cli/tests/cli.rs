@@ -320,9 +320,72 @@ fn place_compat_answers_as_the_real_programs() {
     );
     for bad in [
         vec!["place", "--compat", "guava", "--guava-input", "long", "-n", "a,b", "x"],
-        vec!["place", "--compat", "nginx", "-n", "a,b", "x"],
-        vec!["place", "--compat", "guava", "-r", "2", "-n", "a,b", "x"],
+        vec!["place", "--compat", "ngnix", "-n", "a,b", "x"],
+        vec!["place", "--compat", "guava", "--guava-input", "long", "-r", "2", "-n", "a,b", "1"],
+        vec!["place", "--compat", "haproxy", "-n", "a:id=2,b:id=2", "x"],
+        vec!["place", "--compat", "haproxy", "--haproxy-hash", "md5", "-n", "a,b", "x"],
+        vec!["place", "--compat", "twemproxy", "--hash-tag", "{", "-n", "a,b", "x"],
+        vec!["place", "--compat", "envoy-maglev", "--envoy-table-size", "65536", "-n", "a,b", "x"],
+        vec!["place", "--compat", "nginx", "--zone-aware", "-n", "a,b", "x"],
     ] {
         assert_eq!(keyroute(&bad).status.code(), Some(64), "{bad:?}");
     }
+}
+
+/// `sim remap --from MODE --to STRATEGY`: the keys (and requests) that a switch of strategy moves,
+/// per node, equal to the keys on which `place` answers differently under the two.
+#[test]
+fn remap_between_strategies_counts_what_place_moves() {
+    let dir = std::env::temp_dir().join(format!("keyroute-cli-switch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let log = dir.join("traffic.log");
+    let mut text = String::new();
+    for i in 0..1500 {
+        // Key i is requested 1 + i % 3 times.
+        for _ in 0..=(i % 3) {
+            text.push_str(&format!("/thumb/img-{i}.jpg\n"));
+        }
+    }
+    std::fs::write(&log, &text).expect("write");
+    let nodes = "10.0.0.1:80,10.0.0.2:80,10.0.0.3:80:weight=2,cache-d";
+    let o = keyroute(&[
+        "sim",
+        "remap",
+        "--from",
+        "nginx",
+        "--to",
+        "rendezvous",
+        "--before",
+        nodes,
+        "--traffic",
+        log.to_str().expect("utf8"),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["strategy"], "nginx -> rendezvous");
+    assert_eq!(v["keys"], 1500);
+    let place = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["place", "-n", nodes];
+        all.extend_from_slice(args);
+        let keys: Vec<String> = (0..1500).map(|i| format!("/thumb/img-{i}.jpg")).collect();
+        all.extend(keys.iter().map(String::as_str));
+        stdout(&keyroute(&all)).lines().map(str::to_owned).collect()
+    };
+    let (a, b) = (place(&["--compat", "nginx"]), place(&["-s", "rendezvous"]));
+    let differ: Vec<usize> = (0..1500).filter(|&i| a[i] != b[i]).collect();
+    assert_eq!(v["moved"].as_u64(), Some(differ.len() as u64));
+    let requests: u64 = differ.iter().map(|&i| 1 + (i as u64 % 3)).sum();
+    assert_eq!(v["traffic"]["moved"].as_u64(), Some(requests));
+    let sum = |side: &str, field: &str| -> u64 {
+        v[side].as_array().expect("nodes").iter().map(|c| c[field].as_u64().expect("count")).sum()
+    };
+    assert_eq!(sum("before", "moved"), differ.len() as u64);
+    assert_eq!(sum("after", "moved"), differ.len() as u64);
+    assert_eq!(sum("before", "moved_requests"), requests);
+    // The same mode on both sides moves nothing.
+    let o = keyroute(&["sim", "remap", "--from", "haproxy", "--to", "haproxy", "--before", "a,b,c", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["moved"], 0);
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -32,7 +32,7 @@ pub use fleet::{FleetConfig, FleetReport};
 pub use hist::{Histogram, LatencySummary};
 pub use keys::KeySet;
 pub use lru::Lru;
-pub use remap::{Move, NodeCount, RemapReport, TrafficMoved, remap};
+pub use remap::{Move, NodeCount, RemapReport, TrafficMoved, remap, remap_between};
 pub use zipf::Zipf;
 
 use std::fmt;

@@ -6,6 +6,9 @@
 //! move: the total variation between the weight shares before and after, e.g. `1/(n+1)` when a node
 //! joins `n` equal ones), and with a traffic log, the share of *requests* whose key moved, which is
 //! what a cache really loses.
+//!
+//! The two sides may use different strategies or compatibility modes ([`remap_between`]): the
+//! plan for moving from, say, nginx's placement to rendezvous, per node, before doing it.
 
 use std::collections::BTreeMap;
 
@@ -17,8 +20,12 @@ use crate::{KeySet, SimError};
 /// What a membership change moves.
 #[derive(Clone, Debug, Serialize)]
 pub struct RemapReport {
-    /// The strategy.
+    /// The strategy (`FROM -> TO` when they differ).
     pub strategy: String,
+    /// The strategy before the change.
+    pub from: String,
+    /// The strategy after the change.
+    pub to: String,
     /// Keys examined.
     pub keys: u64,
     /// Keys whose owner changed.
@@ -57,6 +64,10 @@ pub struct NodeCount {
     pub weight: u32,
     /// Keys it owns.
     pub keys: u64,
+    /// Before the change: its keys that move to another node; after: the keys it receives.
+    pub moved: u64,
+    /// With a traffic log: the requests of those moved keys.
+    pub moved_requests: Option<u64>,
 }
 
 /// The requests whose key moved.
@@ -70,7 +81,7 @@ pub struct TrafficMoved {
     pub moved_share: f64,
 }
 
-/// Runs the remap analysis.
+/// Runs the remap analysis for one strategy over two node sets.
 ///
 /// # Errors
 ///
@@ -83,13 +94,35 @@ pub fn remap(
     after: &NodeSet,
     keys: &KeySet,
 ) -> Result<RemapReport, SimError> {
-    let Some(b) = Table::build(strategy, before.clone(), options)? else {
-        return Err(SimError::NotByKey(strategy));
+    remap_between((strategy, before), (strategy, after), options, keys)
+}
+
+/// Runs the remap analysis from one strategy (or compatibility mode) over one node set to another
+/// strategy over another (or the same) node set. Nodes are matched by name.
+///
+/// # Errors
+///
+/// A strategy that does not place by key (round robin, p2c, least-loaded), or a table that cannot
+/// be built from the node sets.
+pub fn remap_between(
+    (from, before): (Strategy, &NodeSet),
+    (to, after): (Strategy, &NodeSet),
+    options: &Options,
+    keys: &KeySet,
+) -> Result<RemapReport, SimError> {
+    let Some(b) = Table::build(from, before.clone(), options)? else {
+        return Err(SimError::NotByKey(from));
     };
-    let a = b.rebuild(after.clone(), options)?;
+    let Some(a) = Table::build(to, after.clone(), options)? else {
+        return Err(SimError::NotByKey(to));
+    };
     let mut matrix: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut before_counts = vec![0u64; before.len()];
     let mut after_counts = vec![0u64; after.len()];
+    let mut left = vec![0u64; before.len()];
+    let mut arrived = vec![0u64; after.len()];
+    let mut left_requests = vec![0u64; before.len()];
+    let mut arrived_requests = vec![0u64; after.len()];
     let (mut moved, mut moved_requests) = (0u64, 0u64);
     for (i, key) in keys.keys().iter().enumerate() {
         let x = b.pick_index(key);
@@ -103,28 +136,47 @@ pub fn remap(
         let xn = x.map(|x| before.nodes()[x].name());
         let yn = y.map(|y| after.nodes()[y].name());
         if xn != yn {
+            let requests = keys.requests().map_or(0, |r| r[i]);
             moved += 1;
-            moved_requests += keys.requests().map_or(0, |r| r[i]);
+            moved_requests += requests;
+            if let Some(x) = x {
+                left[x] += 1;
+                left_requests[x] += requests;
+            }
+            if let Some(y) = y {
+                arrived[y] += 1;
+                arrived_requests[y] += requests;
+            }
             *matrix.entry((xn.unwrap_or("-").to_owned(), yn.unwrap_or("-").to_owned())).or_default() += 1;
         }
     }
-    let counts = |set: &NodeSet, c: &[u64]| {
+    let traffic = keys.requests().is_some();
+    let counts = |set: &NodeSet, c: &[u64], m: &[u64], mr: &[u64]| {
         set.nodes()
             .iter()
-            .zip(c)
-            .map(|(n, &k)| NodeCount { node: n.name().to_owned(), weight: n.weight(), keys: k })
+            .enumerate()
+            .map(|(i, n)| NodeCount {
+                node: n.name().to_owned(),
+                weight: n.weight(),
+                keys: c[i],
+                moved: m[i],
+                moved_requests: traffic.then_some(mr[i]),
+            })
             .collect()
     };
     let total = keys.len() as u64;
+    let strategy = if from == to { from.name().to_owned() } else { format!("{from} -> {to}") };
     Ok(RemapReport {
-        strategy: strategy.name().to_owned(),
+        strategy,
+        from: from.name().to_owned(),
+        to: to.name().to_owned(),
         keys: total,
         moved,
         moved_share: share(moved, total),
         ideal_share: ideal(before, after),
         matrix: matrix.into_iter().map(|((from, to), keys)| Move { from, to, keys }).collect(),
-        before: counts(before, &before_counts),
-        after: counts(after, &after_counts),
+        before: counts(before, &before_counts, &left, &left_requests),
+        after: counts(after, &after_counts, &arrived, &arrived_requests),
         traffic: keys.requests().map(|r| {
             let requests = r.iter().sum();
             TrafficMoved { requests, moved: moved_requests, moved_share: share(moved_requests, requests) }

@@ -134,16 +134,16 @@ pub fn remap_text(r: &RemapReport) -> String {
             let _ = writeln!(out, "  {} -> {}: {}", m.from, m.to, m.keys);
         }
     }
-    let _ = writeln!(
-        out,
-        "keys per node before: {}",
-        r.before.iter().map(|c| format!("{} {}", c.node, c.keys)).collect::<Vec<_>>().join(", ")
-    );
-    let _ = writeln!(
-        out,
-        "keys per node after:  {}",
-        r.after.iter().map(|c| format!("{} {}", c.node, c.keys)).collect::<Vec<_>>().join(", ")
-    );
+    let _ = writeln!(out, "per node before: keys, moving away{}", if r.traffic.is_some() { " (requests)" } else { "" });
+    for c in &r.before {
+        let req = c.moved_requests.map(|q| format!(" ({q} requests)")).unwrap_or_default();
+        let _ = writeln!(out, "  {}: {}, {}{req}", c.node, c.keys, c.moved);
+    }
+    let _ = writeln!(out, "per node after: keys, arriving{}", if r.traffic.is_some() { " (requests)" } else { "" });
+    for c in &r.after {
+        let req = c.moved_requests.map(|q| format!(" ({q} requests)")).unwrap_or_default();
+        let _ = writeln!(out, "  {}: {}, {}{req}", c.node, c.keys, c.moved);
+    }
     out
 }
 

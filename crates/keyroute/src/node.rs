@@ -29,6 +29,7 @@ pub struct Node {
     name: Arc<str>,
     weight: u32,
     zone: Option<Arc<str>>,
+    id: Option<u32>,
 }
 
 impl Node {
@@ -50,7 +51,7 @@ impl Node {
         if name.is_empty() {
             return Err(Error::new(ErrorKind::EmptyName, "a node name must not be empty"));
         }
-        Ok(Node { name: Arc::from(name), weight: 1, zone: None })
+        Ok(Node { name: Arc::from(name), weight: 1, zone: None, id: None })
     }
 
     /// A node from a name known to be valid, for literals and tests.
@@ -60,7 +61,7 @@ impl Node {
     /// If `name` is empty.
     pub fn new_unchecked(name: &str) -> Self {
         assert!(!name.is_empty(), "a node name must not be empty");
-        Node { name: Arc::from(name), weight: 1, zone: None }
+        Node { name: Arc::from(name), weight: 1, zone: None, id: None }
     }
 
     /// The same node with another weight (0 = drained).
@@ -76,6 +77,19 @@ impl Node {
         let zone = zone.as_ref();
         self.zone = (!zone.is_empty()).then(|| Arc::from(zone));
         self
+    }
+
+    /// The same node with a numeric id: what placements that hash a number instead of a name read
+    /// (HAProxy's server `id`, [`crate::compat::haproxy`]). Other strategies ignore it.
+    #[must_use]
+    pub fn with_id(mut self, id: u32) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// The node's numeric id, if it was given one ([`Node::with_id`]).
+    pub fn id(&self) -> Option<u32> {
+        self.id
     }
 
     /// The node's name.
@@ -108,6 +122,9 @@ impl fmt::Display for Node {
         }
         if let Some(zone) = &self.zone {
             write!(f, ":zone={zone}")?;
+        }
+        if let Some(id) = self.id {
+            write!(f, ":id={id}")?;
         }
         Ok(())
     }
@@ -211,7 +228,8 @@ impl NodeSet {
 
     /// Parses a comma-separated node specification: `a,b:weight=2,c:zone=eu,d:weight=0:zone=us`.
     ///
-    /// Each token is a name followed by optional `:weight=N` and `:zone=Z` attributes (in any order).
+    /// Each token is a name followed by optional `:weight=N`, `:zone=Z` and `:id=N` attributes (in
+    /// any order; `id` is HAProxy's numeric server id, read by [`crate::compat::haproxy`] only).
     /// Attributes are read from the right, so a name may itself contain `:` (`10.0.0.1:8080:weight=2`).
     /// Empty tokens are ignored, so a trailing comma is harmless.
     ///
@@ -431,6 +449,7 @@ fn parse_node(token: &str) -> Result<Node, String> {
     let mut rest = token;
     let mut weight = None;
     let mut zone = None;
+    let mut id = None;
     while let Some((head, attr)) = rest.rsplit_once(':') {
         if let Some(w) = attr.strip_prefix("weight=") {
             if weight.is_some() {
@@ -445,9 +464,14 @@ fn parse_node(token: &str) -> Result<Node, String> {
                 return Err("zone must not be empty".into());
             }
             zone = Some(z);
+        } else if let Some(v) = attr.strip_prefix("id=") {
+            if id.is_some() {
+                return Err("id given twice".into());
+            }
+            id = Some(v.parse::<u32>().map_err(|_| format!("id '{v}' is not an integer in 0..=4294967295"))?);
         } else if attr.contains('=') {
             let key = attr.split('=').next().unwrap_or(attr);
-            return Err(format!("unknown attribute '{key}' (expected weight= or zone=)"));
+            return Err(format!("unknown attribute '{key}' (expected weight=, zone= or id=)"));
         } else {
             break;
         }
@@ -459,6 +483,9 @@ fn parse_node(token: &str) -> Result<Node, String> {
     }
     if let Some(z) = zone {
         node = node.with_zone(z);
+    }
+    if let Some(i) = id {
+        node = node.with_id(i);
     }
     Ok(node)
 }

@@ -44,6 +44,9 @@ pub enum Strategy {
     LeastLoaded,
     /// `affinity`: two choices among the key's top-2 rendezvous owners ([`affinity`](crate::choices::affinity)).
     Affinity,
+    /// A compatibility mode, by the mode's name (`nginx`, `haproxy`, ...): placement exactly as
+    /// a deployed system does it ([`crate::compat`]).
+    Compat(crate::compat::Mode),
 }
 
 impl Strategy {
@@ -67,6 +70,7 @@ impl Strategy {
     /// The strategy's name.
     pub fn name(self) -> &'static str {
         match self {
+            Strategy::Compat(mode) => mode.name(),
             Strategy::Modulo => "modulo",
             Strategy::Ring => "ring",
             Strategy::Rendezvous => "rendezvous",
@@ -129,9 +133,17 @@ impl FromStr for Strategy {
             "least-conn" | "least-request" => "least-loaded",
             other => other,
         };
+        if let Some(mode) = crate::compat::Mode::ALL.into_iter().find(|m| m.name() == alias) {
+            return Ok(Strategy::Compat(mode));
+        }
         Strategy::ALL.into_iter().find(|st| st.name() == alias).ok_or_else(|| {
             let names: Vec<&str> = Strategy::ALL.iter().map(|st| st.name()).collect();
-            Error::invalid_parameter(format!("unknown strategy '{s}' (valid: {})", names.join(", ")))
+            let modes: Vec<&str> = crate::compat::Mode::ALL.iter().map(|m| m.name()).collect();
+            Error::invalid_parameter(format!(
+                "unknown strategy '{s}' (valid: {}; compatibility modes: {})",
+                names.join(", "),
+                modes.join(", ")
+            ))
         })
     }
 }
@@ -151,6 +163,8 @@ pub struct Options {
     pub epsilon: f64,
     /// Choices for `p2c` (default 2) and candidates for `affinity` (the key's top `d`).
     pub choices: usize,
+    /// The parameters of the compatibility modes.
+    pub compat: crate::compat::CompatOptions,
 }
 
 impl Default for Options {
@@ -162,6 +176,7 @@ impl Default for Options {
             maglev_size: crate::maglev::DEFAULT_TABLE_SIZE,
             epsilon: 0.25,
             choices: 2,
+            compat: crate::compat::CompatOptions::default(),
         }
     }
 }
@@ -182,6 +197,8 @@ pub enum Table {
     Maglev(Maglev),
     /// [`SlotTable`].
     Slots(SlotTable),
+    /// A compatibility mode ([`crate::compat::CompatTable`]).
+    Compat(crate::compat::CompatTable),
 }
 
 macro_rules! each_table {
@@ -193,6 +210,7 @@ macro_rules! each_table {
             Table::Jump($t) => $e,
             Table::Maglev($t) => $e,
             Table::Slots($t) => $e,
+            Table::Compat($t) => $e,
         }
     };
 }
@@ -220,6 +238,7 @@ impl Table {
             Strategy::Jump => Table::Jump(JumpHash::with_hasher(nodes, options.hasher)?),
             Strategy::Maglev => Table::Maglev(Maglev::with_size(nodes, options.maglev_size, options.hasher)?),
             Strategy::Slots => Table::Slots(SlotTable::new(nodes)),
+            Strategy::Compat(mode) => Table::Compat(crate::compat::CompatTable::build(mode, nodes, &options.compat)?),
             _ => return Ok(None),
         };
         Ok(Some(table))
@@ -239,6 +258,7 @@ impl Table {
             Table::Rendezvous(_) => Strategy::Rendezvous,
             Table::Jump(_) => Strategy::Jump,
             Table::Maglev(_) => Strategy::Maglev,
+            Table::Compat(t) => Strategy::Compat(t.mode()),
         };
         Table::build(strategy, nodes, options)?.ok_or_else(|| Error::invalid_parameter("not a hash strategy"))
     }
@@ -252,6 +272,7 @@ impl Table {
             Table::Jump(t) => AnyRanked::Fallback(t.ranked_hash(hash)),
             Table::Maglev(t) => AnyRanked::Fallback(t.ranked_hash(hash)),
             Table::Slots(t) => AnyRanked::Fallback(t.ranked_hash(hash)),
+            Table::Compat(t) => AnyRanked::Compat(t.ranked_hash(hash)),
         }
     }
 }
@@ -287,6 +308,8 @@ pub enum AnyRanked<'a> {
     Rendezvous(crate::rendezvous::RendezvousRanked<'a>),
     /// A pick followed by the rendezvous order of the rest.
     Fallback(crate::rendezvous::Fallback<'a>),
+    /// A compatibility mode's ranking.
+    Compat(crate::compat::CompatRanked<'a>),
 }
 
 impl Iterator for AnyRanked<'_> {
@@ -298,6 +321,7 @@ impl Iterator for AnyRanked<'_> {
             AnyRanked::Ring(r) => r.next(),
             AnyRanked::Rendezvous(r) => r.next(),
             AnyRanked::Fallback(r) => r.next(),
+            AnyRanked::Compat(r) => r.next(),
         }
     }
 }

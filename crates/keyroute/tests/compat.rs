@@ -121,3 +121,149 @@ fn libketama_equals_libketama() {
     }
     assert_eq!((cases, keys), (8, 24_000));
 }
+
+#[test]
+fn twemproxy_equals_nutcracker() {
+    use keyroute::compat::twemproxy::Twemproxy;
+    let text = include_str!("../testdata/compat/twemproxy/golden.tsv");
+    let mut table: Option<(Twemproxy, Vec<String>)> = None;
+    let (mut keys, mut cases, mut ejected) = (0, 0, 0);
+    for line in lines(text) {
+        if let Some(case) = line.strip_prefix("case ") {
+            let mut rest = case;
+            let mut tag = None;
+            let mut eject = None;
+            while let Some((word, after)) = rest.split_once(' ') {
+                if let Some(t) = word.strip_prefix("hash_tag=") {
+                    tag = Some(<[u8; 2]>::try_from(t.as_bytes()).expect("two tag bytes"));
+                } else if let Some(e) = word.strip_prefix("eject=") {
+                    eject = Some(e.to_owned());
+                } else {
+                    break;
+                }
+                rest = after;
+            }
+            // `host:port:weight [name]`: the node is the name when given, else `host:port`.
+            let servers: Vec<String> = rest.split(',').map(str::to_owned).collect();
+            let nodes = NodeSet::try_new(servers.iter().map(|s| {
+                let (addr, name) = s.split_once(' ').map_or((s.as_str(), None), |(a, n)| (a, Some(n)));
+                let (hostport, weight) = addr.rsplit_once(':').expect("host:port:weight");
+                Node::new_unchecked(name.unwrap_or(hostport)).with_weight(weight.parse().expect("weight"))
+            }))
+            .expect("unique");
+            let mut t = Twemproxy::new(nodes, tag).expect("valid");
+            if let Some(e) = eject {
+                let dead = servers.iter().position(|s| *s == e).expect("the ejected server is listed");
+                t = t.ejecting(&[dead]).expect("servers left");
+                ejected += 1;
+            }
+            table = Some((t, servers));
+            cases += 1;
+            continue;
+        }
+        let (hex, want) = line.split_once('\t').expect("two fields");
+        let (t, servers) = table.as_ref().expect("a case first");
+        let got = t.pick_hash(t.key_hash(&unhex(hex))).map(|i| servers[i].as_str());
+        assert_eq!(got, Some(want), "key {hex} on {servers:?}");
+        keys += 1;
+    }
+    assert_eq!((cases, ejected), (12, 1));
+    assert!(keys >= 12 * 4_900, "{keys} keys");
+}
+
+#[test]
+fn haproxy_equals_haproxy() {
+    use keyroute::compat::haproxy::{HaproxyHash, HaproxyRing, first_value};
+    let text = include_str!("../testdata/compat/haproxy/golden.tsv");
+    let mut ring: Option<(HaproxyRing, bool, String)> = None;
+    let (mut keys, mut cases) = (0, 0);
+    for line in lines(text) {
+        if let Some(case) = line.strip_prefix("case ") {
+            let (first, case) = match case.strip_prefix("first-value ") {
+                Some(rest) => (true, rest),
+                None => (false, case),
+            };
+            let mut words = case.split(' ');
+            let function = words.next().expect("a function");
+            let avalanche = words.next().expect("avalanche or plain");
+            let servers = words.next().expect("servers");
+            let words = if avalanche == "avalanche" { format!("{function} avalanche") } else { function.to_owned() };
+            let hash = HaproxyHash::parse(&words).expect("a known function");
+            let nodes = NodeSet::try_new(servers.split(',').map(|s| {
+                let (id, weight) = s.split_once(':').expect("id:weight");
+                Node::new_unchecked(&format!("s{id}"))
+                    .with_id(id.parse().expect("id"))
+                    .with_weight(weight.parse().expect("weight"))
+            }))
+            .expect("unique");
+            ring = Some((HaproxyRing::new(nodes, hash).expect("valid"), first, case.to_owned()));
+            cases += 1;
+            continue;
+        }
+        let (hex, want) = line.split_once('\t').expect("two fields");
+        let (r, first, case) = ring.as_ref().expect("a case first");
+        let value = unhex(hex);
+        let key = if *first { first_value(&value) } else { &value[..] };
+        let got = r.pick_hash(r.key_hash(key)).map(|i| r.ids()[i].to_string());
+        assert_eq!(got.as_deref(), Some(want), "key {hex} on {case}");
+        keys += 1;
+    }
+    assert_eq!(cases, 64);
+    assert!(keys >= 9 * 5_000, "{keys} keys");
+}
+
+#[test]
+fn nginx_equals_nginx() {
+    use keyroute::compat::nginx::NginxHash;
+    let text = include_str!("../testdata/compat/nginx/golden.tsv");
+    let mut ring: Option<NginxHash> = None;
+    let (mut keys, mut cases) = (0, 0);
+    for line in lines(text) {
+        if let Some(case) = line.strip_prefix("case ") {
+            let nodes = NodeSet::try_new(case.split(' ').map(|s| {
+                let (text, weight) = s.rsplit_once('=').expect("TEXT=WEIGHT");
+                Node::new_unchecked(text).with_weight(weight.parse().expect("weight"))
+            }))
+            .expect("unique");
+            ring = Some(NginxHash::new(nodes).expect("valid"));
+            cases += 1;
+            continue;
+        }
+        let (hex, want) = line.split_once('\t').expect("two fields");
+        let r = ring.as_ref().expect("a case first");
+        let got = r.pick(&unhex(hex)).map(Node::name);
+        assert_eq!(got, Some(want), "key {hex}");
+        keys += 1;
+    }
+    assert_eq!((cases, keys), (10, 10 * 5_358));
+}
+
+/// Envoy cannot run here: these vectors are keyroute's own (see `testdata/compat/envoy/`), a lock
+/// against regressions, not a proof of equality with Envoy. The reference figures of the
+/// specification (ring sizes, Maglev entries) are checked in the module's unit tests.
+#[test]
+fn envoy_modes_keep_their_regression_vectors() {
+    use keyroute::compat::{CompatOptions, CompatTable, Mode};
+    let text = include_str!("../testdata/compat/envoy/golden.tsv");
+    let mut table: Option<CompatTable> = None;
+    let (mut keys, mut cases) = (0, 0);
+    for line in lines(text) {
+        if let Some(case) = line.strip_prefix("case ") {
+            let (mode, servers) = case.split_once(' ').expect("mode and servers");
+            let nodes = NodeSet::try_new(servers.split(',').map(|s| {
+                let (name, weight) = s.rsplit_once('=').expect("NAME=WEIGHT");
+                Node::new_unchecked(name).with_weight(weight.parse().expect("weight"))
+            }))
+            .expect("unique");
+            let mode: Mode = mode.parse().expect("a mode");
+            table = Some(CompatTable::build(mode, nodes, &CompatOptions::default()).expect("valid"));
+            cases += 1;
+            continue;
+        }
+        let (hex, want) = line.split_once('\t').expect("two fields");
+        let got = table.as_ref().expect("a case first").pick(&unhex(hex)).map(Node::name);
+        assert_eq!(got, Some(want), "key {hex}");
+        keys += 1;
+    }
+    assert_eq!((cases, keys), (12, 12 * 1_804));
+}

@@ -27,7 +27,7 @@
 //!
 //! One CRC32 of the key and a binary search over `replicas x n` points.
 
-use crate::{Error, NodeSet, Placement, Ranking};
+use crate::{Error, NodeSet};
 
 /// CRC32 (IEEE 802.3, zlib's `crc32`).
 pub fn crc32(bytes: &[u8]) -> u32 {
@@ -92,37 +92,23 @@ impl GroupcacheRing {
     }
 }
 
-impl Placement for GroupcacheRing {
-    fn nodes(&self) -> &NodeSet {
-        &self.nodes
-    }
-
-    /// `CRC32(key)`, widened.
-    fn key_hash(&self, key: &[u8]) -> u64 {
+impl GroupcacheRing {
+    /// The key's hash: `CRC32(key)`, widened.
+    pub fn hash_of(&self, key: &[u8]) -> u64 {
         u64::from(crc32(key))
     }
-
-    fn pick_hash(&self, hash: u64) -> Option<usize> {
-        let i = super::first_at_or_after(&self.points, hash as u32)?;
-        Some(self.points[i].1 as usize)
-    }
 }
 
-/// The ring walked onwards from a key's point (see [`super::PointWalk`]).
-pub type GroupcacheRanked<'a> = super::PointWalk<'a>;
-
-impl Ranking for GroupcacheRing {
-    type Ranked<'a> = GroupcacheRanked<'a>;
-
-    /// groupcache itself has no failover; keyroute's ranking walks the ring onwards.
-    fn ranked_hash(&self, hash: u64) -> GroupcacheRanked<'_> {
-        super::PointWalk::new(&self.points, hash, self.nodes.len())
-    }
-}
+point_ring!(
+    GroupcacheRing,
+    GroupcacheRanked,
+    "groupcache itself has no failover; keyroute's ranking walks the ring onwards."
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Placement, Ranking};
 
     #[test]
     fn crc32_is_zlibs() {

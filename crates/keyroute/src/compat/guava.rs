@@ -138,6 +138,7 @@ fn fmix64(mut k: u64) -> u64 {
 #[derive(Clone, Debug)]
 pub struct GuavaConsistentHash {
     nodes: NodeSet,
+    fallback: crate::rendezvous::Rendezvous,
     input: GuavaInput,
 }
 
@@ -152,7 +153,7 @@ impl GuavaConsistentHash {
         if nodes.len() > i32::MAX as usize {
             return Err(Error::invalid_parameter("guava buckets are a Java int"));
         }
-        Ok(GuavaConsistentHash { nodes, input })
+        Ok(GuavaConsistentHash { fallback: crate::rendezvous::Rendezvous::new(nodes.clone()), nodes, input })
     }
 }
 
@@ -171,6 +172,17 @@ impl Placement for GuavaConsistentHash {
             return None;
         }
         Some(consistent_hash(hash as i64, self.nodes.len() as u32) as usize)
+    }
+}
+
+impl crate::Ranking for GuavaConsistentHash {
+    type Ranked<'a> = crate::rendezvous::Fallback<'a>;
+
+    /// Guava has no failover: a caller removes the dead bucket and calls again with one bucket
+    /// fewer, which moves the keys of every bucket after it. keyroute's ranking is the bucket,
+    /// then the rendezvous order of the others, which moves only the dead bucket's keys.
+    fn ranked_hash(&self, hash: u64) -> crate::rendezvous::Fallback<'_> {
+        crate::rendezvous::Fallback::new(self.pick_hash(hash), &self.fallback, hash)
     }
 }
 

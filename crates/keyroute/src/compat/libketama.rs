@@ -30,7 +30,7 @@
 //!
 //! One MD5 of the key and a binary search over `160 N` points.
 
-use crate::{Error, NodeSet, Placement, Ranking};
+use crate::{Error, NodeSet};
 
 /// The continuum over `nodes` (names are the `ADDR`s, weights the `WEIGHT`s). See the [module
 /// documentation](self).
@@ -82,33 +82,18 @@ impl Libketama {
     }
 }
 
-impl Placement for Libketama {
-    fn nodes(&self) -> &NodeSet {
-        &self.nodes
-    }
-
-    /// `u32le(MD5(key), 0)`, widened.
-    fn key_hash(&self, key: &[u8]) -> u64 {
+impl Libketama {
+    /// The key's hash: `u32le(MD5(key), 0)`, widened.
+    pub fn hash_of(&self, key: &[u8]) -> u64 {
         u64::from(u32le(&md5(key), 0))
     }
-
-    fn pick_hash(&self, hash: u64) -> Option<usize> {
-        let i = super::first_at_or_after(&self.points, hash as u32)?;
-        Some(self.points[i].1 as usize)
-    }
 }
 
-/// The ring walked onwards from a key's point (see [`super::PointWalk`]).
-pub type LibketamaRanked<'a> = super::PointWalk<'a>;
-
-impl Ranking for Libketama {
-    type Ranked<'a> = LibketamaRanked<'a>;
-
-    /// libketama itself has no failover; keyroute's ranking walks the continuum onwards.
-    fn ranked_hash(&self, hash: u64) -> LibketamaRanked<'_> {
-        super::PointWalk::new(&self.points, hash, self.nodes.len())
-    }
-}
+point_ring!(
+    Libketama,
+    LibketamaRanked,
+    "libketama itself has no failover; keyroute's ranking walks the continuum onwards."
+);
 
 #[cfg(test)]
 mod tests {

@@ -3,20 +3,364 @@
 //! golden vectors produced by that system's real program (`testdata/compat/`), and documents where
 //! the original is odd.
 //!
-//! - [`redis`]: Redis Cluster's keyslots (CRC16 with hash tags) and the slot layout of
-//!   `redis-cli --cluster create`.
-//! - [`groupcache`]: Go groupcache's `consistenthash` ring.
-//! - [`guava`]: Guava's `Hashing.consistentHash`, over murmur3_128, md5 or a raw 64-bit input.
-//! - [`libketama`]: last.fm's ketama MD5 continuum.
+//! | mode | system | module | what a node's name is |
+//! |---|---|---|---|
+//! | `nginx` | nginx `hash $key consistent` | [`nginx`] | the `server` directive's text |
+//! | `twemproxy` | twemproxy `distribution: ketama`, `hash: md5` | [`twemproxy`] | the server's `name`, or its `host:port` |
+//! | `libketama` | libketama (last.fm's ketama) | [`libketama`] | the `ADDR` of its server file |
+//! | `redis-cluster` | Redis Cluster keyslots and `redis-cli --cluster create` | [`redis`] | the master's `host:port` |
+//! | `guava` | Guava's `Hashing.consistentHash` | [`guava`] | (not hashed: node `i` is bucket `i`) |
+//! | `haproxy` | HAProxy `hash-type consistent` | [`haproxy`] | (not hashed: the server `id`, `:id=N`) |
+//! | `envoy-ring-hash` | Envoy `RING_HASH` (from its source) | [`envoy`] | the host's hash key or address |
+//! | `envoy-maglev` | Envoy `MAGLEV` (from its source) | [`envoy`] | the host's hash key or address |
+//! | `groupcache` | Go groupcache's `consistenthash` | [`groupcache`] | the peer's name (its URL in `HTTPPool`) |
+//!
+//! Every mode is a [`Placement`] and a [`Ranking`]; [`CompatTable`] holds any of them, built by
+//! [`Mode`] with [`CompatOptions`], and is what [`crate::Table::Compat`] and the strategy names
+//! (`"nginx"`, `"haproxy"`, ...) select. Each module says what the original does when a node is
+//! dead, and offers it next to keyroute's ranking.
 
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, NodeSet, Placement, Ranking};
+
+/// [`Placement`] and [`Ranking`] for a table of sorted 32-bit `(point, node)` pairs in a `points`
+/// field, with its `nodes` and an inherent `hash_of(&self, key) -> u64`: the pick is the first
+/// point at or after the key's hash, the ranking a walk onwards ([`PointWalk`]).
+macro_rules! point_ring {
+    ($table:ty, $ranked:ident, $rank_doc:literal) => {
+        impl $crate::Placement for $table {
+            fn nodes(&self) -> &$crate::NodeSet {
+                &self.nodes
+            }
+
+            fn key_hash(&self, key: &[u8]) -> u64 {
+                self.hash_of(key)
+            }
+
+            fn pick_hash(&self, hash: u64) -> Option<usize> {
+                let i = super::first_at_or_after(&self.points, hash as u32)?;
+                Some(self.points[i].1 as usize)
+            }
+        }
+
+        /// The ring walked onwards from a key's point (see [`super::PointWalk`]).
+        pub type $ranked<'a> = super::PointWalk<'a>;
+
+        impl $crate::Ranking for $table {
+            type Ranked<'a> = $ranked<'a>;
+
+            #[doc = $rank_doc]
+            fn ranked_hash(&self, hash: u64) -> $ranked<'_> {
+                super::PointWalk::new(&self.points, hash, self.nodes.len())
+            }
+        }
+    };
+}
+
+pub mod envoy;
 pub mod groupcache;
 pub mod guava;
+pub mod haproxy;
 pub mod libketama;
+pub mod nginx;
 pub mod redis;
+pub mod twemproxy;
+
+/// The same nodes with `dead` drained (weight 0): the set a system that rebuilds over its live
+/// servers (twemproxy's ejection, Envoy's healthy hosts) builds from.
+fn drained(nodes: &NodeSet, dead: &[usize]) -> Result<NodeSet, Error> {
+    NodeSet::try_new(
+        nodes
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| if dead.contains(&i) { n.clone().with_weight(0) } else { n.clone() }),
+    )
+}
+
+/// A compatibility mode, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// `nginx` ([`nginx::NginxHash`]).
+    Nginx,
+    /// `twemproxy` ([`twemproxy::Twemproxy`]).
+    Twemproxy,
+    /// `libketama` ([`libketama::Libketama`]).
+    Libketama,
+    /// `redis-cluster` ([`redis::RedisCluster`]).
+    RedisCluster,
+    /// `guava` ([`guava::GuavaConsistentHash`]).
+    Guava,
+    /// `haproxy` ([`haproxy::HaproxyRing`]).
+    Haproxy,
+    /// `envoy-ring-hash` ([`envoy::EnvoyRingHash`]).
+    EnvoyRingHash,
+    /// `envoy-maglev` ([`envoy::EnvoyMaglev`]).
+    EnvoyMaglev,
+    /// `groupcache` ([`groupcache::GroupcacheRing`]).
+    Groupcache,
+}
+
+impl Mode {
+    /// Every mode.
+    pub const ALL: [Mode; 9] = [
+        Mode::Nginx,
+        Mode::Twemproxy,
+        Mode::Libketama,
+        Mode::RedisCluster,
+        Mode::Guava,
+        Mode::Haproxy,
+        Mode::EnvoyRingHash,
+        Mode::EnvoyMaglev,
+        Mode::Groupcache,
+    ];
+
+    /// The mode's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Nginx => "nginx",
+            Mode::Twemproxy => "twemproxy",
+            Mode::Libketama => "libketama",
+            Mode::RedisCluster => "redis-cluster",
+            Mode::Guava => "guava",
+            Mode::Haproxy => "haproxy",
+            Mode::EnvoyRingHash => "envoy-ring-hash",
+            Mode::EnvoyMaglev => "envoy-maglev",
+            Mode::Groupcache => "groupcache",
+        }
+    }
+
+    /// Whether an empty key is placed by the original (nginx and HAProxy send it round robin).
+    pub fn hashes_empty_key(self) -> bool {
+        !matches!(self, Mode::Nginx | Mode::Haproxy)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = Error;
+
+    /// # Errors
+    ///
+    /// An unknown name, listing the valid ones.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Mode::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+            Error::invalid_parameter(format!("unknown compatibility mode '{s}' (valid: {})", names.join(", ")))
+        })
+    }
+}
+
+/// The parameters of the modes that have some, with the originals' defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CompatOptions {
+    /// groupcache: points per node (HTTPPool's default, 50).
+    pub groupcache_replicas: u32,
+    /// guava: what `consistentHash` is given.
+    pub guava_input: guava::GuavaInput,
+    /// haproxy: the key hash (default `sdbm` with avalanche).
+    pub haproxy_hash: haproxy::HaproxyHash,
+    /// twemproxy: `hash_tag` (none by default).
+    pub twemproxy_hash_tag: Option<[u8; 2]>,
+    /// envoy-ring-hash: `minimum_ring_size` (1,024).
+    pub envoy_min_ring_size: u64,
+    /// envoy-ring-hash: `maximum_ring_size` (8,388,608).
+    pub envoy_max_ring_size: u64,
+    /// envoy-maglev: `table_size` (65,537).
+    pub envoy_table_size: u64,
+}
+
+impl Default for CompatOptions {
+    fn default() -> Self {
+        CompatOptions {
+            groupcache_replicas: 50,
+            guava_input: guava::GuavaInput::Murmur3_128,
+            haproxy_hash: haproxy::HaproxyHash::default(),
+            twemproxy_hash_tag: None,
+            envoy_min_ring_size: envoy::DEFAULT_MIN_RING_SIZE,
+            envoy_max_ring_size: envoy::DEFAULT_MAX_RING_SIZE,
+            envoy_table_size: envoy::DEFAULT_TABLE_SIZE,
+        }
+    }
+}
+
+impl CompatOptions {
+    /// The number of entries (points, slots) the table of `mode` over `nodes` would have, before
+    /// it is built: what a gateway checks against its size limit.
+    pub fn table_entries(&self, mode: Mode, nodes: &NodeSet) -> u64 {
+        let total = nodes.total_weight();
+        let live = nodes.live_count() as u64;
+        match mode {
+            Mode::Nginx => total.saturating_mul(u64::from(nginx::POINTS_PER_WEIGHT)),
+            Mode::Twemproxy | Mode::Libketama => live.saturating_mul(160),
+            Mode::RedisCluster => u64::from(redis::SLOTS),
+            Mode::Guava => nodes.len() as u64,
+            Mode::Haproxy => total.saturating_mul(u64::from(haproxy::POINTS_PER_WEIGHT)),
+            Mode::EnvoyRingHash => {
+                let min_w = nodes.live().iter().map(|&i| nodes.nodes()[i as usize].weight()).min().unwrap_or(1);
+                let share = f64::from(min_w) / total.max(1) as f64;
+                let scale =
+                    ((share * self.envoy_min_ring_size as f64).ceil() / share).min(self.envoy_max_ring_size as f64);
+                scale.ceil() as u64
+            }
+            Mode::EnvoyMaglev => self.envoy_table_size,
+            Mode::Groupcache => (nodes.len() as u64).saturating_mul(u64::from(self.groupcache_replicas)),
+        }
+    }
+}
+
+/// Any compatibility table. See the [module documentation](self).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum CompatTable {
+    /// nginx.
+    Nginx(nginx::NginxHash),
+    /// twemproxy.
+    Twemproxy(twemproxy::Twemproxy),
+    /// libketama.
+    Libketama(libketama::Libketama),
+    /// Redis Cluster.
+    RedisCluster(redis::RedisCluster),
+    /// Guava.
+    Guava(guava::GuavaConsistentHash),
+    /// HAProxy.
+    Haproxy(haproxy::HaproxyRing),
+    /// Envoy's ring.
+    EnvoyRingHash(envoy::EnvoyRingHash),
+    /// Envoy's Maglev.
+    EnvoyMaglev(envoy::EnvoyMaglev),
+    /// groupcache.
+    Groupcache(groupcache::GroupcacheRing),
+}
+
+macro_rules! each_compat {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self {
+            CompatTable::Nginx($t) => $e,
+            CompatTable::Twemproxy($t) => $e,
+            CompatTable::Libketama($t) => $e,
+            CompatTable::RedisCluster($t) => $e,
+            CompatTable::Guava($t) => $e,
+            CompatTable::Haproxy($t) => $e,
+            CompatTable::EnvoyRingHash($t) => $e,
+            CompatTable::EnvoyMaglev($t) => $e,
+            CompatTable::Groupcache($t) => $e,
+        }
+    };
+}
+
+impl CompatTable {
+    /// The table of `mode` over `nodes`.
+    ///
+    /// # Errors
+    ///
+    /// The mode's construction errors (no node with weight where the original refuses that, a
+    /// Maglev size that is not prime, an HAProxy weight above 256, ...).
+    pub fn build(mode: Mode, nodes: NodeSet, options: &CompatOptions) -> Result<Self, Error> {
+        Ok(match mode {
+            Mode::Nginx => CompatTable::Nginx(nginx::NginxHash::new(nodes)?),
+            Mode::Twemproxy => CompatTable::Twemproxy(twemproxy::Twemproxy::new(nodes, options.twemproxy_hash_tag)?),
+            Mode::Libketama => CompatTable::Libketama(libketama::Libketama::new(nodes)?),
+            Mode::RedisCluster => CompatTable::RedisCluster(redis::RedisCluster::new(nodes)?),
+            Mode::Guava => CompatTable::Guava(guava::GuavaConsistentHash::new(nodes, options.guava_input)?),
+            Mode::Haproxy => CompatTable::Haproxy(haproxy::HaproxyRing::new(nodes, options.haproxy_hash)?),
+            Mode::EnvoyRingHash => CompatTable::EnvoyRingHash(envoy::EnvoyRingHash::with_sizes(
+                nodes,
+                options.envoy_min_ring_size,
+                options.envoy_max_ring_size,
+            )?),
+            Mode::EnvoyMaglev => CompatTable::EnvoyMaglev(envoy::EnvoyMaglev::new(nodes, options.envoy_table_size)?),
+            Mode::Groupcache => {
+                CompatTable::Groupcache(groupcache::GroupcacheRing::new(nodes, options.groupcache_replicas)?)
+            }
+        })
+    }
+
+    /// The table's mode.
+    pub fn mode(&self) -> Mode {
+        match self {
+            CompatTable::Nginx(_) => Mode::Nginx,
+            CompatTable::Twemproxy(_) => Mode::Twemproxy,
+            CompatTable::Libketama(_) => Mode::Libketama,
+            CompatTable::RedisCluster(_) => Mode::RedisCluster,
+            CompatTable::Guava(_) => Mode::Guava,
+            CompatTable::Haproxy(_) => Mode::Haproxy,
+            CompatTable::EnvoyRingHash(_) => Mode::EnvoyRingHash,
+            CompatTable::EnvoyMaglev(_) => Mode::EnvoyMaglev,
+            CompatTable::Groupcache(_) => Mode::Groupcache,
+        }
+    }
+}
+
+impl Placement for CompatTable {
+    fn nodes(&self) -> &NodeSet {
+        each_compat!(self, t => t.nodes())
+    }
+
+    fn key_hash(&self, key: &[u8]) -> u64 {
+        each_compat!(self, t => t.key_hash(key))
+    }
+
+    fn pick_hash(&self, hash: u64) -> Option<usize> {
+        each_compat!(self, t => t.pick_hash(hash))
+    }
+}
+
+/// The ranking iterator of a [`CompatTable`].
+#[derive(Clone, Debug)]
+pub enum CompatRanked<'a> {
+    /// A 32-bit point ring walked onwards (nginx, twemproxy, libketama, groupcache).
+    Walk(PointWalk<'a>),
+    /// HAProxy's nearest-left order.
+    Haproxy(haproxy::HaproxyRanked<'a>),
+    /// Envoy's ring walked onwards.
+    EnvoyRing(envoy::EnvoyRingRanked<'a>),
+    /// A pick followed by the rendezvous order of the rest (Redis, Guava, Envoy's Maglev).
+    Fallback(crate::rendezvous::Fallback<'a>),
+}
+
+impl Iterator for CompatRanked<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            CompatRanked::Walk(r) => r.next(),
+            CompatRanked::Haproxy(r) => r.next(),
+            CompatRanked::EnvoyRing(r) => r.next(),
+            CompatRanked::Fallback(r) => r.next(),
+        }
+    }
+}
+
+impl Ranking for CompatTable {
+    type Ranked<'a> = CompatRanked<'a>;
+
+    fn ranked_hash(&self, hash: u64) -> CompatRanked<'_> {
+        match self {
+            CompatTable::Nginx(t) => CompatRanked::Walk(t.ranked_hash(hash)),
+            CompatTable::Twemproxy(t) => CompatRanked::Walk(t.ranked_hash(hash)),
+            CompatTable::Libketama(t) => CompatRanked::Walk(t.ranked_hash(hash)),
+            CompatTable::Groupcache(t) => CompatRanked::Walk(t.ranked_hash(hash)),
+            CompatTable::RedisCluster(t) => CompatRanked::Fallback(t.ranked_hash(hash)),
+            CompatTable::Guava(t) => CompatRanked::Fallback(t.ranked_hash(hash)),
+            CompatTable::EnvoyMaglev(t) => CompatRanked::Fallback(t.ranked_hash(hash)),
+            CompatTable::Haproxy(t) => CompatRanked::Haproxy(t.ranked_hash(hash)),
+            CompatTable::EnvoyRingHash(t) => CompatRanked::EnvoyRing(t.ranked_hash(hash)),
+        }
+    }
+}
 
 /// The index of the first of `points` (sorted by value) at or after `h`, wrapping to 0: the pick of
-/// every 32-bit point ring here.
-fn first_at_or_after(points: &[(u32, u32)], h: u32) -> Option<usize> {
+/// every point ring here (32-bit points, and Envoy's 64-bit ones).
+fn first_at_or_after<P: Copy + Ord>(points: &[(P, u32)], h: P) -> Option<usize> {
     if points.is_empty() {
         return None;
     }
@@ -24,11 +368,11 @@ fn first_at_or_after(points: &[(u32, u32)], h: u32) -> Option<usize> {
     Some(if i == points.len() { 0 } else { i })
 }
 
-/// A point ring walked onwards from a key's point: distinct nodes, owner first. The systems these
-/// rings reproduce have no failover of their own; this is keyroute's ranking over them.
+/// A point ring walked onwards from a key's point: distinct nodes, owner first. nginx fails over
+/// this way; for the systems with no failover of their own it is keyroute's ranking over them.
 #[derive(Clone, Debug)]
-pub struct PointWalk<'a> {
-    points: &'a [(u32, u32)],
+pub struct PointWalk<'a, P = u32> {
+    points: &'a [(P, u32)],
     at: usize,
     left: usize,
     seen: Vec<bool>,
@@ -36,12 +380,18 @@ pub struct PointWalk<'a> {
 
 impl<'a> PointWalk<'a> {
     fn new(points: &'a [(u32, u32)], hash: u64, nodes: usize) -> Self {
-        let at = first_at_or_after(points, hash as u32).unwrap_or(0);
+        PointWalk::from(points, hash as u32, nodes)
+    }
+}
+
+impl<'a, P: Copy + Ord> PointWalk<'a, P> {
+    fn from(points: &'a [(P, u32)], h: P, nodes: usize) -> Self {
+        let at = first_at_or_after(points, h).unwrap_or(0);
         PointWalk { points, at, left: points.len(), seen: vec![false; nodes] }
     }
 }
 
-impl Iterator for PointWalk<'_> {
+impl<P: Copy> Iterator for PointWalk<'_, P> {
     type Item = usize;
 
     fn next(&mut self) -> Option<usize> {

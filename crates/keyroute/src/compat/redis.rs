@@ -107,6 +107,7 @@ pub fn creation_order(names: &[&str]) -> Vec<usize> {
 #[derive(Clone, Debug)]
 pub struct RedisCluster {
     nodes: NodeSet,
+    fallback: crate::rendezvous::Rendezvous,
     /// (last slot of the range, node index), sorted by slot.
     ranges: Vec<(u16, usize)>,
 }
@@ -122,7 +123,7 @@ impl RedisCluster {
         let order = creation_order(&names);
         let layout = create_layout(order.len())?;
         let ranges = layout.iter().zip(&order).map(|(r, &n)| (*r.end(), n)).collect();
-        Ok(RedisCluster { nodes, ranges })
+        Ok(RedisCluster { fallback: crate::rendezvous::Rendezvous::new(nodes.clone()), nodes, ranges })
     }
 
     /// The slot ranges, with the index of the node that owns each.
@@ -157,6 +158,17 @@ impl Placement for RedisCluster {
 
     fn pick_hash(&self, hash: u64) -> Option<usize> {
         self.slot_owner((hash & u64::from(SLOTS - 1)) as u16)
+    }
+}
+
+impl crate::Ranking for RedisCluster {
+    type Ranked<'a> = crate::rendezvous::Fallback<'a>;
+
+    /// Redis Cluster has no failover by key: a dead master's slots are served by the replica that
+    /// is promoted in its place (same slot, another address). keyroute's ranking is the slot's
+    /// master, then the rendezvous order of the others by slot, so one slot's keys stay together.
+    fn ranked_hash(&self, hash: u64) -> crate::rendezvous::Fallback<'_> {
+        crate::rendezvous::Fallback::new(self.pick_hash(hash), &self.fallback, hash & u64::from(SLOTS - 1))
     }
 }
 
