@@ -5,6 +5,9 @@
 #   promtool (package prometheus): the gateway's /metrics is checked with `promtool check metrics`.
 #   etcd (package etcd-server): membership tests run a real etcd (started by the tests themselves
 #   on free loopback ports, in a temporary directory, and killed by pid when they end).
+#   nginx, haproxy, redis-server (and its redis-tools, for redis-cli): the live differential tests
+#   of the compatibility modes (keyroute-gateway/tests/compat_live.rs) run the real programs the
+#   same way, and compare their placements with keyroute's.
 #
 # Nothing is started: packages are installed with services disabled (policy-rc.d), and the tests
 # start what they need themselves, on 127.0.0.1.
@@ -14,6 +17,10 @@ cd "$(dirname "$0")/.."
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+have nginx || need+=(nginx)
+have haproxy || need+=(haproxy)
+{ have redis-server && have redis-cli; } || need+=(redis-server)
 
 if ((${#need[@]})); then
     echo "scripts/test.sh: installing ${need[*]} (Debian packages the tests use)" >&2

@@ -143,6 +143,9 @@ pub struct RegistrationArgs {
     /// The worker's zone.
     #[arg(long)]
     pub zone: Option<String>,
+    /// The worker's numeric id, for the haproxy placement (HAProxy's server id).
+    #[arg(long)]
+    pub id: Option<u32>,
     /// The lease's TTL in seconds: a worker that dies is dropped within this long.
     #[arg(long, default_value_t = keyroute_gateway::membership::register::DEFAULT_TTL)]
     pub ttl: u64,
@@ -207,6 +210,9 @@ pub enum MembersAction {
         /// Its zone.
         #[arg(long)]
         zone: Option<String>,
+        /// Its numeric id, for the haproxy placement (HAProxy's server id).
+        #[arg(long)]
+        id: Option<u32>,
     },
     /// Mark a worker draining: no new requests; its keys go on along their rankings.
     Drain {

@@ -468,7 +468,13 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
         }
         let before = owners(&handle)?;
         for w in &workers[serving..] {
-            let w = keyroute_gateway::WorkerConfig { name: w.name.clone(), address: w.addr, weight: 1, zone: None };
+            let w = keyroute_gateway::WorkerConfig {
+                name: w.name.clone(),
+                address: w.addr,
+                weight: 1,
+                zone: None,
+                id: None,
+            };
             handle.add_worker("thumbs", w).await.context("adding a worker")?;
         }
         let after = owners(&handle)?;
@@ -494,7 +500,13 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
         if scenario == "scale-out" && keys_remapped.is_none() && progress >= 0.5 {
             let before = owners(&handle)?;
             let w9 = &workers[WORKERS];
-            let w9 = keyroute_gateway::WorkerConfig { name: w9.name.clone(), address: w9.addr, weight: 1, zone: None };
+            let w9 = keyroute_gateway::WorkerConfig {
+                name: w9.name.clone(),
+                address: w9.addr,
+                weight: 1,
+                zone: None,
+                id: None,
+            };
             handle.add_worker("thumbs", w9).await.context("adding the ninth worker")?;
             let after = owners(&handle)?;
             let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();

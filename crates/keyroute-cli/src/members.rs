@@ -38,7 +38,7 @@ fn check_record(registry: &Registry, name: &str, record: &WorkerRecord) -> Resul
 }
 
 fn record(address: String, r: &RegistrationArgs) -> WorkerRecord {
-    WorkerRecord { address, weight: i64::from(r.weight), zone: r.zone.clone(), state: RecordState::Active }
+    WorkerRecord { address, weight: i64::from(r.weight), zone: r.zone.clone(), id: r.id, state: RecordState::Active }
 }
 
 fn change(result: Result<i64, ChangeError>, what: String) -> Result<()> {
@@ -91,11 +91,12 @@ pub fn members(args: &MembersArgs) -> Result<()> {
                 }
                 Ok(())
             }
-            MembersAction::Add { name, address, weight, zone } => {
+            MembersAction::Add { name, address, weight, zone, id } => {
                 let record = WorkerRecord {
                     address: address.clone(),
                     weight: i64::from(*weight),
                     zone: zone.clone(),
+                    id: *id,
                     state: RecordState::Active,
                 };
                 check_record(&registry, name, &record)?;

@@ -135,6 +135,8 @@ struct AddWorker {
     #[serde(default = "one")]
     weight: u32,
     zone: Option<String>,
+    /// The `haproxy` placement's server id.
+    id: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -256,8 +258,12 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
             };
             let own = shared.own_addrs();
             off_thread(move || {
-                let config = validate_worker(&add.name, &add.address, add.weight, add.zone.as_deref(), &own)
+                let mut config = validate_worker(&add.name, &add.address, add.weight, add.zone.as_deref(), &own)
                     .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("\"{}\": {}", e.field, e.message)))?;
+                if add.id == Some(0) {
+                    return Err(fail(StatusCode::BAD_REQUEST, "\"id\": must be at least 1"));
+                }
+                config.id = add.id;
                 let name = config.name.clone();
                 let generation = pool.add_worker(config).map_err(membership_error)?;
                 Ok(json(
@@ -560,6 +566,7 @@ async fn etcd_change(
                 address: add.address.clone(),
                 weight: i64::from(add.weight),
                 zone: add.zone.clone(),
+                id: add.id,
                 state: RecordState::Active,
             };
             (StatusCode::CREATED, serde_json::json!({ "added": add.name }), registry.add(&add.name, &record, 0).await)

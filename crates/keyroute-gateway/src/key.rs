@@ -7,8 +7,10 @@
 //!
 //! A placeholder whose part is absent (no such query parameter, header or cookie) makes the key
 //! *missing*; the pool then either falls back to power of two choices or rejects the request with
-//! 400, as configured. Optional normalisations apply to the rendered key: `lowercase`, and `decode`
-//! (percent-decoding of path and query values, so `a%20b` and `a b` are one key).
+//! 400, as configured. Optional normalisations apply to the rendered key: `lowercase`, `decode`
+//! (percent-decoding of path and query values, so `a%20b` and `a b` are one key), and
+//! `first-value` (a header's first comma-separated value, trimmed, as HAProxy's `hdr()` hashes
+//! it). Header values are taken as UTF-8 (a value that is not is missing).
 
 use std::net::IpAddr;
 
@@ -21,6 +23,7 @@ pub struct KeyTemplate {
     parts: Vec<Part>,
     lowercase: bool,
     decode: bool,
+    first_value: bool,
     source: String,
 }
 
@@ -94,19 +97,20 @@ impl KeyTemplate {
         if !lit.is_empty() {
             parts.push(Part::Literal(lit));
         }
-        let (mut lowercase, mut decode) = (false, false);
+        let (mut lowercase, mut decode, mut first_value) = (false, false, false);
         for n in normalize {
             match n.as_str() {
                 "lowercase" => lowercase = true,
                 "decode" => decode = true,
+                "first-value" => first_value = true,
                 other => {
                     return Err(TemplateError::Normalize(format!(
-                        "unknown normalisation '{other}' (expected lowercase or decode)"
+                        "unknown normalisation '{other}' (expected lowercase, decode or first-value)"
                     )));
                 }
             }
         }
-        Ok(KeyTemplate { parts, lowercase, decode, source: template.to_owned() })
+        Ok(KeyTemplate { parts, lowercase, decode, first_value, source: template.to_owned() })
     }
 
     /// The template as written.
@@ -140,10 +144,17 @@ impl KeyTemplate {
                     Some(v) => self.push(out, v),
                     None => return Err(MissingPart(format!("query.{name}"))),
                 },
-                Part::Header(name) => match req.headers.get(name).and_then(|v| v.to_str().ok()) {
-                    Some(v) => out.push_str(v),
-                    None => return Err(MissingPart(format!("header.{name}"))),
-                },
+                Part::Header(name) => {
+                    match req.headers.get(name).and_then(|v| std::str::from_utf8(v.as_bytes()).ok()) {
+                        Some(v) if self.first_value => {
+                            let first = keyroute::compat::haproxy::first_value(v.as_bytes());
+                            // A byte slice of a str cut at ASCII bytes (comma, space, tab): still UTF-8.
+                            out.push_str(std::str::from_utf8(first).unwrap_or_default());
+                        }
+                        Some(v) => out.push_str(v),
+                        None => return Err(MissingPart(format!("header.{name}"))),
+                    }
+                }
                 Part::Cookie(name) => match cookie_value(req, name) {
                     Some(v) => out.push_str(v),
                     None => return Err(MissingPart(format!("cookie.{name}"))),

@@ -3,19 +3,24 @@
 
 use keyroute::{Node, NodeSet, Options, Strategy};
 
-/// The node set of members given as (name, weight, zone), in their order.
+/// The node set of members given as (name, weight, zone, id), in their order.
 ///
 /// # Errors
 ///
 /// Empty or duplicate names.
-pub fn node_set<'a>(it: impl Iterator<Item = (&'a str, u32, Option<&'a str>)>) -> Result<NodeSet, keyroute::Error> {
+pub fn node_set<'a>(
+    it: impl Iterator<Item = (&'a str, u32, Option<&'a str>, Option<u32>)>,
+) -> Result<NodeSet, keyroute::Error> {
     let nodes = it
-        .map(|(name, weight, zone)| {
-            let n = Node::try_new(name)?.with_weight(weight);
-            Ok(match zone {
-                Some(z) => n.with_zone(z),
-                None => n,
-            })
+        .map(|(name, weight, zone, id)| {
+            let mut n = Node::try_new(name)?.with_weight(weight);
+            if let Some(z) = zone {
+                n = n.with_zone(z);
+            }
+            if let Some(id) = id {
+                n = n.with_id(id);
+            }
+            Ok(n)
         })
         .collect::<Result<Vec<_>, keyroute::Error>>()?;
     NodeSet::try_new(nodes)
@@ -35,6 +40,7 @@ pub fn table_entries(strategy: Strategy, options: &Options, nodes: &NodeSet) -> 
         Strategy::Ring | Strategy::BoundedRing => total.saturating_mul(u64::from(options.vnodes)),
         Strategy::Modulo => total,
         Strategy::Maglev => u64::from(options.maglev_size),
+        Strategy::Compat(mode) => options.compat.table_entries(mode, nodes),
         _ => nodes.len() as u64,
     }
 }
@@ -56,6 +62,9 @@ pub fn check_table_size(strategy: Strategy, options: &Options, nodes: &NodeSet) 
             nodes.total_weight()
         ),
         Strategy::Modulo => format!("modulo would expand a total weight of {entries}; lower the weights"),
+        Strategy::Compat(mode) => {
+            format!("the {mode} table would have {entries} entries; lower the weights or its sizes")
+        }
         _ => format!("the table would have {entries} entries; lower maglev_size"),
     };
     Err(format!("{what} (the limit is {MAX_TABLE_ENTRIES})"))

@@ -33,6 +33,7 @@ fn record(addr: std::net::SocketAddr, weight: u32, draining: bool) -> WorkerReco
         address: addr.to_string(),
         weight: i64::from(weight),
         zone: None,
+        id: None,
         state: if draining { RecordState::Draining } else { RecordState::Active },
     }
 }

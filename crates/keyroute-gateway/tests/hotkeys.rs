@@ -207,7 +207,8 @@ async fn the_gateway_cache_serves_hot_keys_as_an_http_cache_must_and_coalesces_m
 
 /// Adds `backend` as w4; each key's owner after the join.
 async fn join_w4(gw: &Gw, backend: &Backend, keys: &[String]) -> HashMap<String, String> {
-    let w4 = keyroute_gateway::WorkerConfig { name: "w4".into(), address: backend.addr, weight: 1, zone: None };
+    let w4 =
+        keyroute_gateway::WorkerConfig { name: "w4".into(), address: backend.addr, weight: 1, zone: None, id: None };
     gw.handle.add_worker("p", w4).await.expect("added");
     let mut owner = HashMap::new();
     for k in keys {

@@ -281,6 +281,8 @@ pub struct WorkerConfig {
     pub weight: u32,
     /// Its zone.
     pub zone: Option<String>,
+    /// Its numeric id, for the `haproxy` placement (HAProxy's server `id`).
+    pub id: Option<u32>,
 }
 
 impl Config {
@@ -385,6 +387,56 @@ weight = 2
     fn with_section(section: &str) -> String {
         let at = GOOD.find("[[pool.worker]]").expect("workers");
         format!("{}{section}\n{}", &GOOD[..at], &GOOD[at..])
+    }
+
+    #[test]
+    fn compatibility_strategies_take_their_parameters_and_worker_ids() {
+        let text = with_section("[pool.compat]\nhaproxy_hash = \"crc32 avalanche\"")
+            .replace("strategy = \"rendezvous\"", "strategy = \"haproxy\"")
+            .replace("weight = 2", "weight = 2\nid = 7");
+        let c = Config::parse(&text, "k.toml").expect("valid");
+        let p = &c.pools[0];
+        assert_eq!(p.strategy, Strategy::Compat(keyroute::compat::Mode::Haproxy));
+        assert!(p.options.compat.haproxy_hash.avalanche);
+        assert_eq!((p.workers[0].id, p.workers[1].id), (None, Some(7)));
+        // The section starts on line 10 of GOOD.
+        let haproxy = |t: String| t.replace("strategy = \"rendezvous\"", "strategy = \"haproxy\"");
+        for (edit, line, field, needle) in [
+            (
+                haproxy(with_section("[pool.compat]\nhaproxy_hash = \"md5\"")),
+                11,
+                "pool.thumbs.compat.haproxy_hash",
+                "md5",
+            ),
+            (with_section("[pool.compat]\nhaproxy_hash = \"sdbm\""), 7, "pool.thumbs.compat", "not one"),
+            (
+                with_section("[pool.compat]\nhash_tag = \"{\"").replace("\"rendezvous\"", "\"twemproxy\""),
+                11,
+                "pool.thumbs.compat.hash_tag",
+                "two bytes",
+            ),
+            (
+                with_section("[pool.compat]\nenvoy_table_size = 65536").replace("\"rendezvous\"", "\"envoy-maglev\""),
+                7,
+                "pool.thumbs.strategy",
+                "prime",
+            ),
+            (haproxy(GOOD.replace("weight = 2", "weight = 300")), 7, "pool.thumbs.strategy", "0..=256"),
+            (haproxy(GOOD.replace("weight = 2", "weight = 2\nid = 0")), 18, "pool.thumbs.worker.w2.id", "at least 1"),
+            (
+                haproxy(
+                    GOOD.replace("weight = 2", "id = 3")
+                        .replace("address = \"127.0.0.1:9001\"", "address = \"127.0.0.1:9001\"\nid = 3"),
+                ),
+                18,
+                "pool.thumbs.worker.w2.id",
+                "worker 'w1' has id 3 already",
+            ),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err("invalid");
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}");
+            assert!(err.message.contains(needle), "{err}");
+        }
     }
 
     #[test]

@@ -95,8 +95,22 @@ pub(super) struct RawPool {
     pub(super) hot_keys: Option<RawHotKeys>,
     pub(super) slow_start: Option<RawSlowStart>,
     pub(super) handoff: Option<RawHandoff>,
+    pub(super) compat: Option<RawCompat>,
     #[serde(default)]
     pub(super) worker: Vec<RawWorker>,
+}
+
+/// `[pool.compat]`: the parameters of the compatibility strategies.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCompat {
+    pub(super) haproxy_hash: Option<Spanned<String>>,
+    pub(super) hash_tag: Option<Spanned<String>>,
+    pub(super) groupcache_replicas: Option<Spanned<u32>>,
+    pub(super) guava_input: Option<Spanned<String>>,
+    pub(super) envoy_min_ring_size: Option<Spanned<u64>>,
+    pub(super) envoy_max_ring_size: Option<Spanned<u64>>,
+    pub(super) envoy_table_size: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,4 +196,5 @@ pub(super) struct RawWorker {
     pub(super) address: Spanned<String>,
     pub(super) weight: Option<Spanned<u32>>,
     pub(super) zone: Option<Spanned<String>>,
+    pub(super) id: Option<Spanned<u32>>,
 }

@@ -181,6 +181,7 @@ pub(crate) fn validate_worker_with(
     }
     let _ = weight;
     Ok(WorkerConfig {
+        id: None,
         name: name.to_owned(),
         address: addr,
         weight,
@@ -456,6 +457,9 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         }
         options.choices = *c.get_ref();
     }
+    if let Some(c) = &p.compat {
+        options.compat = validate_compat(ctx, c, name, strategy, p)?;
+    }
     let normalize = p.normalize.as_ref().map(|n| n.get_ref().clone()).unwrap_or_default();
     let key_text = p.key.as_ref().map_or("{uri}".to_owned(), |k| k.get_ref().clone());
     let key = match KeyTemplate::parse(&key_text, &normalize) {
@@ -609,7 +613,7 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         let wname = w.name.get_ref().clone();
         let weight = w.weight.as_ref().map_or(1, |x| *x.get_ref());
         let zone = w.zone.as_ref().map(|z| z.get_ref().as_str());
-        let worker = match validate_worker(&wname, w.address.get_ref(), weight, zone, own) {
+        let mut worker = match validate_worker(&wname, w.address.get_ref(), weight, zone, own) {
             Ok(w) => w,
             Err(e) => {
                 let (span, f) = match e.field {
@@ -624,6 +628,23 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         };
         if workers.iter().any(|x| x.name == wname) {
             return ctx.err(Some(w.name.span()), field("worker.name"), format!("duplicate worker '{wname}'"));
+        }
+        if let Some(id) = &w.id {
+            if *id.get_ref() == 0 {
+                return ctx.err(
+                    Some(id.span()),
+                    field(&format!("worker.{wname}.id")),
+                    "must be at least 1 (HAProxy's ids start at 1)",
+                );
+            }
+            if let Some(other) = workers.iter().find(|x| x.id == Some(*id.get_ref())) {
+                return ctx.err(
+                    Some(id.span()),
+                    field(&format!("worker.{wname}.id")),
+                    format!("worker '{}' has id {} already", other.name, id.get_ref()),
+                );
+            }
+            worker.id = Some(*id.get_ref());
         }
         workers.push(worker);
     }
@@ -648,7 +669,7 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
     }
     // Build the strategy once so that its errors (jump with weights, a Maglev size that is not a
     // prime...) surface now, with the pool named, instead of at the first request.
-    let nodes = crate::table::node_set(workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref())))
+    let nodes = crate::table::node_set(workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref(), w.id)))
         .map_err(|e| ConfigError {
             file: ctx.file.clone(),
             line: Some(ctx.line(p.name.span().start)),
@@ -683,6 +704,68 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         slow_start: validate_slow_start(ctx, p, name, strategy)?,
         handoff: validate_handoff(ctx, p, name, strategy)?,
     })
+}
+
+/// `[pool.compat]`: the parameters of the compatibility strategies (checked again, with the
+/// workers, when the table is built).
+fn validate_compat(
+    ctx: &Ctx<'_>,
+    c: &super::raw::RawCompat,
+    name: &str,
+    strategy: Strategy,
+    p: &RawPool,
+) -> Result<keyroute::compat::CompatOptions, ConfigError> {
+    use keyroute::compat::{CompatOptions, guava::GuavaInput, haproxy::HaproxyHash};
+    let field = |f: &str| format!("pool.{name}.compat.{f}");
+    if !matches!(strategy, Strategy::Compat(_)) {
+        return ctx.err(
+            p.strategy.as_ref().map(Spanned::span).or(Some(p.name.span())),
+            format!("pool.{name}.compat"),
+            format!(
+                "[pool.compat] sets the parameters of a compatibility strategy (nginx, haproxy, ...); '{}' is not one",
+                strategy.name()
+            ),
+        );
+    }
+    let mut o = CompatOptions::default();
+    if let Some(h) = &c.haproxy_hash {
+        o.haproxy_hash = match HaproxyHash::parse(h.get_ref()) {
+            Ok(h) => h,
+            Err(e) => return ctx.err(Some(h.span()), field("haproxy_hash"), e.to_string()),
+        };
+    }
+    if let Some(t) = &c.hash_tag {
+        o.twemproxy_hash_tag = match <[u8; 2]>::try_from(t.get_ref().as_bytes()) {
+            Ok(t) => Some(t),
+            Err(_) => return ctx.err(Some(t.span()), field("hash_tag"), "must be two bytes, such as \"{}\""),
+        };
+    }
+    if let Some(r) = &c.groupcache_replicas {
+        if !(1..=100_000).contains(r.get_ref()) {
+            return ctx.err(Some(r.span()), field("groupcache_replicas"), "must be in 1..=100000");
+        }
+        o.groupcache_replicas = *r.get_ref();
+    }
+    if let Some(g) = &c.guava_input {
+        o.guava_input = match g.get_ref().as_str() {
+            "murmur3" => GuavaInput::Murmur3_128,
+            "md5" => GuavaInput::Md5,
+            other => return ctx.err(Some(g.span()), field("guava_input"), format!("'{other}' (valid: murmur3, md5)")),
+        };
+    }
+    for (v, slot, f) in [
+        (&c.envoy_min_ring_size, &mut o.envoy_min_ring_size, "envoy_min_ring_size"),
+        (&c.envoy_max_ring_size, &mut o.envoy_max_ring_size, "envoy_max_ring_size"),
+        (&c.envoy_table_size, &mut o.envoy_table_size, "envoy_table_size"),
+    ] {
+        if let Some(v) = v {
+            if *v.get_ref() == 0 {
+                return ctx.err(Some(v.span()), field(f), "must be at least 1");
+            }
+            *slot = *v.get_ref();
+        }
+    }
+    Ok(o)
 }
 
 /// A `u64` field within `lo..=hi`, or its default.

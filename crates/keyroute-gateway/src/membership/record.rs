@@ -39,6 +39,9 @@ pub struct WorkerRecord {
     /// Its zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// Its numeric id, for the `haproxy` placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
     /// Active or draining.
     #[serde(default)]
     pub state: RecordState,
@@ -129,8 +132,12 @@ fn member(
     let weight = u32::try_from(record.weight).ok().filter(|&w| w > 0).ok_or_else(|| {
         format!("weight {} is not in 1..=4294967295 (drain with \"state\": \"draining\")", record.weight)
     })?;
-    let worker = validate_worker_with(name, &record.address, weight, record.zone.as_deref(), own, resolve)
+    let mut worker = validate_worker_with(name, &record.address, weight, record.zone.as_deref(), own, resolve)
         .map_err(|e| format!("{}: {}", e.field, e.message))?;
+    if record.id == Some(0) {
+        return Err("id: must be at least 1 (HAProxy's ids start at 1)".into());
+    }
+    worker.id = record.id;
     Ok(Member { worker, draining: record.state == RecordState::Draining })
 }
 

@@ -34,6 +34,7 @@ pub(crate) fn save(path: &Path, pool: &str, prefix: &str, revision: i64, members
                 address: m.worker.address.to_string(),
                 weight: i64::from(m.worker.weight),
                 zone: m.worker.zone.clone(),
+                id: m.worker.id,
                 state: if m.draining { RecordState::Draining } else { RecordState::Active },
             };
             (m.worker.name.clone(), record)

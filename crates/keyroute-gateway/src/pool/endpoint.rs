@@ -58,6 +58,8 @@ pub struct WorkerState {
     pub address: SocketAddr,
     /// Its zone.
     pub zone: Option<String>,
+    /// Its numeric id (the `haproxy` placement's server id).
+    pub id: Option<u32>,
     in_flight: AtomicU64,
     /// Pooled keep-alive connections to this worker.
     pub upstream: crate::upstream::Upstream,
@@ -94,6 +96,7 @@ impl WorkerState {
             name: config.name.clone(),
             address: config.address,
             zone: config.zone.clone(),
+            id: config.id,
             upstream: crate::upstream::Upstream::new(config.address, pool.connect_timeout),
             in_flight: AtomicU64::new(0),
             state: AtomicU8::new(HEALTHY),

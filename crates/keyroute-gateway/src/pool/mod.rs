@@ -192,7 +192,10 @@ impl Pool {
             .map(|m| {
                 let w = &m.worker;
                 let kept = old.worker(&w.name).filter(|(_, s)| {
-                    s.address == w.address && s.zone == w.zone && (s.state() != State::Draining || m.draining)
+                    s.address == w.address
+                        && s.zone == w.zone
+                        && s.id == w.id
+                        && (s.state() != State::Draining || m.draining)
                 });
                 let state = match kept {
                     Some((i, s)) => {
@@ -317,7 +320,9 @@ impl Pool {
             .iter()
             .map(|w| match old.worker(&w.name) {
                 // The same worker: it keeps its health, load and counters, under the new settings.
-                Some((_, s)) if s.address == w.address && s.zone == w.zone && s.state() != State::Draining => {
+                Some((_, s))
+                    if s.address == w.address && s.zone == w.zone && s.id == w.id && s.state() != State::Draining =>
+                {
                     kept.push(Arc::clone(s));
                     (Arc::clone(s), w.weight)
                 }
@@ -382,11 +387,18 @@ fn build(
     old: Option<&Snapshot>,
 ) -> Result<Snapshot, MembershipError> {
     // Canonical order (by name, numbers as numbers): the table, and so every placement, is a
-    // function of the member set alone, whatever order or history the members came in.
-    members.sort_by(|a, b| keyroute::node::canonical_cmp(&a.0.name, &b.0.name));
+    // function of the member set alone, whatever order or history the members came in. A
+    // compatibility strategy over a static pool keeps the order of the configuration instead, as
+    // the system it reproduces does (Guava's buckets, `redis-cli --cluster create`'s masters,
+    // HAProxy's automatic ids and Envoy's running sums follow the list order).
+    let keeps_order = matches!(config.strategy, keyroute::Strategy::Compat(_))
+        && config.membership == crate::config::MembershipConfig::Static;
+    if !keeps_order {
+        members.sort_by(|a, b| keyroute::node::canonical_cmp(&a.0.name, &b.0.name));
+    }
     let placement = |source| MembershipError::Placement { pool: config.name.clone(), source };
-    let nodes =
-        node_set(members.iter().map(|(w, weight)| (w.name.as_str(), *weight, w.zone.as_deref()))).map_err(placement)?;
+    let nodes = node_set(members.iter().map(|(w, weight)| (w.name.as_str(), *weight, w.zone.as_deref(), w.id)))
+        .map_err(placement)?;
     check_table_size(config.strategy, &config.options, &nodes)
         .map_err(|message| MembershipError::TooLarge { pool: config.name.clone(), message })?;
     let policy = Policy::build(config.strategy, nodes, &config.options).map_err(placement)?;

@@ -559,7 +559,14 @@ fn key_hash(pool: &Pool, snap: &Snapshot, parts: &Parts, peer: &Peer, key: &mut 
     if !snap.policy.strategy().uses_key() {
         return Ok(None);
     }
-    match snap.config.key.render(parts, peer.addr.ip(), key) {
+    let rendered = snap.config.key.render(parts, peer.addr.ip(), key).and_then(|()| match snap.policy.strategy() {
+        // nginx and HAProxy do not hash an empty key (they go round robin): neither does their mode.
+        keyroute::Strategy::Compat(mode) if key.is_empty() && !mode.hashes_empty_key() => {
+            Err(crate::key::MissingPart("an empty key".into()))
+        }
+        _ => Ok(()),
+    });
+    match rendered {
         Ok(()) => {
             let h = snap.policy.key_hash(key.as_bytes());
             pool.record_key(h);

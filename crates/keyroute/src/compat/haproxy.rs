@@ -12,8 +12,8 @@
 //!
 //! - **What names a server**: its numeric id (`puid`) and its weight, never its name or address
 //!   (in 2.6; 3.0 added `hash-key`). The id is the `id` keyword ([`Node::with_id`](crate::Node::with_id),
-//!   `:id=N` in a node specification); servers without one get, in declaration order, the lowest
-//!   ids not taken, from 1.
+//!   `:id=N` in a node specification); servers without one are numbered as HAProxy does
+//!   ([`server_ids`]).
 //! - **Points**: a server of weight `w` (0 to 256) gets `16 w` points,
 //!   `full_hash(id x 4096 + j)` for `j` in `0..16 w`, where `full_hash` is Thomas Wang's 32-bit
 //!   integer hash multiplied by 3221225473. `full_hash` is a bijection, so points never collide.
@@ -225,8 +225,9 @@ pub const MAX_WEIGHT: u32 = 256;
 /// Points per unit of weight (`BE_WEIGHT_SCALE`).
 pub const POINTS_PER_WEIGHT: u32 = 16;
 
-/// HAProxy's ids of `nodes`: each node's own ([`Node::id`](crate::Node::id)), and for the others,
-/// in order, the lowest ids not taken, from 1.
+/// HAProxy's ids of `nodes`: each node's own ([`Node::id`](crate::Node::id)), and for the others
+/// HAProxy's numbering: a counter from 1 that moves on after every server (with an id of its own
+/// or not), skipping the ids taken. `a, b:id=2, c` numbers `c` 3, and `a, b:id=9, c` too.
 ///
 /// # Errors
 ///
@@ -247,6 +248,8 @@ pub fn server_ids(nodes: &NodeSet) -> Result<Vec<u32>, Error> {
             }
         }
     }
+    // HAProxy's `check_config_validity`: a counter that moves on after every server, explicit id
+    // or not, and skips ids taken.
     let mut next = 1u32;
     let mut ids = Vec::with_capacity(nodes.len());
     for n in nodes.nodes() {
@@ -260,6 +263,7 @@ pub fn server_ids(nodes: &NodeSet) -> Result<Vec<u32>, Error> {
                 next
             }
         });
+        next += 1;
     }
     Ok(ids)
 }
@@ -430,6 +434,9 @@ mod tests {
     fn ids_fill_the_gaps_in_order() {
         let nodes = NodeSet::parse("a,b:id=2,c,d:id=1,e").expect("valid");
         assert_eq!(server_ids(&nodes).expect("valid"), vec![3, 2, 4, 1, 5]);
+        // The counter moves on past a server with its own id (checked against HAProxy 2.6.12).
+        let nodes = NodeSet::parse("a,b:id=38,c").expect("valid");
+        assert_eq!(server_ids(&nodes).expect("valid"), vec![1, 38, 3]);
         assert!(server_ids(&NodeSet::parse("a:id=3,b:id=3").expect("valid")).is_err());
         assert!(server_ids(&NodeSet::parse("a:id=0").expect("valid")).is_err());
     }
