@@ -431,9 +431,9 @@ mod tests {
     }
 
     #[test]
-    fn ids_fill_the_gaps_in_order() {
+    fn automatic_ids_count_every_server_and_skip_the_taken() {
         let nodes = NodeSet::parse("a,b:id=2,c,d:id=1,e").expect("valid");
-        assert_eq!(server_ids(&nodes).expect("valid"), vec![3, 2, 4, 1, 5]);
+        assert_eq!(server_ids(&nodes).expect("valid"), vec![3, 2, 5, 1, 7]);
         // The counter moves on past a server with its own id (checked against HAProxy 2.6.12).
         let nodes = NodeSet::parse("a,b:id=38,c").expect("valid");
         assert_eq!(server_ids(&nodes).expect("valid"), vec![1, 38, 3]);
