@@ -305,10 +305,12 @@ fn hot(c: &mut Criterion) {
     g.finish();
 }
 
-/// Compatibility modes: Redis Cluster's keyslot of a 12-byte key, and the master of a key in a
-/// 3-master cluster laid out as `redis-cli --cluster create` does.
+/// Compatibility modes: each mode's pick of a 12-byte key (its own key hash included) and its
+/// build, over 80 addresses, next to keyroute's native ring and rendezvous and, for nginx's scheme,
+/// pingora-ketama. Redis Cluster's keyslot alone too.
 fn compat(c: &mut Criterion) {
-    use keyroute::compat::redis::{RedisCluster, key_slot};
+    use keyroute::compat::redis::key_slot;
+    use keyroute::compat::{CompatOptions, CompatTable, Mode};
     let (keys, _) = keys();
     let mask = keys.len() - 1;
     let mut g = c.benchmark_group("compat");
@@ -321,37 +323,44 @@ fn compat(c: &mut Criterion) {
             s
         })
     });
-    let cluster = RedisCluster::new(NodeSet::parse("10.0.0.1:7000,10.0.0.1:7001,10.0.0.1:7002").expect("valid"))
-        .expect("three masters");
-    g.bench_function("redis-cluster/pick-keyed/n=3", |b| {
-        b.iter(|| {
-            i = (i + 1) & mask;
-            cluster.pick(black_box(keys[i].as_bytes())).expect("a master")
-        })
+    let set = node_set(80, false);
+    let options = CompatOptions::default();
+    let mut pick = |name: &str, f: &dyn Fn(&str) -> bool| {
+        g.bench_function(format!("{name}/pick-keyed/n=80"), |b| {
+            b.iter(|| {
+                i = (i + 1) & mask;
+                assert!(f(black_box(&keys[i])));
+            })
+        });
+    };
+    for mode in Mode::ALL {
+        let t = CompatTable::build(mode, set.clone(), &options).expect("valid");
+        pick(mode.name(), &|k| t.pick(k.as_bytes()).is_some());
+    }
+    let buckets: Vec<pingora_ketama::Bucket> =
+        addrs(80).into_iter().map(|a| pingora_ketama::Bucket::new(a, 1)).collect();
+    let ketama = pingora_ketama::Continuum::new(&buckets);
+    // Like for like: pingora-ketama reproduces nginx's scheme, so both place every key alike.
+    let nginx = CompatTable::build(Mode::Nginx, set.clone(), &options).expect("valid");
+    for k in &keys {
+        let ours = nginx.pick(k.as_bytes()).map(|n| n.name().to_owned());
+        assert_eq!(ours, ketama.node(k.as_bytes()).map(|a| a.to_string()), "key {k}");
+    }
+    pick("nginx/pingora-ketama", &|k| ketama.node(k.as_bytes()).is_some());
+    let ring = HashRing::new(set.clone()).expect("ring");
+    pick("native-ring", &|k| ring.pick(k.as_bytes()).is_some());
+    let hrw = Rendezvous::new(set.clone());
+    pick("native-rendezvous", &|k| hrw.pick(k.as_bytes()).is_some());
+    g.sample_size(20);
+    for mode in Mode::ALL {
+        g.bench_function(format!("{}/build/n=80", mode.name()), |b| {
+            b.iter(|| CompatTable::build(mode, black_box(set.clone()), &options).expect("valid"))
+        });
+    }
+    g.bench_function("nginx/pingora-ketama/build/n=80", |b| {
+        b.iter(|| pingora_ketama::Continuum::new(black_box(&buckets)))
     });
-    let ring = keyroute::compat::groupcache::GroupcacheRing::new(node_set(80, false), 50).expect("valid");
-    g.bench_function("groupcache/pick-keyed/n=80,r=50", |b| {
-        b.iter(|| {
-            i = (i + 1) & mask;
-            ring.pick(black_box(keys[i].as_bytes())).expect("a node")
-        })
-    });
-    let guava = keyroute::compat::guava::GuavaConsistentHash::new(
-        node_set(80, false),
-        keyroute::compat::guava::GuavaInput::Murmur3_128,
-    )
-    .expect("valid");
-    g.bench_function("guava-murmur3/pick-keyed/n=80", |b| {
-        b.iter(|| {
-            i = (i + 1) & mask;
-            guava.pick(black_box(keys[i].as_bytes())).expect("a node")
-        })
-    });
-    g.bench_function("build/redis-cluster/n=31", |b| {
-        let names: Vec<String> = (0..31).map(|p| format!("10.0.0.1:{}", 7000 + p)).collect();
-        let set = NodeSet::parse(&names.join(",")).expect("valid");
-        b.iter(|| RedisCluster::new(set.clone()).expect("valid"))
-    });
+    g.bench_function("native-ring/build/n=80", |b| b.iter(|| HashRing::new(black_box(set.clone())).expect("ring")));
     g.finish();
 }
 

@@ -29,17 +29,36 @@
 
 use crate::{Error, NodeSet};
 
-/// CRC32 (IEEE 802.3, zlib's `crc32`).
+/// CRC32 (IEEE 802.3, zlib's `crc32`), eight bytes at a time (slicing-by-8).
 pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc = (crc >> 8) ^ CRC32_TABLE[usize::from((crc as u8) ^ b)];
-    }
-    !crc
+    !crc32_update(!0, bytes)
 }
 
-const CRC32_TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
+/// The CRC32 register after `bytes`, from register `crc` (`!0` to start; the CRC is `!register`):
+/// a prefix hashed once, then continued.
+pub(crate) fn crc32_update(mut crc: u32, bytes: &[u8]) -> u32 {
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let lo = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let t = &CRC32_TABLES;
+        crc = t[7][(lo & 0xff) as usize]
+            ^ t[6][((lo >> 8) & 0xff) as usize]
+            ^ t[5][((lo >> 16) & 0xff) as usize]
+            ^ t[4][(lo >> 24) as usize]
+            ^ t[3][usize::from(c[4])]
+            ^ t[2][usize::from(c[5])]
+            ^ t[1][usize::from(c[6])]
+            ^ t[0][usize::from(c[7])];
+    }
+    for &b in chunks.remainder() {
+        crc = (crc >> 8) ^ CRC32_TABLES[0][usize::from((crc as u8) ^ b)];
+    }
+    crc
+}
+
+/// `CRC32_TABLES[0]` is the byte-wise table; table `k` advances a byte through `k` more zero bytes.
+const CRC32_TABLES: [[u32; 256]; 8] = {
+    let mut t = [[0u32; 256]; 8];
     let mut i = 0;
     while i < 256 {
         let mut c = i as u32;
@@ -48,8 +67,18 @@ const CRC32_TABLE: [u32; 256] = {
             c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
             k += 1;
         }
-        t[i] = c;
+        t[0][i] = c;
         i += 1;
+    }
+    let mut k = 1;
+    while k < 8 {
+        let mut i = 0;
+        while i < 256 {
+            let prev = t[k - 1][i];
+            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+            i += 1;
+        }
+        k += 1;
     }
     t
 };
@@ -74,20 +103,28 @@ impl GroupcacheRing {
         if replicas == 0 || replicas > 100_000 {
             return Err(Error::invalid_parameter("groupcache replicas must be in 1..=100000"));
         }
-        let mut owner: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
-        let mut points: Vec<u32> = Vec::with_capacity(nodes.len() * replicas as usize);
+        let mut points: Vec<(u32, u32)> = Vec::with_capacity(nodes.len() * replicas as usize);
+        let mut label = Vec::with_capacity(64);
         for (n, node) in nodes.nodes().iter().enumerate() {
             for i in 0..replicas {
-                let mut label = i.to_string().into_bytes();
+                label.clear();
+                label.extend_from_slice(i.to_string().as_bytes());
                 label.extend_from_slice(node.name().as_bytes());
-                let p = crc32(&label);
-                points.push(p);
-                // A later node's equal point takes the owner over, as Go's map assignment does.
-                owner.insert(p, n as u32);
+                points.push((crc32(&label), n as u32));
             }
         }
-        points.sort_unstable();
-        let points = points.into_iter().map(|p| (p, owner[&p])).collect();
+        // Sorted by point, then by insertion (node order): within a run of equal points the last
+        // is the owner, as Go's map assignment leaves it, and every point of the run takes it.
+        super::sort_points(&mut points);
+        let mut end = points.len();
+        while end > 0 {
+            let (p, owner) = points[end - 1];
+            let start = points[..end].partition_point(|q| q.0 < p);
+            for q in &mut points[start..end] {
+                q.1 = owner;
+            }
+            end = start;
+        }
         Ok(GroupcacheRing { nodes, points })
     }
 }
@@ -114,6 +151,13 @@ mod tests {
     fn crc32_is_zlibs() {
         assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
         assert_eq!(crc32(b""), 0);
+        assert_eq!(crc32(b"The quick brown fox jumps over the lazy dog"), 0x414F_A339);
+        // Every length around the 8-byte stride, against the byte-wise definition.
+        let bytewise = |b: &[u8]| !b.iter().fold(!0u32, |c, &x| (c >> 8) ^ CRC32_TABLES[0][usize::from((c as u8) ^ x)]);
+        let data: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        for len in 0..data.len() {
+            assert_eq!(crc32(&data[..len]), bytewise(&data[..len]), "{len}");
+        }
     }
 
     #[test]

@@ -301,7 +301,7 @@ impl HaproxyRing {
                 points.push((full_hash(base.wrapping_add(j)), i as u32));
             }
         }
-        points.sort_by_key(|p| p.0);
+        super::sort_points(&mut points);
         Ok(HaproxyRing { nodes, hash, ids, points })
     }
 

@@ -77,7 +77,7 @@ impl Libketama {
                 }
             }
         }
-        points.sort_by_key(|p| p.0);
+        super::sort_points(&mut points);
         Ok(Libketama { nodes, points })
     }
 }

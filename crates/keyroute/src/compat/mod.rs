@@ -358,6 +358,40 @@ impl Ranking for CompatTable {
     }
 }
 
+/// Sorts `(point, node)` pairs by point, stably: equal points keep the order they were pushed in
+/// (node order, as the stable sorts of the originals leave them). An LSD radix sort of four
+/// 8-bit passes: a ring of 12,800 points sorts in a fraction of a comparison sort's time.
+fn sort_points(points: &mut Vec<(u32, u32)>) {
+    if points.len() < 256 {
+        points.sort_by_key(|p| p.0);
+        return;
+    }
+    let mut from = std::mem::take(points);
+    let mut to = vec![(0u32, 0u32); from.len()];
+    for shift in [0u32, 8, 16, 24] {
+        let mut counts = [0usize; 256];
+        for &(p, _) in &from {
+            counts[((p >> shift) & 0xff) as usize] += 1;
+        }
+        if counts.iter().any(|&c| c == from.len()) {
+            continue; // every point has the same byte here: the pass would change nothing
+        }
+        let mut at = 0;
+        for c in &mut counts {
+            let n = *c;
+            *c = at;
+            at += n;
+        }
+        for &e in &from {
+            let b = ((e.0 >> shift) & 0xff) as usize;
+            to[counts[b]] = e;
+            counts[b] += 1;
+        }
+        std::mem::swap(&mut from, &mut to);
+    }
+    *points = from;
+}
+
 /// The index of the first of `points` (sorted by value) at or after `h`, wrapping to 0: the pick of
 /// every point ring here (32-bit points, and Envoy's 64-bit ones).
 fn first_at_or_after<P: Copy + Ord>(points: &[(P, u32)], h: P) -> Option<usize> {
@@ -406,5 +440,25 @@ impl<P: Copy> Iterator for PointWalk<'_, P> {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn radix_sort_is_a_stable_sort_by_point() {
+        let mut rng = crate::hash::SplitMix64::new(9);
+        use crate::hash::RandomSource;
+        for n in [0usize, 1, 255, 256, 5000] {
+            // Few distinct points, so that ties are many.
+            let v: Vec<(u32, u32)> = (0..n).map(|i| ((rng.below(700) as u32) << 20 | 3, i as u32)).collect();
+            let mut want = v.clone();
+            want.sort_by_key(|p| p.0);
+            let mut got = v;
+            sort_points(&mut got);
+            assert_eq!(got, want, "{n}");
+        }
     }
 }

@@ -85,17 +85,16 @@ impl NginxHash {
             buf.extend_from_slice(host);
             buf.push(0);
             buf.extend_from_slice(port);
-            let base = buf.len();
+            // The prefix is the same for every point of the server: hash it once.
+            let prefix = super::groupcache::crc32_update(!0, &buf);
             let mut prev = 0u32;
             for _ in 0..u64::from(node.weight()) * u64::from(POINTS_PER_WEIGHT) {
-                buf.truncate(base);
-                buf.extend_from_slice(&prev.to_le_bytes());
-                prev = crc32(&buf);
+                prev = !super::groupcache::crc32_update(prefix, &prev.to_le_bytes());
                 points.push((prev, i as u32));
             }
         }
-        // Stable, as glibc's qsort (a merge sort) is: equal points keep node order.
-        points.sort_by_key(|p| p.0);
+        // glibc's qsort (a merge sort) is stable: equal points keep node order.
+        super::sort_points(&mut points);
         points.dedup_by_key(|p| p.0);
         Ok(NginxHash { nodes, points })
     }

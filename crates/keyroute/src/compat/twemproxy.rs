@@ -123,7 +123,7 @@ impl Twemproxy {
                 }
             }
         }
-        points.sort_by_key(|p| p.0);
+        super::sort_points(&mut points);
         Ok(Twemproxy { nodes, hash_tag, points })
     }
 
