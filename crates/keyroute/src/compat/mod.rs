@@ -373,7 +373,7 @@ fn sort_points(points: &mut Vec<(u32, u32)>) {
         for &(p, _) in &from {
             counts[((p >> shift) & 0xff) as usize] += 1;
         }
-        if counts.iter().any(|&c| c == from.len()) {
+        if counts.contains(&from.len()) {
             continue; // every point has the same byte here: the pass would change nothing
         }
         let mut at = 0;
