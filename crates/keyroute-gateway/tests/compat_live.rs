@@ -161,23 +161,61 @@ async fn compare(what: &str, real: SocketAddr, gw: &Gw, keys: &[String]) {
     );
 }
 
+/// Kills backend `victim` and waits until the gateway's health checks have taken it out; then
+/// `compare` again: the original's failover and keyroute's ranking must send every key to the same
+/// backend, and none to the dead one.
+async fn compare_after_killing(
+    what: &str,
+    real: SocketAddr,
+    gw: &Gw,
+    keys: &[String],
+    bs: &mut [Backend],
+    victim: usize,
+    settle: Duration,
+) {
+    bs[victim].kill();
+    let name = gw_name(gw, &bs[victim]).await;
+    eventually(Duration::from_secs(10), "the gateway sees the dead backend", || {
+        let name = name.clone();
+        async move { worker_info(gw, &name).await["state"] != "healthy" }
+    })
+    .await;
+    // The original's own detection: nginx marks the peer failed on its first refused connection
+    // (and retries the request along its walk); HAProxy needs a failed check (every 50 ms).
+    tokio::time::sleep(settle).await;
+    let served = bs[victim].served.load(std::sync::atomic::Ordering::SeqCst);
+    compare(&format!("{what} with {} dead", bs[victim].name), real, gw, keys).await;
+    assert_eq!(bs[victim].served.load(std::sync::atomic::Ordering::SeqCst), served, "the dead backend served nothing");
+}
+
+/// The gateway's name for a backend: its address in the nginx pool, its own name otherwise.
+async fn gw_name(gw: &Gw, b: &Backend) -> String {
+    let by_addr = b.addr.to_string();
+    if worker_info(gw, &by_addr).await.is_null() { b.name.clone() } else { by_addr }
+}
+
+const HEALTH: &str = "[pool.health]\npath = \"/healthz\"\ninterval_ms = 50\ntimeout_ms = 500\nrise = 1\nfall = 1";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_mode_places_as_the_real_nginx() {
     let mut rng = SplitMix64::new(seed());
     let n = 3 + rng.below(10) as usize;
-    let bs = backends(n).await;
+    let mut bs = backends(n).await;
     let weights: Vec<u32> = (0..n).map(|_| 1 + rng.below(5) as u32).collect();
     let dir = temp_dir("nginx");
     let port = free_port();
-    let servers: String =
-        bs.iter().zip(&weights).map(|(b, w)| format!("    server {} weight={w};\n", b.addr)).collect();
+    let servers: String = bs
+        .iter()
+        .zip(&weights)
+        .map(|(b, w)| format!("    server {} weight={w} max_fails=1 fail_timeout=60s;\n", b.addr))
+        .collect();
     let d = dir.display();
     let conf = format!(
         "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          events {{ worker_connections 512; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
            upstream up {{\n    hash $http_x_key consistent;\n{servers}    keepalive 8;\n  }}\n\
-           server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream off;\n    }}\n  }}\n}}\n"
+           server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout;\n      proxy_connect_timeout 2s;\n    }}\n  }}\n}}\n"
     );
     std::fs::write(dir.join("nginx.conf"), conf).expect("write nginx.conf");
     let mut nginx =
@@ -187,9 +225,13 @@ async fn nginx_mode_places_as_the_real_nginx() {
     // The worker's name is what nginx hashes: its `server` text.
     let workers: Vec<(String, &Backend, u32, Option<u32>)> =
         bs.iter().zip(&weights).map(|(b, &w)| (b.addr.to_string(), b, w, None)).collect();
-    let gw = start_gateway(&gateway_config("nginx", "", &workers)).await;
+    let gw = start_gateway(&gateway_config("nginx", HEALTH, &workers)).await;
     let keys: Vec<String> = (0..1500).map(|_| header_key(&mut rng)).collect();
-    compare(&format!("nginx ({n} servers, weights {weights:?})"), real, &gw, &keys).await;
+    let what = format!("nginx ({n} servers, weights {weights:?})");
+    compare(&what, real, &gw, &keys).await;
+    // nginx walks on to the next point's server; keyroute's nginx ranking is that walk.
+    let victim = rng.below(n as u64) as usize;
+    compare_after_killing(&what, real, &gw, &keys, &mut bs, victim, Duration::ZERO).await;
     gw.task.abort();
     drop(nginx);
     let _ = std::fs::remove_dir_all(&dir);
@@ -199,7 +241,7 @@ async fn nginx_mode_places_as_the_real_nginx() {
 async fn haproxy_mode_places_as_the_real_haproxy() {
     let mut rng = SplitMix64::new(seed() ^ 0x4a9);
     let n = 3 + rng.below(10) as usize;
-    let bs = backends(n).await;
+    let mut bs = backends(n).await;
     let weights: Vec<u32> = (0..n).map(|_| 1 + rng.below(20) as u32).collect();
     // Distinct ids, some explicit and some left to HAProxy's numbering.
     let mut ids: Vec<Option<u32>> = Vec::new();
@@ -216,7 +258,7 @@ async fn haproxy_mode_places_as_the_real_haproxy() {
         .enumerate()
         .map(|(i, ((b, w), id))| {
             let id = id.map(|id| format!(" id {id}")).unwrap_or_default();
-            format!("  server s{i} {}{id} weight {w}\n", b.addr)
+            format!("  server s{i} {}{id} weight {w} check inter 50ms fall 1 rise 1\n", b.addr)
         })
         .collect();
     let conf = format!(
@@ -232,12 +274,18 @@ async fn haproxy_mode_places_as_the_real_haproxy() {
     // HAProxy hashes the server's id and weight, and the header's first value.
     let workers: Vec<(String, &Backend, u32, Option<u32>)> =
         bs.iter().zip(&weights).zip(&ids).map(|((b, &w), &id)| (b.name.clone(), b, w, id)).collect();
-    let gw = start_gateway(&gateway_config("haproxy", "normalize = [\"first-value\"]", &workers)).await;
+    let gw =
+        start_gateway(&gateway_config("haproxy", &format!("normalize = [\"first-value\"]\n{HEALTH}"), &workers)).await;
     let keys: Vec<String> = (0..1500)
         .map(|_| header_key(&mut rng))
         .filter(|k| !keyroute::compat::haproxy::first_value(k.as_bytes()).is_empty())
         .collect();
-    compare(&format!("haproxy ({n} servers, weights {weights:?}, ids {ids:?})"), real, &gw, &keys).await;
+    let what = format!("haproxy ({n} servers, weights {weights:?}, ids {ids:?})");
+    compare(&what, real, &gw, &keys).await;
+    // HAProxy takes a server that fails its check out of the tree: its keys go to the nearest point
+    // of those left, keyroute's haproxy ranking. Wait for HAProxy's check too.
+    let victim = rng.below(n as u64) as usize;
+    compare_after_killing(&what, real, &gw, &keys, &mut bs, victim, Duration::from_millis(600)).await;
     gw.task.abort();
     drop(haproxy);
     let _ = std::fs::remove_dir_all(&dir);

@@ -26,6 +26,7 @@
 //! | hot keys | [`hot`] | a key above a rate gets the least loaded of its top `ceil(rate / per_replica)` owners, with hysteresis; Space-Saving error `<= N / k` | ~5 ns/request to detect | a key that one node cannot serve alone |
 //! | warm-up | [`warm`] | a newcomer's keys reach it as a trickle (a share `p` of them, a growing set); nobody else's move | one mix | scale-out and recovery without a cold cache |
 //! | `round-robin`, `weighted-round-robin` | [`RoundRobin`], [`SmoothWeighted`] | equal (weighted) turns, smoothly interleaved | `O(1)`, `O(n)` | cheap uniform requests, stateless nodes |
+//! | `nginx`, `twemproxy`, `libketama`, `redis-cluster`, `guava`, `haproxy`, `envoy-ring-hash`, `envoy-maglev`, `groupcache` | [`compat`] | every key where the named system puts it (checked against the real programs) | the original's | moving a fleet over with no key moving |
 //!
 //! ## The model
 //!

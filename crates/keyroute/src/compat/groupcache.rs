@@ -21,7 +21,7 @@
 //! - The node *order* matters only through collisions: a colliding point belongs to the later
 //!   node. With 32-bit points, collisions are rare but real at thousands of points.
 //! - On a dead node groupcache has no failover of its own (the peer request fails and the caller
-//!   loads locally); keyroute's ranking walks the ring onwards ([`GroupcacheRing::ranked_hash`]).
+//!   loads locally); keyroute's ranking walks the ring onwards ([`ranked_hash`](crate::Ranking::ranked_hash)).
 //!
 //! # Cost
 //!

@@ -24,7 +24,7 @@
 //!   point count, so keys move between servers whose weights did not change. twemproxy's ketama
 //!   rounds every step in single precision and gives 156 points instead of 160 at 25 servers.
 //! - libketama has no failover (a client skips a dead server by its own rule); keyroute's
-//!   ranking walks the continuum onwards ([`Libketama::ranked_hash`]).
+//!   ranking walks the continuum onwards ([`ranked_hash`](crate::Ranking::ranked_hash)).
 //!
 //! # Cost
 //!

@@ -21,7 +21,7 @@
 //! # Failover
 //!
 //! nginx walks on to the next point when a point's server is down or has failed (up to one walk
-//! round the ring), which [`NginxHash::ranked_hash`] reproduces as distinct nodes in ring order:
+//! round the ring), which [`ranked_hash`](crate::Ranking::ranked_hash) reproduces as distinct nodes in ring order:
 //! nginx's own ranking.
 //!
 //! # Guarantees and quirks

@@ -27,7 +27,7 @@
 //! twemproxy has no walk: with `auto_eject_hosts`, a server that failed `server_failure_limit`
 //! times leaves the continuum, which is rebuilt over the live servers (so `N` and `T` change and
 //! keys move between the servers that stayed, too). [`Twemproxy::ejecting`] builds that
-//! continuum. keyroute's ranking ([`Twemproxy::ranked_hash`]) walks the continuum onwards
+//! continuum. keyroute's ranking ([`ranked_hash`](crate::Ranking::ranked_hash)) walks the continuum onwards
 //! instead, which moves only the dead server's keys.
 //!
 //! # Guarantees and quirks
