@@ -5,9 +5,11 @@
 //! primitives number their buckets by position instead, [`Modulo`](crate::Modulo) and
 //! [`JumpHash`](crate::JumpHash); [`NodeSet::canonical`] orders a set by name (numbers in names
 //! compared as numbers, so `shard-9` comes before `shard-10`), and
-//! [`Table::build`](crate::Table::build) builds every strategy from the canonical order, so every
-//! table it builds is a function of the member set alone, whatever order or history the members
-//! came in.
+//! [`Table::build`](crate::Table::build) builds every native strategy from the canonical order, so
+//! every such table is a function of the member set alone, whatever order or history the members
+//! came in. The compatibility modes ([`crate::compat`]) are the exception, by necessity: they
+//! follow the order their original follows (Guava's buckets, `redis-cli`'s masters, HAProxy's
+//! automatic ids, Envoy's running sums), which is the order the nodes are given in.
 //!
 //! A **weight** is a non-negative integer; a node's share of keys is proportional to it. Weight 0
 //! means *drained*: the node stays in the set (so its index is stable and it can come back) but owns

@@ -357,7 +357,8 @@ pub struct Policy {
     strategy: Strategy,
     options: Options,
     nodes: NodeSet,
-    table: Option<Table>,
+    /// Shared by the forks of one build ([`Policy::fork`]): a table is immutable.
+    table: Option<std::sync::Arc<Table>>,
     rr: RoundRobin,
     wrr: Mutex<SmoothWeighted>,
     bounded: BoundedLoad,
@@ -386,7 +387,7 @@ impl Policy {
     pub fn build(strategy: Strategy, nodes: NodeSet, options: &Options) -> Result<Self, Error> {
         let bounded = BoundedLoad::try_new(options.epsilon)?;
         let choices = PowerOfChoices::new(options.choices)?;
-        let table = Table::build(strategy, nodes.clone(), options)?;
+        let table = Table::build(strategy, nodes.clone(), options)?.map(std::sync::Arc::new);
         Ok(Policy {
             strategy,
             options: *options,
@@ -416,7 +417,22 @@ impl Policy {
 
     /// The hash table, for strategies that place by key.
     pub fn table(&self) -> Option<&Table> {
-        self.table.as_ref()
+        self.table.as_deref()
+    }
+
+    /// The same policy with its own round-robin state and the same table, shared (not copied):
+    /// what many gateways over one member set hold, at the memory of one table.
+    pub fn fork(&self) -> Policy {
+        Policy {
+            strategy: self.strategy,
+            options: self.options,
+            nodes: self.nodes.clone(),
+            table: self.table.clone(),
+            rr: RoundRobin::new(&self.nodes),
+            wrr: Mutex::new(SmoothWeighted::new(&self.nodes)),
+            bounded: self.bounded,
+            choices: self.choices,
+        }
     }
 
     /// The key's hash as the strategy's table computes it (XXH3 of the key without a table).

@@ -680,7 +680,12 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         let span = p.vnodes.as_ref().map(Spanned::span).or(p.maglev_size.as_ref().map(Spanned::span));
         return ctx.err(span.or(Some(p.name.span())), field("worker"), message);
     }
-    if let Err(e) = keyroute::Policy::build(strategy, nodes, &options) {
+    // An etcd-backed pool starts empty: its table is built (and checked) as members arrive, since
+    // some modes refuse an empty set (twemproxy, redis-cluster).
+    if let Err(e) = keyroute::Policy::build(strategy, nodes, &options)
+        .map(drop)
+        .or_else(|e| if membership == MembershipConfig::Static { Err(e) } else { Ok(()) })
+    {
         return ctx.err(
             p.strategy.as_ref().map(Spanned::span).or(Some(p.name.span())),
             field("strategy"),

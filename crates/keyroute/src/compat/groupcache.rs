@@ -103,9 +103,11 @@ impl GroupcacheRing {
         if replicas == 0 || replicas > 100_000 {
             return Err(Error::invalid_parameter("groupcache replicas must be in 1..=100000"));
         }
-        let mut points: Vec<(u32, u32)> = Vec::with_capacity(nodes.len() * replicas as usize);
+        super::unweighted(&nodes, "groupcache")?;
+        super::check_points(nodes.live_count() as u64 * u64::from(replicas), "groupcache")?;
+        let mut points: Vec<(u32, u32)> = Vec::with_capacity(nodes.live_count() * replicas as usize);
         let mut label = Vec::with_capacity(64);
-        for (n, node) in nodes.nodes().iter().enumerate() {
+        for (n, node) in nodes.nodes().iter().enumerate().filter(|(_, node)| node.is_live()) {
             for i in 0..replicas {
                 label.clear();
                 label.extend_from_slice(i.to_string().as_bytes());

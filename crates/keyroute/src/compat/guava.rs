@@ -153,6 +153,7 @@ impl GuavaConsistentHash {
         if nodes.len() > i32::MAX as usize {
             return Err(Error::invalid_parameter("guava buckets are a Java int"));
         }
+        super::unweighted(&nodes, "guava")?;
         Ok(GuavaConsistentHash { fallback: crate::rendezvous::Rendezvous::new(nodes.clone()), nodes, input })
     }
 }
@@ -171,7 +172,10 @@ impl Placement for GuavaConsistentHash {
         if self.nodes.is_empty() {
             return None;
         }
-        Some(consistent_hash(hash as i64, self.nodes.len() as u32) as usize)
+        let bucket = consistent_hash(hash as i64, self.nodes.len() as u32) as usize;
+        // A drained bucket (weight 0) keeps its number, so the others keep their keys; its own
+        // keys go where keyroute's ranking sends them.
+        if self.nodes.nodes()[bucket].is_live() { Some(bucket) } else { self.fallback.pick_hash(hash) }
     }
 }
 

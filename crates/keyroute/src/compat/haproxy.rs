@@ -16,7 +16,8 @@
 //!   ([`server_ids`]).
 //! - **Points**: a server of weight `w` (0 to 256) gets `16 w` points,
 //!   `full_hash(id x 4096 + j)` for `j` in `0..16 w`, where `full_hash` is Thomas Wang's 32-bit
-//!   integer hash multiplied by 3221225473. `full_hash` is a bijection, so points never collide.
+//!   integer hash multiplied by 3221225473. `full_hash` is a bijection, so points never collide
+//!   (unless two ids are equal modulo 2^20, which is refused).
 //! - **Key hash**: one of `sdbm` (the default), `djb2`, `wt6` or `crc32` over the bytes, then
 //!   `full_hash` when the `avalanche` modifier is on. `hash-type consistent` *without* a function
 //!   means `sdbm` **with** avalanche ([`HashFunction::default`] and [`HaproxyHash::default`]);
@@ -237,9 +238,9 @@ pub fn server_ids(nodes: &NodeSet) -> Result<Vec<u32>, Error> {
     let mut used = std::collections::BTreeSet::new();
     for n in nodes.nodes() {
         if let Some(id) = n.id() {
-            if id == 0 {
+            if id == 0 || id > i32::MAX as u32 {
                 return Err(Error::invalid_parameter(format!(
-                    "haproxy: server '{}' has id 0 (ids start at 1)",
+                    "haproxy: server '{}' has id {id} (HAProxy's ids are 1..=2147483647)",
                     n.name()
                 )));
             }
@@ -265,6 +266,14 @@ pub fn server_ids(nodes: &NodeSet) -> Result<Vec<u32>, Error> {
         });
         next += 1;
     }
+    // Points are `full_hash(id x 4096 + j)` in 32 bits: ids equal modulo 2^20 would share them.
+    let mut low: Vec<u32> = ids.iter().map(|id| id & 0xF_FFFF).collect();
+    low.sort_unstable();
+    if low.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::invalid_parameter(
+            "haproxy: two server ids are equal modulo 1048576, so their points would coincide",
+        ));
+    }
     Ok(ids)
 }
 
@@ -287,15 +296,16 @@ impl HaproxyRing {
     /// [`MAX_WEIGHT`], or the errors of [`server_ids`].
     pub fn new(nodes: NodeSet, hash: HaproxyHash) -> Result<Self, Error> {
         let ids = server_ids(&nodes)?;
+        if let Some(node) = nodes.nodes().iter().find(|n| n.weight() > MAX_WEIGHT) {
+            return Err(Error::invalid_parameter(format!(
+                "haproxy: server '{}' has weight {} (HAProxy's weights are 0..={MAX_WEIGHT})",
+                node.name(),
+                node.weight()
+            )));
+        }
+        super::check_points(nodes.total_weight() * u64::from(POINTS_PER_WEIGHT), "haproxy")?;
         let mut points = Vec::with_capacity(nodes.total_weight() as usize * POINTS_PER_WEIGHT as usize);
         for (i, node) in nodes.nodes().iter().enumerate() {
-            if node.weight() > MAX_WEIGHT {
-                return Err(Error::invalid_parameter(format!(
-                    "haproxy: server '{}' has weight {} (HAProxy's weights are 0..={MAX_WEIGHT})",
-                    node.name(),
-                    node.weight()
-                )));
-            }
             let base = ids[i].wrapping_mul(4096);
             for j in 0..node.weight() * POINTS_PER_WEIGHT {
                 points.push((full_hash(base.wrapping_add(j)), i as u32));

@@ -62,6 +62,7 @@ impl Libketama {
         if total == 0 {
             return Err(Error::invalid_parameter("libketama needs a server with weight"));
         }
+        super::check_points(160 * nodes.live_count() as u64, "libketama")?;
         let n = nodes.live_count() as f64;
         let mut points = Vec::new();
         for (i, node) in nodes.nodes().iter().enumerate() {

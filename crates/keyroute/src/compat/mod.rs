@@ -68,6 +68,29 @@ pub mod nginx;
 pub mod redis;
 pub mod twemproxy;
 
+/// Refuses weights other than 0 (drained) and 1 for the modes whose original has no weights.
+fn unweighted(nodes: &NodeSet, mode: &str) -> Result<(), Error> {
+    match nodes.nodes().iter().find(|n| n.weight() > 1) {
+        Some(n) => Err(Error::invalid_parameter(format!(
+            "{mode} has no weights: node '{}' has weight {} (use 1, or 0 to drain it)",
+            n.name(),
+            n.weight()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a ring of more than [`crate::ring::MAX_POINTS`] points before allocating it.
+fn check_points(points: u64, mode: &str) -> Result<(), Error> {
+    if points > crate::ring::MAX_POINTS {
+        return Err(Error::new(
+            crate::ErrorKind::TooLarge,
+            format!("{mode}: {points} points is more than {} (lower the weights or replicas)", crate::ring::MAX_POINTS),
+        ));
+    }
+    Ok(())
+}
+
 /// The same nodes with `dead` drained (weight 0): the set a system that rebuilds over its live
 /// servers (twemproxy's ejection, Envoy's healthy hosts) builds from.
 fn drained(nodes: &NodeSet, dead: &[usize]) -> Result<NodeSet, Error> {
@@ -446,6 +469,55 @@ impl<P: Copy> Iterator for PointWalk<'_, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drained_and_weighted_nodes_in_the_modes_without_weights() {
+        let options = CompatOptions::default();
+        let drained = NodeSet::parse("a,b:weight=0,c,d").expect("valid");
+        for mode in [Mode::Guava, Mode::Groupcache, Mode::RedisCluster] {
+            let t = CompatTable::build(mode, drained.clone(), &options).expect("valid");
+            for k in 0..2000u32 {
+                let key = k.to_le_bytes();
+                let h = t.key_hash(&key);
+                assert_ne!(t.pick_hash(h), Some(1), "{mode}: a drained node owns nothing");
+                let ranked: Vec<usize> = t.ranked_hash(h).collect();
+                assert_eq!(ranked.first().copied(), t.pick_hash(h), "{mode}");
+                assert!(!ranked.contains(&1), "{mode}: {ranked:?}");
+            }
+            let weighted = NodeSet::parse("a,b:weight=2,c").expect("valid");
+            let err = CompatTable::build(mode, weighted, &options).expect_err("no weights");
+            assert!(err.to_string().contains("no weights"), "{err}");
+        }
+    }
+
+    #[test]
+    fn huge_tables_are_refused_before_they_are_allocated() {
+        let options = CompatOptions::default();
+        let heavy = NodeSet::parse("a:weight=4294967295,b").expect("valid");
+        for mode in [Mode::Nginx, Mode::Haproxy] {
+            assert!(CompatTable::build(mode, heavy.clone(), &options).is_err(), "{mode}");
+        }
+        let many = CompatOptions { groupcache_replicas: 100_000, ..options };
+        let names: Vec<String> = (0..400).map(|i| format!("n{i}")).collect();
+        assert!(CompatTable::build(Mode::Groupcache, NodeSet::parse(&names.join(",")).expect("valid"), &many).is_err());
+        // HAProxy ids that coincide modulo 2^20, or above an int.
+        assert!(
+            CompatTable::build(Mode::Haproxy, NodeSet::parse("a:id=1,b:id=1048577").expect("valid"), &options).is_err()
+        );
+        assert!(
+            CompatTable::build(Mode::Haproxy, NodeSet::parse("a:id=2147483648").expect("valid"), &options).is_err()
+        );
+    }
+
+    #[test]
+    fn twemproxy_hashes_an_empty_key_to_zero() {
+        let t = CompatTable::build(Mode::Twemproxy, NodeSet::parse("a,b,c").expect("valid"), &CompatOptions::default())
+            .expect("valid");
+        assert_eq!(t.key_hash(b""), 0);
+        let tagged = CompatOptions { twemproxy_hash_tag: Some(*b"{}"), ..CompatOptions::default() };
+        let t = CompatTable::build(Mode::Twemproxy, NodeSet::parse("a,b,c").expect("valid"), &tagged).expect("valid");
+        assert_ne!(t.key_hash(b"{}x"), 0, "an empty tag hashes the whole key");
+    }
 
     #[test]
     fn radix_sort_is_a_stable_sort_by_point() {

@@ -70,13 +70,11 @@ impl NginxHash {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidParameter`](crate::ErrorKind::InvalidParameter) when the points would
-    /// number more than 2^32.
+    /// [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) when the points would number more than
+    /// [`MAX_POINTS`](crate::ring::MAX_POINTS).
     pub fn new(nodes: NodeSet) -> Result<Self, Error> {
         let total = nodes.total_weight().saturating_mul(u64::from(POINTS_PER_WEIGHT));
-        if total > u64::from(u32::MAX) {
-            return Err(Error::invalid_parameter("nginx: 160 points per unit of weight exceed 2^32 points"));
-        }
+        super::check_points(total, "nginx")?;
         let mut points = Vec::with_capacity(total as usize);
         let mut buf = Vec::with_capacity(64);
         for (i, node) in nodes.nodes().iter().enumerate() {

@@ -119,6 +119,7 @@ impl RedisCluster {
     ///
     /// As [`create_layout`].
     pub fn new(nodes: NodeSet) -> Result<Self, Error> {
+        super::unweighted(&nodes, "redis-cluster")?;
         let names: Vec<&str> = nodes.nodes().iter().map(crate::Node::name).collect();
         let order = creation_order(&names);
         let layout = create_layout(order.len())?;
@@ -157,7 +158,11 @@ impl Placement for RedisCluster {
     }
 
     fn pick_hash(&self, hash: u64) -> Option<usize> {
-        self.slot_owner((hash & u64::from(SLOTS - 1)) as u16)
+        let slot = hash & u64::from(SLOTS - 1);
+        // A drained master (weight 0) keeps its slots in the layout; their keys go where keyroute's
+        // ranking sends them.
+        let owner = self.slot_owner(slot as u16)?;
+        if self.nodes.nodes()[owner].is_live() { Some(owner) } else { self.fallback.pick_hash(slot) }
     }
 }
 

@@ -18,7 +18,8 @@
 //!   single precision (so 156 points instead of 160 at `N = 25`, unlike libketama). Group `k` is
 //!   `MD5(label ++ "-" ++ decimal(k))`, whose four little-endian `u32` words are the points.
 //!   Points are sorted stably; equal points both stay.
-//! - **Pick**: `h = u32le(MD5(key), 0)`, the first point `>= h`, wrapping to the first. With a
+//! - **Pick**: `h = u32le(MD5(key), 0)` (0 for an empty key), the first point `>= h`, wrapping
+//!   to the first. With a
 //!   `hash_tag` of two bytes `ab`, only the bytes between the first `a` and the next `b` after it
 //!   are hashed, when both exist and enclose at least one byte.
 //!
@@ -105,6 +106,7 @@ impl Twemproxy {
             return Err(Error::invalid_parameter("twemproxy needs a server with weight"));
         }
         let n = nodes.live_count();
+        super::check_points(160 * n as u64, "twemproxy")?;
         let mut points = Vec::with_capacity(160 * n);
         for (i, node) in nodes.nodes().iter().enumerate() {
             if node.weight() == 0 {
@@ -151,7 +153,11 @@ impl Twemproxy {
 impl Twemproxy {
     /// The key's hash: `u32le(MD5(key or its hash tag), 0)`, widened.
     pub fn hash_of(&self, key: &[u8]) -> u64 {
-        u64::from(u32le(&md5(hashed_part(key, self.hash_tag)), 0))
+        // twemproxy's `server_pool_hash`: an empty key hashes to 0, not to MD5("").
+        match hashed_part(key, self.hash_tag) {
+            [] => 0,
+            part => u64::from(u32le(&md5(part), 0)),
+        }
     }
 }
 
