@@ -241,8 +241,11 @@ pub enum SimCommand {
     Balance(BalanceArgs),
     /// Balls into bins with d random choices (Mitzenmacher's power of two choices).
     Choices(ChoicesArgs),
-    /// The thumbnail fleet: gateways, workers with caches, Zipf traffic, one scenario per run.
+    /// The thumbnail fleet: gateways, workers with caches, Zipf traffic or a request log, one scenario per run.
     Fleet(Box<FleetArgs>),
+    /// Before a change, over your own traffic: the keys and requests that move, per worker, and the
+    /// hit rate and peak load with and without it.
+    Whatif(Box<WhatifArgs>),
 }
 
 /// The strategy and its knobs, shared by every command that places keys.
@@ -326,7 +329,12 @@ impl StrategyArgs {
     fn compat_options(&self) -> Result<keyroute::compat::CompatOptions, Usage> {
         use keyroute::compat::guava::GuavaInput;
         let guava_input = match self.guava_input.as_str() {
-            "murmur3" | "long" => GuavaInput::Murmur3_128,
+            "murmur3" => GuavaInput::Murmur3_128,
+            "long" => {
+                return Err(Usage(
+                    "--guava-input long: only with `place --compat guava` (the key is the raw input)".into(),
+                ));
+            }
             "md5" => GuavaInput::Md5,
             other => return Err(Usage(format!("--guava-input: '{other}' (valid: murmur3, md5, long)"))),
         };
@@ -507,6 +515,61 @@ pub struct FleetArgs {
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// JSON output (every report, without the time series).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub traffic: TrafficArgs,
+    /// Runs at once (default: the cores). The numbers do not depend on it.
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// The user's own traffic and members, for `sim fleet` and `sim whatif`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct TrafficArgs {
+    /// Replay this request log instead of synthetic arrivals: `TIME KEY [SERVICE_MS]` lines
+    /// (TIME in seconds), or with --trace-format combined, an nginx combined access log; gzip or not.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// plain (TIME KEY [SERVICE_MS]) or combined (nginx's combined log).
+    #[arg(long, default_value = "plain")]
+    pub trace_format: String,
+    /// The key of a combined-log request: {path}, {uri}, {query.NAME}, {method}, {client_ip} and text.
+    #[arg(long, default_value = "{uri}")]
+    pub key_template: String,
+    /// Start from these workers: one NAME[:weight=W] per line (or comma separated), # comments.
+    #[arg(long)]
+    pub workers_from: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct WhatifArgs {
+    #[command(flatten)]
+    pub traffic: TrafficArgs,
+    /// The workers now (the same as --workers-from): one NAME[:weight=W] per line.
+    #[arg(long)]
+    pub members: PathBuf,
+    /// The strategy now.
+    #[arg(long, default_value = "rendezvous")]
+    pub current: String,
+    /// Add a worker: NAME[:weight=W] (repeatable).
+    #[arg(long)]
+    pub add: Vec<String>,
+    /// Remove a worker by name (repeatable).
+    #[arg(long)]
+    pub remove: Vec<String>,
+    /// Change a worker's weight: NAME=W (repeatable).
+    #[arg(long)]
+    pub reweight: Vec<String>,
+    /// Switch to this strategy.
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// When the change happens in the fleet run: a fraction of the requests (0.5) or seconds into the trace (30s).
+    #[arg(long, default_value = "0.5")]
+    pub at: String,
+    #[command(flatten)]
+    pub knobs: FleetKnobs,
+    /// JSON output.
     #[arg(long)]
     pub json: bool,
 }

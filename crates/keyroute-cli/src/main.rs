@@ -52,6 +52,7 @@ fn main() -> ExitCode {
         Command::Sim(SimCommand::Balance(args)) => sim::balance(&args),
         Command::Sim(SimCommand::Choices(args)) => sim::choices(&args),
         Command::Sim(SimCommand::Fleet(args)) => sim::fleet(&args),
+        Command::Sim(SimCommand::Whatif(args)) => sim::whatif(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Worker(args) => serve::worker(&args),
         Command::Members(args) => members::members(&args),

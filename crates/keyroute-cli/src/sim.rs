@@ -9,7 +9,9 @@ use keyroute_sim::fleet::{self, Change, FleetReport};
 use keyroute_sim::{KeySet, SimError, report, scenario};
 
 use crate::Usage;
-use crate::cli::{BalanceArgs, ChoicesArgs, FleetArgs, FleetKnobs, KeyArgs, RemapArgs, parse_nodes};
+use crate::cli::{
+    BalanceArgs, ChoicesArgs, FleetArgs, FleetKnobs, KeyArgs, RemapArgs, TrafficArgs, WhatifArgs, parse_nodes,
+};
 
 fn sim_error(e: SimError) -> anyhow::Error {
     match e {
@@ -166,6 +168,8 @@ pub fn fleet(args: &FleetArgs) -> Result<()> {
         return Err(Usage(format!("--epsilon: must be finite and >= 0, got {}", args.epsilon)).into());
     }
     let options = Options { epsilon: args.epsilon, vnodes: args.vnodes, ..Options::default() };
+    let traffic = Traffic::load(&args.traffic)?;
+    let knobs = traffic.knobs(&args.knobs)?;
     let mut configs = Vec::new();
     for name in &scenarios {
         let list = match &chosen {
@@ -173,7 +177,8 @@ pub fn fleet(args: &FleetArgs) -> Result<()> {
             None => scenario::default_strategies(name).into_iter().map(parse).collect::<Result<_, _>>()?,
         };
         for (s, variants) in list {
-            let mut c = configure(name, s, options, &args.knobs)?;
+            let mut c = configure(name, s, options, &knobs)?;
+            traffic.apply(&mut c);
             for v in &variants {
                 scenario::apply_variant(&mut c, v);
             }
@@ -188,16 +193,14 @@ pub fn fleet(args: &FleetArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
+    bar.set_message(format!("{} runs", configs.len()));
+    let threads = threads(args.threads)?;
+    let reports = fleet::run_all(&configs, threads, &|n| bar.inc(n)).map_err(sim_error)?;
     let mut results: Vec<(String, Vec<FleetReport>)> = Vec::new();
-    let mut done = 0u64;
-    for c in &configs {
-        bar.set_message(format!("{} / {}", c.scenario, c.strategy));
-        let r = fleet::run(c, &mut |n| bar.set_position(done + n)).map_err(sim_error)?;
-        done += c.requests;
-        bar.set_position(done);
+    for r in reports {
         match results.last_mut() {
-            Some((name, list)) if *name == c.scenario => list.push(r),
-            _ => results.push((c.scenario.clone(), vec![r])),
+            Some((name, list)) if *name == r.config.scenario => list.push(r),
+            _ => results.push((r.config.scenario.clone(), vec![r])),
         }
     }
     bar.finish_and_clear();
@@ -218,6 +221,22 @@ pub fn fleet(args: &FleetArgs) -> Result<()> {
         writeln!(out)?;
     }
     writeln!(out, "{}", report::FLEET_LEGEND)?;
+    // What each choice costs per request at this size: measured now, not simulated.
+    let mut seen = Vec::new();
+    for c in &configs {
+        if seen.contains(&(c.strategy, c.workers)) {
+            continue;
+        }
+        seen.push((c.strategy, c.workers));
+        let ns = fleet::placement_cost_ns(c).map_err(sim_error)?;
+        writeln!(
+            out,
+            "placement cost (measured now on this machine): {} {} per request at {} workers",
+            c.strategy,
+            duration_text(ns),
+            c.workers
+        )?;
+    }
     if let Some(path) = &args.report {
         std::fs::write(path, report::html("keyroute sim fleet", &results))
             .with_context(|| format!("writing the report {}", path.display()))?;
@@ -237,4 +256,225 @@ fn strip_series(v: &mut serde_json::Value) {
         serde_json::Value::Array(items) => items.iter_mut().for_each(strip_series),
         _ => {}
     }
+}
+
+fn duration_text(ns: f64) -> String {
+    if ns >= 1000.0 { format!("{:.2} us", ns / 1000.0) } else { format!("{ns:.0} ns") }
+}
+
+fn threads(n: Option<usize>) -> Result<usize, Usage> {
+    match n {
+        Some(0) => Err(Usage("--threads: must be at least 1".into())),
+        Some(n) => Ok(n),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+/// The user's traffic and members (`--trace`, `--workers-from`), read once for every run.
+struct Traffic {
+    trace: Option<std::sync::Arc<keyroute_sim::trace::Trace>>,
+    members: Option<Vec<(String, u32)>>,
+}
+
+impl Traffic {
+    fn load(args: &TrafficArgs) -> Result<Traffic> {
+        use keyroute_sim::trace::{Trace, TraceFormat};
+        let format = match args.trace_format.as_str() {
+            "plain" => TraceFormat::Plain,
+            "combined" => TraceFormat::Combined { template: args.key_template.clone() },
+            other => return Err(Usage(format!("--trace-format: '{other}' (valid: plain, combined)")).into()),
+        };
+        let trace = match &args.trace {
+            Some(path) => {
+                Some(std::sync::Arc::new(Trace::read(path, &format).map_err(|e| Usage(format!("--trace: {e}")))?))
+            }
+            None => None,
+        };
+        let members = match &args.workers_from {
+            Some(path) => Some(members_file(path, "--workers-from")?),
+            None => None,
+        };
+        Ok(Traffic { trace, members })
+    }
+
+    /// The knobs, checked against the trace (which sets keys, requests and rate itself), with
+    /// change times in seconds (`30s:add`) turned into fractions of the trace's requests.
+    fn knobs(&self, knobs: &FleetKnobs) -> Result<FleetKnobs, Usage> {
+        let mut k = knobs.clone();
+        if self.trace.is_some() {
+            for (set, flag) in [
+                (k.keys.is_some(), "--keys"),
+                (k.requests.is_some(), "--requests"),
+                (k.rate.is_some(), "--rate"),
+                (k.zipf.is_some(), "--zipf"),
+            ] {
+                if set {
+                    return Err(Usage(format!(
+                        "{flag}: not with --trace (the trace gives its keys, requests and times)"
+                    )));
+                }
+            }
+        }
+        if self.members.is_some() && k.workers.is_some() {
+            return Err(Usage("--workers: not with --workers-from (the file gives the workers)".into()));
+        }
+        k.changes = knobs.changes.iter().map(|c| self.at_fraction(c)).collect::<Result<_, _>>()?;
+        Ok(k)
+    }
+
+    /// `30s:...` as `0.25:...` (the share of the trace's requests before 30 s).
+    fn at_fraction(&self, spec: &str) -> Result<String, Usage> {
+        let (at, rest) = spec.split_once(':').unwrap_or((spec, ""));
+        let Some(secs) = at.strip_suffix('s') else { return Ok(spec.to_owned()) };
+        let secs: f64 =
+            secs.parse().map_err(|_| Usage(format!("--change '{spec}': '{at}' is not a number of seconds")))?;
+        let Some(t) = &self.trace else {
+            return Err(Usage(format!("--change '{spec}': a time in seconds needs --trace")));
+        };
+        let fraction = t.index_at(secs) as f64 / t.len() as f64;
+        Ok(format!("{fraction}:{rest}"))
+    }
+
+    fn apply(&self, c: &mut fleet::FleetConfig) {
+        if let Some(m) = &self.members {
+            c.workers = m.len();
+            c.members = Some(m.clone());
+        }
+        if let Some(t) = &self.trace {
+            c.keys = t.catalogue.len();
+            c.requests = t.len() as u64;
+            c.rate = t.len() as f64 / t.duration_s().max(1e-3);
+            c.trace = Some(std::sync::Arc::clone(t));
+        }
+    }
+}
+
+/// A members file: `NAME[:weight=W]` tokens, one per line or comma separated, `#` comments.
+fn members_file(path: &std::path::Path, flag: &str) -> Result<Vec<(String, u32)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{flag}: reading {}", path.display()))?;
+    let spec: Vec<&str> =
+        text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).collect();
+    let nodes = parse_nodes(flag, &spec.join(",")).map_err(|e| Usage(format!("{} ({})", e.0, path.display())))?;
+    if nodes.is_empty() {
+        return Err(Usage(format!("{flag}: {} lists no worker", path.display())).into());
+    }
+    Ok(nodes.nodes().iter().map(|n| (n.name().to_owned(), n.weight())).collect())
+}
+
+/// `keyroute sim whatif`: a change, over the user's traffic, before making it.
+pub fn whatif(args: &WhatifArgs) -> Result<()> {
+    let mut traffic_args = args.traffic.clone();
+    if traffic_args.trace.is_none() {
+        return Err(Usage(
+            "--trace: sim whatif replays a request log (TIME KEY lines, or --trace-format combined)".into(),
+        )
+        .into());
+    }
+    traffic_args.workers_from = Some(args.members.clone());
+    let traffic = Traffic::load(&traffic_args)?;
+    let (Some(trace), Some(before)) = (traffic.trace.clone(), traffic.members.clone()) else {
+        return Err(Usage("--trace and --members are both needed".into()).into());
+    };
+    let parse = |flag: &str, s: &str| s.parse::<Strategy>().map_err(|e: keyroute::Error| Usage(format!("{flag}: {e}")));
+    let current = parse("--current", &args.current)?;
+    let next_strategy = args.strategy.as_deref().map(|s| parse("--strategy", s)).transpose()?;
+    // The members after the change.
+    let mut after = before.clone();
+    for name in &args.remove {
+        let i = after
+            .iter()
+            .position(|(n, _)| n == name)
+            .ok_or_else(|| Usage(format!("--remove: no worker '{name}' in {}", args.members.display())))?;
+        after.remove(i);
+    }
+    for rw in &args.reweight {
+        let (name, w) = rw.rsplit_once('=').ok_or_else(|| Usage(format!("--reweight '{rw}': expected NAME=WEIGHT")))?;
+        let w: u32 = w.parse().map_err(|_| Usage(format!("--reweight '{rw}': the weight is not an integer")))?;
+        let entry = after
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| Usage(format!("--reweight: no worker '{name}'")))?;
+        entry.1 = w;
+    }
+    for add in &args.add {
+        let node = parse_nodes("--add", add)?;
+        for n in node.nodes() {
+            if after.iter().any(|(m, _)| m == n.name()) {
+                return Err(Usage(format!("--add: '{}' is a worker already", n.name())).into());
+            }
+            after.push((n.name().to_owned(), n.weight()));
+        }
+    }
+    if after == before && next_strategy.is_none_or(|s| s == current) {
+        return Err(Usage("nothing changes: give --add, --remove, --reweight or --strategy".into()).into());
+    }
+    if after.iter().all(|(_, w)| *w == 0) {
+        return Err(Usage("after the change no worker has weight".into()).into());
+    }
+    let to = next_strategy.unwrap_or(current);
+    let options = Options::default();
+    let set = |m: &[(String, u32)]| {
+        keyroute::NodeSet::try_new(m.iter().map(|(n, w)| keyroute::Node::new_unchecked(n).with_weight(*w)))
+            .map_err(|e| Usage(format!("--members: {e}")))
+    };
+    let keys = KeySet::with_requests(trace.catalogue.clone(), trace.counts());
+    let remap = keyroute_sim::remap_between((current, &set(&before)?), (to, &set(&after)?), &options, &keys)
+        .map_err(sim_error)?;
+    // Two fleet runs over the trace: as things are, and with the change at --at. The first gets a
+    // change that changes nothing at the same moment, so both measure the same window after it.
+    let mut knobs = traffic.knobs(&args.knobs)?;
+    knobs.changes.clear();
+    let at_spec = traffic.at_fraction(&format!("{}:x", args.at))?;
+    let at: f64 = at_spec
+        .split(':')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .filter(|a| (0.0..=1.0).contains(a))
+        .ok_or_else(|| Usage(format!("--at '{}': a fraction in [0, 1] or seconds such as 30s", args.at)))?;
+    let mut without = configure("steady", current, options, &knobs)?;
+    traffic.apply(&mut without);
+    without.changes =
+        vec![fleet::TimedChange { at, change: Change::SetMembers { members: before.clone(), strategy: None } }];
+    let mut with = without.clone();
+    with.changes = vec![fleet::TimedChange {
+        at,
+        change: Change::SetMembers { members: after.clone(), strategy: next_strategy.filter(|&s| s != current) },
+    }];
+    for c in [&without, &with] {
+        c.validate().map_err(|e| Usage(e.to_string()))?;
+    }
+    let runs = fleet::run_all(&[without, with], 2, &|_| {}).map_err(sim_error)?;
+    if args.json {
+        let mut value = serde_json::json!({ "placement": remap, "without": runs[0], "with": runs[1] });
+        strip_series(&mut value);
+        return print_json(&value);
+    }
+    let mut out = std::io::stdout().lock();
+    let (a, b) = (&runs[0], &runs[1]);
+    writeln!(out, "what if: {} ({current} -> {to})", b.remaps.first().map_or("-", |r| r.change.as_str()))?;
+    writeln!(out, "trace: {} requests, {} keys, {:.1} s", trace.len(), trace.catalogue.len(), trace.duration_s())?;
+    writeln!(out)?;
+    write!(out, "{}", report::remap_text(&remap))?;
+    writeln!(out)?;
+    let change_s = b.remaps.first().map_or(0.0, |r| r.at_s);
+    writeln!(out, "fleet over the trace, the change at {change_s:.1} s     without    with")?;
+    let pct = |x: f64| format!("{:.1}%", 100.0 * x);
+    let opt = |x: Option<f64>| x.map_or("-".to_owned(), pct);
+    let rows: [(&str, String, String); 7] = [
+        ("hit rate, whole trace", pct(a.hit_rate), pct(b.hit_rate)),
+        ("hit rate, 10 s after the change", opt(a.hit_rate_10s_after_change), opt(b.hit_rate_10s_after_change)),
+        ("hit rate, 60 s after the change", opt(a.hit_rate_after_change), opt(b.hit_rate_after_change)),
+        (
+            "peak load (busiest / mean in flight)",
+            format!("{:.2}", a.max_over_mean_load),
+            format!("{:.2}", b.max_over_mean_load),
+        ),
+        ("most requests in flight at a worker", a.max_in_flight.to_string(), b.max_in_flight.to_string()),
+        ("p99 latency", format!("{:.1} ms", a.latency.p99_ms), format!("{:.1} ms", b.latency.p99_ms)),
+        ("errors", a.errors.to_string(), b.errors.to_string()),
+    ];
+    for (name, x, y) in rows {
+        writeln!(out, "  {name:<42} {x:>9} {y:>9}")?;
+    }
+    Ok(())
 }

@@ -389,3 +389,215 @@ fn remap_between_strategies_counts_what_place_moves() {
     assert_eq!(v["moved"], 0);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A request log the tests write: `n` requests over `seconds`, keys skewed towards the first
+/// (a key's rank is the smaller of two uniform draws), optionally with a service time.
+fn write_trace(path: &std::path::Path, n: u64, seconds: f64, service: bool) -> Vec<String> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut lines = Vec::new();
+    for i in 0..n {
+        let rank = (next() % 3000).min(next() % 3000);
+        let t = 1_733_000_000.0 + seconds * i as f64 / n as f64;
+        let key = format!("/thumb/img-{rank}.jpg?w=160");
+        lines.push(if service { format!("{t:.3} {key} {}", 20 + next() % 200) } else { format!("{t:.3} {key}") });
+    }
+    std::fs::write(path, lines.join("\n") + "\n").expect("write trace");
+    lines
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("keyroute-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+#[test]
+fn fleet_replays_a_trace_plain_or_gzip_with_changes_at_trace_times() {
+    use std::io::Write as _;
+    let dir = temp("trace");
+    let plain = dir.join("requests.log");
+    let lines = write_trace(&plain, 20_000, 40.0, false);
+    let gz = dir.join("requests.log.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(&std::fs::read(&plain).expect("read")).expect("gzip");
+    std::fs::write(&gz, enc.finish().expect("gzip")).expect("write");
+    let run = |trace: &std::path::Path, extra: &[&str]| -> serde_json::Value {
+        let mut args =
+            vec!["sim", "fleet", "--trace", trace.to_str().expect("utf8"), "--strategies", "rendezvous,ring", "--json"];
+        args.extend_from_slice(extra);
+        let o = keyroute(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("json")
+    };
+    let a = run(&plain, &["--change", "20s:add"]);
+    assert_eq!(a, run(&gz, &["--change", "20s:add"]), "gzip or not, the same log");
+    let r = &a[0][1][0];
+    let distinct: std::collections::HashSet<&str> = lines.iter().map(|l| l.split(' ').nth(1).expect("key")).collect();
+    assert_eq!(r["config"]["keys"].as_u64(), Some(distinct.len() as u64));
+    assert_eq!(r["completed"].as_u64(), Some(20_000));
+    // The change at 20 s of the trace.
+    let at = r["remaps"][0]["at_s"].as_f64().expect("a remap");
+    assert!((19.9..20.1).contains(&at), "{at}");
+    // Service times from the log: a miss takes 20..220 ms instead of the model's 100 ms.
+    let timed = dir.join("timed.log");
+    write_trace(&timed, 5_000, 20.0, true);
+    let t = run(&timed, &[]);
+    let p999 = t[0][1][0]["latency"]["p999_ms"].as_f64().expect("p99.9");
+    assert!(p999 > 150.0, "{p999}");
+    // Bad lines are named, and the keys/requests come from the log only.
+    std::fs::write(dir.join("bad.log"), "1 a\nsoon b\n").expect("write");
+    let o = keyroute(&["sim", "fleet", "--trace", dir.join("bad.log").to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bad.log:2:"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = keyroute(&["sim", "fleet", "--trace", plain.to_str().expect("utf8"), "--requests", "5"]);
+    assert_eq!(o.status.code(), Some(64));
+    let o = keyroute(&["sim", "fleet", "--change", "5s:add"]);
+    assert_eq!(o.status.code(), Some(64), "seconds need a trace");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn fleet_reads_combined_logs_and_member_files() {
+    let dir = temp("combined");
+    let log = dir.join("access.log");
+    let mut text = String::new();
+    for i in 0..3000 {
+        let (m, s) = (i / 60, i % 60);
+        text.push_str(&format!(
+            "10.0.0.{} - - [01/Dec/2026:10:{m:02}:{s:02} +0000] \"GET /thumb/img-{}.jpg?w=160&x={i} HTTP/1.1\" 200 512 \"-\" \"curl/8\"\n",
+            i % 7,
+            i % 50
+        ));
+    }
+    std::fs::write(&log, text).expect("write");
+    let members = dir.join("members.txt");
+    std::fs::write(&members, "# the fleet\ncache-a:weight=3\ncache-b\ncache-c\n").expect("write");
+    let o = keyroute(&[
+        "sim",
+        "fleet",
+        "--trace",
+        log.to_str().expect("utf8"),
+        "--trace-format",
+        "combined",
+        "--key-template",
+        "{path}?w={query.w}",
+        "--workers-from",
+        members.to_str().expect("utf8"),
+        "--strategies",
+        "rendezvous",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let r = &v[0][1][0];
+    assert_eq!(r["config"]["keys"], 50, "the template drops the x parameter");
+    assert_eq!(r["completed"], 3000);
+    let names: Vec<&str> =
+        r["workers"].as_array().expect("workers").iter().map(|w| w["name"].as_str().expect("name")).collect();
+    assert_eq!(names, ["cache-a", "cache-b", "cache-c"]);
+    let o = keyroute(&[
+        "sim",
+        "fleet",
+        "--trace",
+        log.to_str().expect("utf8"),
+        "--trace-format",
+        "combined",
+        "--key-template",
+        "{host}",
+    ]);
+    assert_eq!(o.status.code(), Some(64));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `sim whatif`: the keys and requests a change moves over the trace are what `sim remap` counts
+/// on the same keys and traffic; the fleet runs differ only by the change.
+#[test]
+fn whatif_answers_before_a_change() {
+    let dir = temp("whatif");
+    let trace = dir.join("requests.log");
+    let lines = write_trace(&trace, 20_000, 60.0, false);
+    let members = dir.join("members.txt");
+    std::fs::write(&members, "w1\nw2\nw3\nw4:weight=2\n").expect("write");
+    let o = keyroute(&[
+        "sim",
+        "whatif",
+        "--trace",
+        trace.to_str().expect("utf8"),
+        "--members",
+        members.to_str().expect("utf8"),
+        "--add",
+        "w5",
+        "--reweight",
+        "w4=1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    // The same question to sim remap, with the trace's keys as its traffic log.
+    let traffic = dir.join("traffic.log");
+    let keys: Vec<&str> = lines.iter().map(|l| l.split(' ').nth(1).expect("key")).collect();
+    std::fs::write(&traffic, keys.join("\n") + "\n").expect("write");
+    let o = keyroute(&[
+        "sim",
+        "remap",
+        "-s",
+        "rendezvous",
+        "--before",
+        "w1,w2,w3,w4:weight=2",
+        "--after",
+        "w1,w2,w3,w4,w5",
+        "--traffic",
+        traffic.to_str().expect("utf8"),
+        "--json",
+    ]);
+    let remap: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["placement"]["moved"], remap["moved"]);
+    assert_eq!(v["placement"]["traffic"]["moved"], remap["traffic"]["moved"]);
+    assert!(remap["moved"].as_u64().expect("n") > 0);
+    let (without, with) = (&v["without"], &v["with"]);
+    assert_eq!(without["remaps"][0]["change"], "no change");
+    assert_eq!(with["remaps"][0]["change"], "+w5 w4=1");
+    assert_eq!(without["remaps"][0]["keys_moved"], 0);
+    for r in [without, with] {
+        assert_eq!(r["completed"], 20_000);
+    }
+    assert_eq!(with["workers"].as_array().expect("workers").len(), 5);
+    // Text output names the rows.
+    let o = keyroute(&[
+        "sim",
+        "whatif",
+        "--trace",
+        trace.to_str().expect("utf8"),
+        "--members",
+        members.to_str().expect("utf8"),
+        "--remove",
+        "w2",
+        "--strategy",
+        "ring",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    for needle in ["what if: -w2 strategy=ring (rendezvous -> ring)", "hit rate, 60 s after the change", "peak load"] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    for bad in [vec!["--remove", "w9"], vec!["--reweight", "w1"], vec![]] {
+        let mut args = vec![
+            "sim",
+            "whatif",
+            "--trace",
+            trace.to_str().expect("utf8"),
+            "--members",
+            members.to_str().expect("utf8"),
+        ];
+        args.extend(bad.iter().copied());
+        assert_eq!(keyroute(&args).status.code(), Some(64), "{bad:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

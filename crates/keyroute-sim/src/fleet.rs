@@ -57,6 +57,16 @@ pub enum Change {
         /// Its share of traffic, in (0, 1).
         share: f64,
     },
+    /// The members become exactly these (by name and weight), and with `strategy`, the gateways
+    /// switch to it: what `sim whatif` asks. Workers that stay keep their caches; new names join
+    /// cold; the others leave gracefully.
+    SetMembers {
+        /// The members after the change, in order.
+        members: Vec<(String, u32)>,
+        /// The strategy after the change, if it changes.
+        #[serde(skip)]
+        strategy: Option<Strategy>,
+    },
     /// A flash crowd: a new key's share of all requests rises from 0 to `share` over `rise_s`
     /// seconds, stays there for `hold_s`, and falls back to 0 over `rise_s`.
     FlashCrowd {
@@ -163,6 +173,14 @@ pub struct FleetConfig {
     pub gateway_cache_ttl_ms: Option<f64>,
     /// Warm-up of workers that join, if on.
     pub warmup: Option<SimWarmup>,
+    /// The workers at the start by name and weight (`None`: `w1`..`wN` of weight 1); `workers`
+    /// is their number.
+    pub members: Option<Vec<(String, u32)>>,
+    /// A request log to replay instead of synthetic arrivals: its times and keys, and its
+    /// service times when it has them ([`crate::trace`]). `keys` and `requests` are then the
+    /// log's, and `rate` its mean.
+    #[serde(skip)]
+    pub trace: Option<std::sync::Arc<crate::trace::Trace>>,
 }
 
 impl FleetConfig {
@@ -251,6 +269,12 @@ impl FleetConfig {
                 {
                     return bad("flash-crowd needs a share in (0, 1), rise > 0 s and hold >= 0 s");
                 }
+                Change::SetMembers { ref members, .. } => {
+                    let mut names = std::collections::HashSet::new();
+                    if members.iter().all(|(_, w)| *w == 0) || !members.iter().all(|(n, _)| names.insert(n.as_str())) {
+                        return bad("a member change needs distinct names and a member with weight");
+                    }
+                }
                 _ => {}
             }
         }
@@ -281,6 +305,19 @@ impl FleetConfig {
         }
         if (self.hot_keys.is_some() || self.warmup.is_some()) && !self.strategy.uses_key() {
             return bad("hot keys and warm-up need a strategy that places by key");
+        }
+        if let Some(m) = &self.members {
+            if m.len() != self.workers {
+                return bad("members and workers disagree");
+            }
+            if m.iter().all(|(_, w)| *w == 0) {
+                return bad("every member has weight 0");
+            }
+        }
+        if let Some(t) = &self.trace
+            && (t.len() as u64 != self.requests || t.catalogue.len() != self.keys)
+        {
+            return bad("a trace's requests and keys are the run's");
         }
         Ok(())
     }
@@ -317,6 +354,7 @@ pub struct RemapEvent {
     /// What changed.
     pub change: String,
     /// Keys (of all `keys`) whose owner changed; `None` for strategies that do not place by key.
+    /// Above [`REMAP_SAMPLE`] keys, estimated from an even sample of that many.
     pub keys_moved: Option<u64>,
     /// `keys_moved / keys`.
     pub moved_share: Option<f64>,
@@ -406,10 +444,13 @@ struct Request {
     leads: bool,
     /// Its worker had it cached (set when service starts).
     hit: bool,
+    /// Its miss service time from the trace, ms (0: the model's).
+    service_ms: f32,
 }
 
 struct Worker {
     name: String,
+    weight: u32,
     cache: Lru,
     queue: VecDeque<u32>,
     busy: u32,
@@ -440,6 +481,10 @@ struct Gateway {
     flights: HashMap<u32, Vec<u64>>,
 }
 
+/// Keys examined for the keys moved by a membership change: all of them up to this many, else an
+/// even sample of this many.
+pub const REMAP_SAMPLE: usize = 1_000_000;
+
 /// Runs the simulation. `progress` is called now and then with the number of requests that arrived.
 ///
 /// # Errors
@@ -448,14 +493,23 @@ struct Gateway {
 pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetReport, SimError> {
     config.validate()?;
     let mut rng = SplitMix64::new(config.seed);
-    let zipf = Zipf::new(config.keys, config.zipf);
+    let trace = config.trace.as_deref();
+    // A trace brings its own keys: no popularity law to sample.
+    let zipf = if trace.is_none() { Zipf::new(config.keys, config.zipf) } else { Zipf::new(1, 0.0) };
     let hot_key = config.keys as u32; // an extra key, hot only after a HotKey change
     let total_keys = config.keys + 1;
-    let name = |i: usize| format!("w{}", i + 1);
+    let name = |i: usize| match &config.members {
+        Some(m) if i < m.len() => m[i].0.clone(),
+        // A newcomer: `w{N+1}`, or `new-{N+1}` if the members have that name already.
+        Some(m) if m.iter().any(|(n, _)| *n == format!("w{}", i + 1)) => format!("new-{}", i + 1),
+        _ => format!("w{}", i + 1),
+    };
+    let weight = |i: usize| config.members.as_ref().and_then(|m| m.get(i)).map_or(1, |(_, w)| *w);
     let mut workers: Vec<Worker> = Vec::new();
     let new_worker = |i: usize, now: u64| Worker {
         name: name(i),
-        cache: Lru::new(total_keys, config.cache_entries),
+        weight: weight(i),
+        cache: Lru::new(config.cache_entries),
         queue: VecDeque::new(),
         busy: 0,
         in_flight: 0,
@@ -479,13 +533,28 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
     // Members in node order: node index -> worker id.
     let mut members: Vec<usize> = (0..config.workers).collect();
     let node_set = |members: &[usize], workers: &[Worker]| {
-        NodeSet::try_new(members.iter().map(|&w| Node::new_unchecked(&workers[w].name))).map_err(SimError::from)
+        NodeSet::try_new(
+            members
+                .iter()
+                .map(|&w| Node::try_new(&workers[w].name).map(|n| n.with_weight(workers[w].weight)))
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+        .map_err(SimError::from)
     };
-    let mut policies: Vec<Policy> = (0..config.gateways)
-        .map(|_| Policy::build(config.strategy, node_set(&members, &workers)?, &config.options).map_err(SimError::from))
-        .collect::<Result<_, _>>()?;
+    // One table for all gateways (they see one member set); each has its own counters.
+    let base = Policy::build(config.strategy, node_set(&members, &workers)?, &config.options)?;
+    let mut policies: Vec<Policy> = (0..config.gateways).map(|_| base.fork()).collect();
+    drop(base);
     let key_bytes = |k: u32| format!("thumb/{k}.jpg");
-    let hashes: Vec<u64> = (0..total_keys as u32).map(|k| policies[0].key_hash(key_bytes(k).as_bytes())).collect();
+    let hashes: Vec<u64> = match trace {
+        Some(t) => t
+            .catalogue
+            .iter()
+            .map(|k| policies[0].key_hash(k))
+            .chain(std::iter::once(policies[0].key_hash(key_bytes(hot_key).as_bytes())))
+            .collect(),
+        None => (0..total_keys as u32).map(|k| policies[0].key_hash(key_bytes(k).as_bytes())).collect(),
+    };
     let ns = |ms: f64| (ms * 1e6).round() as u64;
     let hot_rule = config.hot_keys.map(|h| HotKeyConfig {
         threshold: Threshold::Share(h.threshold_share),
@@ -518,6 +587,12 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
     // Warm-up after the last join: the handoff table (for handoff), the newcomer's node index and
     // when it joined, and its (hits, requests) since.
     let mut warm: Option<(Option<Handoff>, usize, u64)> = None;
+    // Owners by key, for strategies whose decision is the owner (pure hash, and in the simulator
+    // every worker is eligible): filled as keys are requested, cleared when the members change.
+    const UNKNOWN: u32 = u32::MAX;
+    const NO_OWNER: u32 = u32::MAX - 1;
+    let memo = |p: &Policy| p.strategy().is_pure_hash() && config.warmup.is_none();
+    let mut owners: Vec<u32> = if memo(&policies[0]) { vec![UNKNOWN; total_keys] } else { Vec::new() };
     let mut first_change: Option<u64> = None;
     let (mut after_hits, mut after_all, mut after10_hits, mut after10_all) = (0u64, 0u64, 0u64, 0u64);
     let (mut hot_keys_max, mut replicas_max, mut gateway_cache_hits) = (0usize, 0usize, 0u64);
@@ -525,6 +600,14 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
     let ttl_ns = config.gateway_cache_ttl_ms.map(ns);
 
     let mean_gap = 1e9 / config.rate;
+    // The next arrival after `arrived` requests: the trace's time, or a Poisson gap (shorter by
+    // the hot key's share, whose requests come on top).
+    let next_arrival = |now: u64, arrived: u64, rng: &mut SplitMix64, hot_share: f64| -> u64 {
+        match trace {
+            Some(t) => t.times_ns.get(arrived as usize).copied().unwrap_or(now).max(now),
+            None => now + ((-rng.unit_open().ln() * mean_gap * (1.0 - hot_share)) as u64).max(1),
+        }
+    };
     let expected_end = (config.requests as f64 * mean_gap) as u64;
     let sample_every = (expected_end / 400).max(1);
     let refresh = ns(config.refresh_ms);
@@ -581,59 +664,109 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                         Change::FlashCrowd { share, rise_s, hold_s } => {
                             flash = Some((now, share, ns(rise_s * 1e3).max(1), ns(hold_s * 1e3)));
                         }
-                        Change::AddWorker | Change::RemoveWorker => {
+                        Change::AddWorker | Change::RemoveWorker | Change::SetMembers { .. } => {
+                            // The members after the change, the policy over them, what to call the
+                            // change, and the newcomer's node index (for warm-up).
                             let mut next_members = members.clone();
-                            if change == Change::AddWorker {
-                                let id = workers.len();
-                                workers.push(new_worker(id, now));
-                                next_members.push(id);
-                                for g in &mut gateways {
-                                    g.snapshot.push(0);
-                                    g.own_since.push(0);
+                            let mut newcomer = None;
+                            let mut next_strategy = policies[0].strategy();
+                            let label = match &change {
+                                Change::AddWorker => {
+                                    let id = workers.len();
+                                    workers.push(new_worker(id, now));
+                                    next_members.push(id);
+                                    newcomer = Some(next_members.len() - 1);
+                                    format!("add {}", workers[id].name)
                                 }
-                            } else if next_members.len() > 1
-                                && let Some(gone) = next_members.pop()
-                            {
-                                workers[gone].member = false;
-                                workers[gone].left = Some(now);
+                                Change::RemoveWorker => match next_members.len() > 1 {
+                                    true => {
+                                        let gone = next_members.pop().unwrap_or_default();
+                                        workers[gone].member = false;
+                                        workers[gone].left = Some(now);
+                                        format!("remove {}", workers[gone].name)
+                                    }
+                                    false => "remove - (the last worker stays)".to_owned(),
+                                },
+                                Change::SetMembers { members: to, strategy } => {
+                                    next_members.clear();
+                                    let mut reweighted = Vec::new();
+                                    for (name, weight) in to {
+                                        let id = match workers.iter().position(|w| w.name == *name) {
+                                            Some(id) => id,
+                                            None => {
+                                                let id = workers.len();
+                                                let mut w = new_worker(id, now);
+                                                w.name.clone_from(name);
+                                                workers.push(w);
+                                                id
+                                            }
+                                        };
+                                        let w = &mut workers[id];
+                                        if w.member && w.weight != *weight {
+                                            reweighted.push(format!("{name}={weight}"));
+                                        }
+                                        w.weight = *weight;
+                                        if !w.member {
+                                            w.member = true;
+                                            w.left = None;
+                                        }
+                                        next_members.push(id);
+                                    }
+                                    for &m in &members {
+                                        if !next_members.contains(&m) {
+                                            workers[m].member = false;
+                                            workers[m].left = Some(now);
+                                        }
+                                    }
+                                    if let Some(s) = strategy {
+                                        next_strategy = *s;
+                                    }
+                                    describe_members(&members, &next_members, &workers, reweighted, *strategy)
+                                }
+                                _ => String::new(),
+                            };
+                            for g in &mut gateways {
+                                g.snapshot.resize(workers.len(), 0);
+                                g.own_since.resize(workers.len(), 0);
                             }
                             let set = node_set(&next_members, &workers)?;
-                            let next: Vec<Policy> =
-                                policies.iter().map(|p| p.rebuild(set.clone())).collect::<Result<_, _>>()?;
-                            let moved = config.strategy.uses_key().then(|| {
-                                (0..config.keys)
+                            let base = if next_strategy == policies[0].strategy() {
+                                policies[0].rebuild(set)?
+                            } else {
+                                Policy::build(next_strategy, set, &config.options)?
+                            };
+                            let next: Vec<Policy> = (0..config.gateways).map(|_| base.fork()).collect();
+                            // Every key up to a million; beyond, every `step`-th key, scaled (an
+                            // estimate within about 0.1 point of the share).
+                            let step = config.keys.div_ceil(REMAP_SAMPLE).max(1);
+                            let keyed = config.strategy.uses_key() && next_strategy.uses_key();
+                            let moved = keyed.then(|| {
+                                let sampled = (0..config.keys)
+                                    .step_by(step)
                                     .filter(|&k| {
                                         let before = policies[0].owner(hashes[k]).map(|i| members[i]);
                                         let after = next[0].owner(hashes[k]).map(|i| next_members[i]);
                                         before != after
                                     })
-                                    .count() as u64
+                                    .count() as u64;
+                                (sampled * step as u64).min(config.keys as u64)
                             });
                             remaps.push(RemapEvent {
                                 at_s: now as f64 / 1e9,
-                                change: match change {
-                                    Change::AddWorker => {
-                                        format!("add {}", workers[next_members[next_members.len() - 1]].name)
-                                    }
-                                    _ => {
-                                        format!("remove {}", members.last().map_or("-", |&w| workers[w].name.as_str()))
-                                    }
-                                },
+                                change: label,
                                 keys_moved: moved,
                                 moved_share: moved.map(|m| m as f64 / config.keys as f64),
                             });
                             first_change.get_or_insert(now);
                             warm = None;
-                            if change == Change::AddWorker
-                                && let Some(w) = config.warmup
-                            {
-                                let idx = next_members.len() - 1;
+                            if let (Some(idx), Some(w)) = (newcomer, config.warmup) {
                                 let handoff = match w {
                                     SimWarmup::Handoff { .. } => Handoff::new(&next[0], &[idx])?,
                                     SimWarmup::SlowStart { .. } => None,
                                 };
                                 warm = Some((handoff, idx, now));
                             }
+                            owners = if memo(&next[0]) { vec![UNKNOWN; total_keys] } else { Vec::new() };
                             policies = next;
                             members = next_members;
                         }
@@ -655,8 +788,16 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                         0.0
                     };
                 }
-                let key =
-                    if hot_share > 0.0 && rng.unit_open() < hot_share { hot_key } else { zipf.sample(&mut rng) as u32 };
+                let index = (arrived - 1) as usize;
+                let key = if hot_share > 0.0 && rng.unit_open() < hot_share {
+                    hot_key
+                } else {
+                    match trace {
+                        Some(t) => t.keys[index],
+                        None => zipf.sample(&mut rng) as u32,
+                    }
+                };
+                let service_ms = trace.and_then(|t| t.service_ms.as_ref()).map_or(0.0, |s| s[index]);
                 let gateway = rng.below(config.gateways as u64) as usize;
                 let hash = hashes[key as usize];
                 let Gateway { rng: grng, snapshot, own_since, hot, cached, flights } = &mut gateways[gateway];
@@ -687,16 +828,16 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                         completed += 1;
                         latency.record(1);
                         if arrived < config.requests {
-                            let gap = (-rng.unit_open().ln() * mean_gap * (1.0 - hot_share)) as u64;
-                            push(&mut heap, now + gap.max(1), Event::Arrival);
+                            let at = next_arrival(now, arrived, &mut rng, hot_share);
+                            push(&mut heap, at, Event::Arrival);
                         }
                         continue;
                     }
                     if let Some(waiting) = flights.get_mut(&key) {
                         waiting.push(now);
                         if arrived < config.requests {
-                            let gap = (-rng.unit_open().ln() * mean_gap * (1.0 - hot_share)) as u64;
-                            push(&mut heap, now + gap.max(1), Event::Arrival);
+                            let at = next_arrival(now, arrived, &mut rng, hot_share);
+                            push(&mut heap, at, Event::Arrival);
                         }
                         continue;
                     }
@@ -716,7 +857,21 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                         }
                     };
                     let policy = &policies[gateway];
-                    steer(policy, hash, replicas, &view, grng, warm.as_ref(), now, config, &workers, &members)
+                    if owners.is_empty() || replicas > 1 || warm.is_some() {
+                        steer(policy, hash, replicas, &view, grng, warm.as_ref(), now, config, &workers, &members)
+                    } else {
+                        // A pure hash strategy, every worker eligible: the decision is the key's
+                        // owner, a function of the member set, computed once per key and member set.
+                        let o = &mut owners[key as usize];
+                        if *o == UNKNOWN {
+                            *o = policy.owner(hash).map_or(NO_OWNER, |n| n as u32);
+                        }
+                        (*o != NO_OWNER).then_some(Decision {
+                            node: *o as usize,
+                            owner: Some(*o as usize),
+                            spill: None,
+                        })
+                    }
                 };
                 match decision {
                     None => {
@@ -733,7 +888,7 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                         }
                         let w = members[d.node];
                         own_since[w] += 1;
-                        let req = Request { key, gateway: gateway as u32, arrived: now, leads, hit: false };
+                        let req = Request { key, gateway: gateway as u32, arrived: now, leads, hit: false, service_ms };
                         let id = match free.pop() {
                             Some(id) => {
                                 requests[id as usize] = req;
@@ -756,8 +911,8 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                     }
                 }
                 if arrived < config.requests {
-                    let gap = (-rng.unit_open().ln() * mean_gap * (1.0 - hot_share)) as u64;
-                    push(&mut heap, now + gap.max(1), Event::Arrival);
+                    let at = next_arrival(now, arrived, &mut rng, hot_share);
+                    push(&mut heap, at, Event::Arrival);
                 }
             }
             Event::Completion { worker, request } => {
@@ -887,6 +1042,88 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
     })
 }
 
+/// Runs every configuration, on up to `threads` threads at once (each run is one thread: a run is
+/// sequential). The reports come back in the order of `configs`, and each is the one [`run`] gives
+/// alone: runs share nothing, so the thread count changes the time taken and nothing else.
+/// `progress` is called with the requests that arrived since its last call, from any thread.
+///
+/// # Errors
+///
+/// The first configuration (in order) that fails.
+pub fn run_all(
+    configs: &[FleetConfig],
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<FleetReport>, SimError> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<FleetReport, SimError>>>> =
+        Mutex::new((0..configs.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, configs.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(c) = configs.get(i) else { return };
+                    let mut last = 0;
+                    let r = run(c, &mut |n| {
+                        progress(n - last);
+                        last = n;
+                    });
+                    progress(c.requests.saturating_sub(last));
+                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(SimError::Invalid("a run did not finish".into()))))
+        .collect()
+}
+
+/// What the strategy's decision costs per request at the configuration's size, measured now on
+/// this machine (nanoseconds, the median of 5 rounds of 20,000 decisions over idle workers): the
+/// price of a choice of strategy, next to what it does. Not part of the deterministic report.
+///
+/// # Errors
+///
+/// The policy cannot be built.
+pub fn placement_cost_ns(config: &FleetConfig) -> Result<f64, SimError> {
+    let nodes = NodeSet::try_new(
+        (0..config.workers)
+            .map(|i| {
+                let (name, weight) = config
+                    .members
+                    .as_ref()
+                    .and_then(|m| m.get(i).cloned())
+                    .unwrap_or_else(|| (format!("w{}", i + 1), 1));
+                Node::try_new(name).map(|n| n.with_weight(weight))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    )?;
+    let policy = Policy::build(config.strategy, nodes, &config.options)?;
+    let loads = vec![0u64; config.workers];
+    let mut rng = SplitMix64::new(config.seed);
+    let mut rounds: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let mut sum = 0usize;
+            for _ in 0..20_000 {
+                let h = rng.next_u64();
+                sum += policy.decide(Some(h), &loads[..], |_| true, &mut rng).map_or(0, |d| d.node);
+            }
+            std::hint::black_box(sum);
+            t.elapsed().as_nanos() as f64 / 20_000.0
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    Ok(rounds[2])
+}
+
 type Heap = BinaryHeap<Reverse<(u64, u64, Event)>>;
 
 #[allow(clippy::too_many_arguments)]
@@ -905,7 +1142,14 @@ fn start(
     let hit = w.cache.touch(key);
     requests[request as usize].hit = hit;
     w.hits += u64::from(hit);
-    let base = if hit { config.hit_ms } else { config.miss_ms };
+    let traced = f64::from(requests[request as usize].service_ms);
+    let base = if hit {
+        config.hit_ms
+    } else if traced > 0.0 {
+        traced
+    } else {
+        config.miss_ms
+    };
     let jitter = 1.0 + config.jitter * (2.0 * rng.unit_open() - 1.0);
     let service = (base * 1e6 * jitter * w.slowdown).max(1.0) as u64;
     w.busy += 1;
@@ -966,6 +1210,35 @@ fn steer(
         }
     }
     policy.decide(Some(hash), &|i| loads(i), |_| true, rng)
+}
+
+/// `+w9 -w3 w2=3 strategy=ring`: what a [`Change::SetMembers`] changed.
+fn describe_members(
+    before: &[usize],
+    after: &[usize],
+    workers: &[Worker],
+    reweighted: Vec<String>,
+    strategy: Option<Strategy>,
+) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for &a in after {
+        if !before.contains(&a) {
+            parts.push(format!("+{}", workers[a].name));
+        }
+    }
+    for &b in before {
+        if !after.contains(&b) {
+            parts.push(format!("-{}", workers[b].name));
+        }
+    }
+    parts.extend(reweighted);
+    if let Some(s) = strategy {
+        parts.push(format!("strategy={s}"));
+    }
+    if parts.is_empty() {
+        parts.push("no change".into());
+    }
+    parts.join(" ")
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

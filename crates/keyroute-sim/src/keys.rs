@@ -25,6 +25,12 @@ impl KeySet {
         KeySet { keys, requests: None }
     }
 
+    /// These keys, with how many requests each received (one count per key).
+    pub fn with_requests(keys: Vec<Vec<u8>>, requests: Vec<u64>) -> Self {
+        debug_assert_eq!(keys.len(), requests.len());
+        KeySet { keys, requests: Some(requests) }
+    }
+
     /// One key per non-empty line (a trailing `\r` is dropped); duplicates are kept once.
     pub fn from_lines(text: &[u8]) -> Self {
         let mut seen = std::collections::HashSet::new();

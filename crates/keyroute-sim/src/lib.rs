@@ -10,8 +10,10 @@
 //!   workers with LRU caches, Zipf traffic, slow workers, hot keys, membership changes, stale load
 //!   views. It routes with the same [`keyroute::Policy`] the real gateway uses.
 //!
-//! Everything is seeded: no clock, no threads, no operating-system randomness; the same inputs give
-//! the same report on every machine.
+//! Everything is seeded: no clock and no operating-system randomness; the same inputs give the
+//! same report on every machine and at any thread count ([`fleet::run_all`] runs strategies in
+//! parallel, each run itself sequential). A request log replays the user's own traffic
+//! ([`trace`]).
 
 #![deny(missing_docs)]
 
@@ -24,6 +26,7 @@ mod lru;
 mod remap;
 pub mod report;
 pub mod scenario;
+pub mod trace;
 mod zipf;
 
 pub use balance::{BalanceReport, NodeShare, balance};

@@ -101,6 +101,8 @@ pub fn base(strategy: Strategy) -> FleetConfig {
         hot_keys: None,
         gateway_cache_ttl_ms: None,
         warmup: None,
+        members: None,
+        trace: None,
     }
 }
 

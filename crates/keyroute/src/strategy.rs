@@ -511,7 +511,12 @@ impl Policy {
                         &eligible,
                     )?,
                     _ => {
-                        let node = table.ranked_hash(h).find(|&i| eligible(i))?;
+                        // The owner is the ranking's first: take it without ranking the rest
+                        // (a rendezvous pick is one pass; its ranking is more).
+                        let node = match owner {
+                            Some(o) if eligible(o) => o,
+                            _ => table.ranked_hash(h).find(|&i| eligible(i))?,
+                        };
                         crate::Choice { node, rank: 0 }
                     }
                 };
