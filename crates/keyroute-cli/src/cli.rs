@@ -246,6 +246,8 @@ pub enum SimCommand {
     /// Before a change, over your own traffic: the keys and requests that move, per worker, and the
     /// hit rate and peak load with and without it.
     Whatif(Box<WhatifArgs>),
+    /// Write a synthetic request log (TIME KEY lines: Poisson arrivals, Zipf keys) to try --trace on.
+    Trace(TraceArgs),
 }
 
 /// The strategy and its knobs, shared by every command that places keys.
@@ -537,16 +539,36 @@ pub struct TrafficArgs {
     /// The key of a combined-log request: {path}, {uri}, {query.NAME}, {method}, {client_ip} and text.
     #[arg(long, default_value = "{uri}")]
     pub key_template: String,
-    /// Start from these workers: one NAME[:weight=W] per line (or comma separated), # comments.
+    /// Start from these workers: a file with one NAME[:weight=W] per line (or comma separated, #
+    /// comments), or a pool in etcd, etcd://HOST:PORT/PREFIX/ (its active members).
     #[arg(long)]
     pub workers_from: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Requests.
+    #[arg(long, default_value_t = 100_000)]
+    pub requests: u64,
+    /// Distinct keys (`thumb/0.jpg` ..).
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: usize,
+    /// Zipf exponent of key popularity.
+    #[arg(long, default_value_t = 0.9)]
+    pub zipf: f64,
+    /// Arrivals per second.
+    #[arg(long, default_value_t = 450.0)]
+    pub rate: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]
 pub struct WhatifArgs {
     #[command(flatten)]
     pub traffic: TrafficArgs,
-    /// The workers now (the same as --workers-from): one NAME[:weight=W] per line.
+    /// The workers now (as --workers-from): a file of NAME[:weight=W] lines, or etcd://HOST:PORT/PREFIX/.
     #[arg(long)]
     pub members: PathBuf,
     /// The strategy now.

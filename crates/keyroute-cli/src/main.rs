@@ -53,6 +53,7 @@ fn main() -> ExitCode {
         Command::Sim(SimCommand::Choices(args)) => sim::choices(&args),
         Command::Sim(SimCommand::Fleet(args)) => sim::fleet(&args),
         Command::Sim(SimCommand::Whatif(args)) => sim::whatif(&args),
+        Command::Sim(SimCommand::Trace(args)) => sim::trace(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Worker(args) => serve::worker(&args),
         Command::Members(args) => members::members(&args),

@@ -54,6 +54,28 @@ fn change(result: Result<i64, ChangeError>, what: String) -> Result<()> {
     }
 }
 
+/// The active members of a pool in etcd, as a gateway would apply them: `(name, weight)` in the
+/// gateway's order (by name, numbers as numbers); draining and invalid records left out.
+///
+/// # Errors
+///
+/// A bad URL, or etcd unreachable.
+pub fn etcd_members(url: &str) -> Result<Vec<(String, u32)>> {
+    let registry = registry(url)?;
+    let rt = runtime(Some(1))?;
+    let (_, listed) = rt.block_on(registry.list())?;
+    let mut members: Vec<(String, u32)> = listed
+        .into_iter()
+        .filter_map(|l| {
+            let r = l.record.ok()?;
+            (r.state == RecordState::Active).then(|| (l.name, u32::try_from(r.weight).unwrap_or(0)))
+        })
+        .filter(|(_, w)| *w > 0)
+        .collect();
+    members.sort_by(|a, b| keyroute::node::canonical_cmp(&a.0, &b.0));
+    Ok(members)
+}
+
 /// `keyroute members ...`.
 pub fn members(args: &MembersArgs) -> Result<()> {
     let registry = registry(&args.registry)?;

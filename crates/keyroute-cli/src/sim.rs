@@ -10,7 +10,8 @@ use keyroute_sim::{KeySet, SimError, report, scenario};
 
 use crate::Usage;
 use crate::cli::{
-    BalanceArgs, ChoicesArgs, FleetArgs, FleetKnobs, KeyArgs, RemapArgs, TrafficArgs, WhatifArgs, parse_nodes,
+    BalanceArgs, ChoicesArgs, FleetArgs, FleetKnobs, KeyArgs, RemapArgs, TraceArgs, TrafficArgs, WhatifArgs,
+    parse_nodes,
 };
 
 fn sim_error(e: SimError) -> anyhow::Error {
@@ -291,6 +292,14 @@ impl Traffic {
             None => None,
         };
         let members = match &args.workers_from {
+            Some(path) if path.to_str().is_some_and(|p| p.starts_with("etcd://")) => {
+                let url = path.to_str().unwrap_or_default();
+                let m = crate::members::etcd_members(url).with_context(|| format!("--workers-from {url}"))?;
+                if m.is_empty() {
+                    return Err(Usage(format!("--workers-from: {url} has no active worker")).into());
+                }
+                Some(m)
+            }
             Some(path) => Some(members_file(path, "--workers-from")?),
             None => None,
         };
@@ -451,7 +460,8 @@ pub fn whatif(args: &WhatifArgs) -> Result<()> {
     }
     let mut out = std::io::stdout().lock();
     let (a, b) = (&runs[0], &runs[1]);
-    writeln!(out, "what if: {} ({current} -> {to})", b.remaps.first().map_or("-", |r| r.change.as_str()))?;
+    let strategies = if to == current { current.to_string() } else { format!("{current} -> {to}") };
+    writeln!(out, "what if: {} ({strategies})", b.remaps.first().map_or("-", |r| r.change.as_str()))?;
     writeln!(out, "trace: {} requests, {} keys, {:.1} s", trace.len(), trace.catalogue.len(), trace.duration_s())?;
     writeln!(out)?;
     write!(out, "{}", report::remap_text(&remap))?;
@@ -476,5 +486,23 @@ pub fn whatif(args: &WhatifArgs) -> Result<()> {
     for (name, x, y) in rows {
         writeln!(out, "  {name:<42} {x:>9} {y:>9}")?;
     }
+    Ok(())
+}
+
+/// `keyroute sim trace`: a synthetic request log in the plain `TIME KEY` format, on standard output.
+pub fn trace(args: &TraceArgs) -> Result<()> {
+    use keyroute::hash::{RandomSource, SplitMix64};
+    if !(args.rate.is_finite() && args.rate > 0.0) || args.keys == 0 || args.keys > 50_000_000 {
+        return Err(Usage("--rate must be > 0 and --keys in 1..=50000000".into()).into());
+    }
+    let zipf = keyroute_sim::Zipf::new(args.keys, args.zipf);
+    let mut rng = SplitMix64::new(args.seed);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut t = 0.0f64;
+    for _ in 0..args.requests {
+        writeln!(out, "{t:.6} thumb/{}.jpg", zipf.sample(&mut rng))?;
+        t += -rng.unit_open().ln() / args.rate;
+    }
+    out.flush()?;
     Ok(())
 }

@@ -354,3 +354,36 @@ fn members_and_the_register_sidecar_keep_etcd_as_operators_and_health_say() {
     assert!(status.success());
     assert!(record_of(&registry, "foreign").is_none(), "it left on SIGTERM");
 }
+
+/// `sim fleet --workers-from etcd://...`: the pool's active members, as the gateways apply them.
+#[test]
+fn the_simulator_starts_from_the_members_in_etcd() {
+    let etcd = Etcd::start();
+    let registry = format!("etcd://{}/keyroute/pools/sim/workers/", etcd.client);
+    let members =
+        |args: &[&str]| bin().args(["members", "--registry", &registry]).args(args).output().expect("members");
+    for (name, port, weight) in [("a10", "9110", "1"), ("a2", "9102", "3"), ("a3", "9103", "1")] {
+        assert!(
+            members(&["add", name, "--address", &format!("127.0.0.1:{port}"), "--weight", weight]).status.success()
+        );
+    }
+    assert!(members(&["drain", "a3"]).status.success());
+    let o = bin()
+        .args([
+            "sim",
+            "fleet",
+            "--workers-from",
+            &registry,
+            "--strategies",
+            "rendezvous",
+            "--requests",
+            "3000",
+            "--json",
+        ])
+        .output()
+        .expect("sim");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let members = &v[0][1][0]["config"]["members"];
+    assert_eq!(members, &serde_json::json!([["a2", 3], ["a10", 1]]), "active members, in the gateways' order");
+}
