@@ -54,8 +54,9 @@ fn change(result: Result<i64, ChangeError>, what: String) -> Result<()> {
     }
 }
 
-/// The active members of a pool in etcd, as a gateway would apply them: `(name, weight)` in the
-/// gateway's order (by name, numbers as numbers); draining and invalid records left out.
+/// The members of a pool in etcd, as a gateway applies them: `(name, weight)` in the gateway's
+/// order (by name, numbers as numbers), a draining member at weight 0 (its keys go on along their
+/// rankings), invalid records left out.
 ///
 /// # Errors
 ///
@@ -68,9 +69,9 @@ pub fn etcd_members(url: &str) -> Result<Vec<(String, u32)>> {
         .into_iter()
         .filter_map(|l| {
             let r = l.record.ok()?;
-            (r.state == RecordState::Active).then(|| (l.name, u32::try_from(r.weight).unwrap_or(0)))
+            let weight = u32::try_from(r.weight).ok().filter(|&w| w > 0)?;
+            Some((l.name, if r.state == RecordState::Draining { 0 } else { weight }))
         })
-        .filter(|(_, w)| *w > 0)
         .collect();
     members.sort_by(|a, b| keyroute::node::canonical_cmp(&a.0, &b.0));
     Ok(members)

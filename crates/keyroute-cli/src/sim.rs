@@ -211,6 +211,9 @@ pub fn fleet(args: &FleetArgs) -> Result<()> {
         return print_json(&value);
     }
     let mut out = std::io::stdout().lock();
+    if let Some(t) = &traffic.trace {
+        writeln!(out, "{}\n", trace_line(t))?;
+    }
     for (name, reports) in &results {
         writeln!(out, "scenario: {name}")?;
         write!(out, "{}", report::fleet_table(reports))?;
@@ -340,7 +343,14 @@ impl Traffic {
         let Some(t) = &self.trace else {
             return Err(Usage(format!("--change '{spec}': a time in seconds needs --trace")));
         };
-        let fraction = t.index_at(secs) as f64 / t.len() as f64;
+        let index = t.index_at(secs);
+        if index >= t.len() {
+            return Err(Usage(format!(
+                "--change '{spec}': {secs} s is past the trace's last request (at {:.1} s)",
+                t.duration_s()
+            )));
+        }
+        let fraction = index as f64 / t.len() as f64;
         Ok(format!("{fraction}:{rest}"))
     }
 
@@ -376,6 +386,15 @@ pub fn whatif(args: &WhatifArgs) -> Result<()> {
     if traffic_args.trace.is_none() {
         return Err(Usage(
             "--trace: sim whatif replays a request log (TIME KEY lines, or --trace-format combined)".into(),
+        )
+        .into());
+    }
+    if traffic_args.workers_from.is_some() {
+        return Err(Usage("--workers-from: sim whatif takes its workers from --members".into()).into());
+    }
+    if !args.knobs.changes.is_empty() {
+        return Err(Usage(
+            "--change: sim whatif makes one change, given by --add, --remove, --reweight and --strategy".into(),
         )
         .into());
     }
@@ -433,13 +452,11 @@ pub fn whatif(args: &WhatifArgs) -> Result<()> {
     // change that changes nothing at the same moment, so both measure the same window after it.
     let mut knobs = traffic.knobs(&args.knobs)?;
     knobs.changes.clear();
-    let at_spec = traffic.at_fraction(&format!("{}:x", args.at))?;
-    let at: f64 = at_spec
-        .split(':')
-        .next()
-        .and_then(|a| a.parse().ok())
-        .filter(|a| (0.0..=1.0).contains(a))
-        .ok_or_else(|| Usage(format!("--at '{}': a fraction in [0, 1] or seconds such as 30s", args.at)))?;
+    let at_spec = traffic.at_fraction(&format!("{}:x", args.at)).map_err(|e| Usage(e.0.replace("--change", "--at")))?;
+    let at: f64 =
+        at_spec.split(':').next().and_then(|a| a.parse().ok()).filter(|a| (0.0..1.0).contains(a)).ok_or_else(|| {
+            Usage(format!("--at '{}': a fraction in [0, 1) or seconds into the trace such as 30s", args.at))
+        })?;
     let mut without = configure("steady", current, options, &knobs)?;
     traffic.apply(&mut without);
     without.changes =
@@ -462,7 +479,7 @@ pub fn whatif(args: &WhatifArgs) -> Result<()> {
     let (a, b) = (&runs[0], &runs[1]);
     let strategies = if to == current { current.to_string() } else { format!("{current} -> {to}") };
     writeln!(out, "what if: {} ({strategies})", b.remaps.first().map_or("-", |r| r.change.as_str()))?;
-    writeln!(out, "trace: {} requests, {} keys, {:.1} s", trace.len(), trace.catalogue.len(), trace.duration_s())?;
+    writeln!(out, "{}", trace_line(&trace))?;
     writeln!(out)?;
     write!(out, "{}", report::remap_text(&remap))?;
     writeln!(out)?;
@@ -505,4 +522,10 @@ pub fn trace(args: &TraceArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+fn trace_line(t: &keyroute_sim::trace::Trace) -> String {
+    let skipped =
+        if t.skipped > 0 { format!(" ({} lines without a request skipped)", t.skipped) } else { String::new() };
+    format!("trace: {} requests, {} keys, {:.1} s{skipped}", t.len(), t.catalogue.len(), t.duration_s())
 }

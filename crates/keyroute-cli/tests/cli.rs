@@ -587,7 +587,30 @@ fn whatif_answers_before_a_change() {
     for needle in ["what if: -w2 strategy=ring (rendezvous -> ring)", "hit rate, 60 s after the change", "peak load"] {
         assert!(text.contains(needle), "{needle}: {text}");
     }
-    for bad in [vec!["--remove", "w9"], vec!["--reweight", "w1"], vec![]] {
+    // A switch to a strategy that hashes keys its own way (slots: CRC16 keyslots): the fleet's
+    // count of moved keys is the placement's.
+    let o = keyroute(&[
+        "sim",
+        "whatif",
+        "--trace",
+        trace.to_str().expect("utf8"),
+        "--members",
+        members.to_str().expect("utf8"),
+        "--strategy",
+        "slots",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["with"]["remaps"][0]["keys_moved"], v["placement"]["moved"]);
+    assert!(v["placement"]["moved"].as_u64().expect("n") > 1000, "a switch of strategy moves most keys");
+    for bad in [
+        vec!["--remove", "w9"],
+        vec!["--reweight", "w1"],
+        vec![],
+        vec!["--add", "w5", "--at", "1"],
+        vec!["--add", "w5", "--at", "600s"],
+    ] {
         let mut args = vec![
             "sim",
             "whatif",

@@ -385,5 +385,5 @@ fn the_simulator_starts_from_the_members_in_etcd() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let members = &v[0][1][0]["config"]["members"];
-    assert_eq!(members, &serde_json::json!([["a2", 3], ["a10", 1]]), "active members, in the gateways' order");
+    assert_eq!(members, &serde_json::json!([["a2", 3], ["a3", 0], ["a10", 1]]), "in the gateways' order, drained at 0");
 }

@@ -73,7 +73,13 @@ fn program(name: &str) -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    free_ports(1)[0]
+}
+
+/// `n` distinct free ports: every listener is held until all are chosen, so none repeats.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
+    held.iter().map(|l| l.local_addr().expect("addr").port()).collect()
 }
 
 fn temp_dir(what: &str) -> PathBuf {
@@ -332,7 +338,7 @@ fn redis_cluster_mode_places_as_a_real_cluster() {
     let mut rng = SplitMix64::new(seed() ^ 0x7ed15);
     let masters = 3 + rng.below(4) as usize;
     let dir = temp_dir("redis");
-    let ports: Vec<u16> = (0..masters).map(|_| free_port()).collect();
+    let ports = free_ports(masters);
     let _nodes: Vec<Daemon> = ports.iter().map(|&p| redis_node(&dir, p)).collect();
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let create = Command::new(program("redis-cli"))

@@ -234,6 +234,9 @@ impl FleetConfig {
         if !(0.0..1.0).contains(&self.jitter) {
             return bad("jitter must be in [0, 1)");
         }
+        if self.cache_entries > 100_000_000 {
+            return bad("cache-entries must be at most 100000000");
+        }
         if self.keys == 0 || self.keys > 50_000_000 {
             return bad("keys must be in 1..=50000000");
         }
@@ -271,8 +274,12 @@ impl FleetConfig {
                 }
                 Change::SetMembers { ref members, .. } => {
                     let mut names = std::collections::HashSet::new();
-                    if members.iter().all(|(_, w)| *w == 0) || !members.iter().all(|(n, _)| names.insert(n.as_str())) {
-                        return bad("a member change needs distinct names and a member with weight");
+                    if members.iter().all(|(_, w)| *w == 0)
+                        || !members.iter().all(|(n, _)| names.insert(n.as_str()))
+                        || members.len() > 10_000
+                        || members.iter().any(|(n, _)| n.is_empty())
+                    {
+                        return bad("a member change needs at most 10000 distinct names and a member with weight");
                     }
                 }
                 _ => {}
@@ -546,15 +553,20 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
     let mut policies: Vec<Policy> = (0..config.gateways).map(|_| base.fork()).collect();
     drop(base);
     let key_bytes = |k: u32| format!("thumb/{k}.jpg");
-    let hashes: Vec<u64> = match trace {
-        Some(t) => t
-            .catalogue
-            .iter()
-            .map(|k| policies[0].key_hash(k))
-            .chain(std::iter::once(policies[0].key_hash(key_bytes(hot_key).as_bytes())))
-            .collect(),
-        None => (0..total_keys as u32).map(|k| policies[0].key_hash(key_bytes(k).as_bytes())).collect(),
+    // Every key's hash as a policy's table computes it (strategies differ: slots and the
+    // compatibility modes hash keys their own way), the hot key last.
+    let hash_all = |p: &Policy| -> Vec<u64> {
+        match trace {
+            Some(t) => t
+                .catalogue
+                .iter()
+                .map(|k| p.key_hash(k))
+                .chain(std::iter::once(p.key_hash(key_bytes(hot_key).as_bytes())))
+                .collect(),
+            None => (0..total_keys as u32).map(|k| p.key_hash(key_bytes(k).as_bytes())).collect(),
+        }
     };
+    let mut hashes: Vec<u64> = hash_all(&policies[0]);
     let ns = |ms: f64| (ms * 1e6).round() as u64;
     let hot_rule = config.hot_keys.map(|h| HotKeyConfig {
         threshold: Threshold::Share(h.threshold_share),
@@ -673,7 +685,11 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                             let label = match &change {
                                 Change::AddWorker => {
                                     let id = workers.len();
-                                    workers.push(new_worker(id, now));
+                                    let mut w = new_worker(id, now);
+                                    if workers.iter().any(|x| x.name == w.name) {
+                                        w.name = format!("new-{}", id + 1);
+                                    }
+                                    workers.push(w);
                                     next_members.push(id);
                                     newcomer = Some(next_members.len() - 1);
                                     format!("add {}", workers[id].name)
@@ -698,6 +714,8 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                                                 let mut w = new_worker(id, now);
                                                 w.name.clone_from(name);
                                                 workers.push(w);
+                                                // The first newcomer warms up (warm-up follows one).
+                                                newcomer = newcomer.or(Some(next_members.len()));
                                                 id
                                             }
                                         };
@@ -707,8 +725,12 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                                         }
                                         w.weight = *weight;
                                         if !w.member {
+                                            // A worker that comes back: its span restarts now.
                                             w.member = true;
                                             w.left = None;
+                                            w.joined = now;
+                                            w.busy_ns = 0;
+                                            w.held_ns = 0;
                                         }
                                         next_members.push(id);
                                     }
@@ -739,18 +761,24 @@ pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetR
                             // Every key up to a million; beyond, every `step`-th key, scaled (an
                             // estimate within about 0.1 point of the share).
                             let step = config.keys.div_ceil(REMAP_SAMPLE).max(1);
-                            let keyed = config.strategy.uses_key() && next_strategy.uses_key();
+                            let keyed = policies[0].strategy().uses_key() && next_strategy.uses_key();
+                            // A new strategy may hash keys another way.
+                            let next_hashes = (next_strategy != policies[0].strategy()).then(|| hash_all(&next[0]));
                             let moved = keyed.then(|| {
+                                let after_hashes = next_hashes.as_ref().unwrap_or(&hashes);
                                 let sampled = (0..config.keys)
                                     .step_by(step)
                                     .filter(|&k| {
                                         let before = policies[0].owner(hashes[k]).map(|i| members[i]);
-                                        let after = next[0].owner(hashes[k]).map(|i| next_members[i]);
+                                        let after = next[0].owner(after_hashes[k]).map(|i| next_members[i]);
                                         before != after
                                     })
                                     .count() as u64;
                                 (sampled * step as u64).min(config.keys as u64)
                             });
+                            if let Some(h) = next_hashes {
+                                hashes = h;
+                            }
                             remaps.push(RemapEvent {
                                 at_s: now as f64 / 1e9,
                                 change: label,

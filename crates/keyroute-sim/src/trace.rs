@@ -15,7 +15,10 @@
 //! **Combined**: nginx's (and Apache's) `combined` access-log format,
 //! `$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent"`,
 //! with a key template over the request as the gateway's: `{path}`, `{uri}`, `{query.NAME}`,
-//! `{method}`, `{client_ip}` and literal text (default `{uri}`).
+//! `{method}`, `{client_ip}` and literal text (default `{uri}`). Its times are whole seconds: the
+//! requests logged in one second are spread evenly over it, in file order. A request logged as
+//! `"-"` (nginx's record of a connection that sent no request, such as a 400) reached no backend:
+//! it is counted in [`Trace::skipped`] and not replayed.
 //!
 //! Either may be gzip-compressed (detected by its magic bytes). A line that cannot be read is an
 //! error naming the file and line; nothing is skipped silently.
@@ -36,6 +39,8 @@ pub struct Trace {
     pub service_ms: Option<Vec<f32>>,
     /// The distinct keys, by id, in order of first appearance.
     pub catalogue: Vec<Vec<u8>>,
+    /// Lines that record no request (a combined log's `"-"`), not replayed.
+    pub skipped: u64,
 }
 
 /// How a log's lines are read.
@@ -138,6 +143,7 @@ impl Trace {
         // (time in ns since the epoch of the log, file order, key, service)
         let mut rows: Vec<(i128, u32, Vec<u8>, Option<f32>)> = Vec::new();
         let mut any_service = false;
+        let mut skipped = 0u64;
         for (n, line) in text.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if line.is_empty() || line.starts_with(b"#") {
@@ -146,7 +152,14 @@ impl Trace {
             let lineno = n + 1;
             let (t, key, service) = match &template {
                 None => plain_line(line),
-                Some(t) => combined_line(line, t).map(|(t, k)| (t, k, None)),
+                Some(t) => match combined_line(line, t) {
+                    Ok(Some((t, k))) => Ok((t, k, None)),
+                    Ok(None) => {
+                        skipped += 1;
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                },
             }
             .map_err(|m| (Some(lineno), m))?;
             any_service |= service.is_some();
@@ -162,12 +175,31 @@ impl Trace {
             return Err((None, "no request in the log".into()));
         }
         if any_service && rows.iter().any(|r| r.3.is_none()) {
-            return Err((None, "a service time is missing (give it on every line or none)".into()));
+            return Err((None, "a service time is missing on a line before the first that has one".into()));
         }
         rows.sort_by_key(|r| (r.0, r.1));
+        if template.is_some() {
+            // Whole seconds: spread each second's requests evenly over it, in file order.
+            let mut i = 0;
+            while i < rows.len() {
+                let j = i + rows[i..].partition_point(|r| r.0 == rows[i].0);
+                let n = (j - i) as i128;
+                for (k, r) in rows[i..j].iter_mut().enumerate() {
+                    r.0 += k as i128 * 1_000_000_000 / n;
+                }
+                i = j;
+            }
+        }
         let t0 = rows[0].0;
+        let span = rows[rows.len() - 1].0 - t0;
+        if span > 100 * 365 * 86_400 * 1_000_000_000i128 {
+            return Err((
+                None,
+                format!("the log spans {} years: are its times in seconds?", span / (365 * 86_400 * 1_000_000_000)),
+            ));
+        }
         let mut ids: HashMap<Vec<u8>, u32> = HashMap::new();
-        let mut trace = Trace { service_ms: any_service.then(Vec::new), ..Trace::default() };
+        let mut trace = Trace { service_ms: any_service.then(Vec::new), skipped, ..Trace::default() };
         for (t, _, key, service) in rows {
             let next = trace.catalogue.len() as u32;
             let id = *ids.entry(key).or_insert_with_key(|k| {
@@ -226,8 +258,9 @@ fn plain_line(line: &[u8]) -> Result<(i128, Vec<u8>, Option<f32>), String> {
     Ok((seconds_ns(time)?, key.to_vec(), service))
 }
 
-/// A combined-log line's time (ns since the Unix epoch) and key.
-fn combined_line(line: &[u8], template: &Template) -> Result<(i128, Vec<u8>), String> {
+/// A combined-log line's time (ns since the Unix epoch) and key; `None` for a line that records
+/// no request (`"-"`).
+fn combined_line(line: &[u8], template: &Template) -> Result<Option<(i128, Vec<u8>)>, String> {
     let text = String::from_utf8_lossy(line);
     let client = text.split(' ').next().unwrap_or("");
     let open = text.find('[').ok_or("no [time] field")?;
@@ -236,6 +269,9 @@ fn combined_line(line: &[u8], template: &Template) -> Result<(i128, Vec<u8>), St
     let rest = &text[close + 1..];
     let q = rest.find('"').ok_or("no \"request\" field")?;
     let end = rest[q + 1..].find('"').map(|e| q + 1 + e).ok_or("the request field is not closed")?;
+    if &rest[q + 1..end] == "-" {
+        return Ok(None);
+    }
     let mut request = rest[q + 1..end].split(' ');
     let method = request.next().unwrap_or("");
     let uri = request.next().ok_or("the request has no URI")?;
@@ -244,7 +280,7 @@ fn combined_line(line: &[u8], template: &Template) -> Result<(i128, Vec<u8>), St
     if key.is_empty() {
         return Err("the key is empty".into());
     }
-    Ok((time, key.into_bytes()))
+    Ok(Some((time, key.into_bytes())))
 }
 
 /// `10/Oct/2000:13:55:36 -0700` as nanoseconds since the Unix epoch.
@@ -272,7 +308,12 @@ fn clf_time(s: &str) -> Result<i128, String> {
     let year: i64 = next()?.parse().map_err(|_| bad())?;
     let (h, m, sec): (i64, i64, f64) =
         (next()?.parse().map_err(|_| bad())?, next()?.parse().map_err(|_| bad())?, next()?.parse().map_err(|_| bad())?);
-    if !(1..=31).contains(&day) || !(0..24).contains(&h) || !(0..60).contains(&m) || !(0.0..61.0).contains(&sec) {
+    if !(1..=9999).contains(&year)
+        || !(1..=31).contains(&day)
+        || !(0..24).contains(&h)
+        || !(0..60).contains(&m)
+        || !(0.0..61.0).contains(&sec)
+    {
         return Err(bad());
     }
     let zone = zone.trim();
@@ -393,6 +434,7 @@ mod tests {
             (b"1 a b c\n", Some(1), "fields"),
             (b"1 a 0\n", Some(1), "service time"),
             (b"1 a 5\n2 b\n", Some(2), "missing"),
+            (b"1 a\n9999999999 b\n", None, "years"),
             (b"# nothing\n", None, "no request"),
         ] {
             let (l, m) = Trace::parse(text, &TraceFormat::Plain).expect_err("invalid");
@@ -411,6 +453,16 @@ mod tests {
         let t = Trace::parse(log, &f).expect("valid");
         assert_eq!(t.catalogue, vec![b"/thumb/a.jpg?w=160".to_vec(), b"/thumb/b.jpg?w=80".to_vec()]);
         assert_eq!(t.times_ns, vec![0, 1_000_000_000]);
+        // Three requests in one second are spread over it; a "-" request is skipped, and counted.
+        let same = br#"1.1.1.1 - - [10/Oct/2000:13:55:36 -0700] "GET /a HTTP/1.1" 200 1 "-" "x"
+1.1.1.1 - - [10/Oct/2000:13:55:36 -0700] "-" 400 0 "-" "-"
+1.1.1.1 - - [10/Oct/2000:13:55:36 -0700] "GET /b HTTP/1.1" 200 1 "-" "x"
+1.1.1.1 - - [10/Oct/2000:13:55:36 -0700] "GET /c HTTP/1.1" 200 1 "-" "x"
+"#;
+        let t = Trace::parse(same, &TraceFormat::Combined { template: "{uri}".into() }).expect("valid");
+        assert_eq!(t.times_ns, vec![0, 333_333_333, 666_666_666]);
+        assert_eq!(t.skipped, 1);
+        assert!(clf_time("10/Oct/300000000000:13:55:36 -0700").is_err());
         // 10/Oct/2000:13:55:36 -0700 is 971211336 s after the epoch.
         assert_eq!(clf_time("10/Oct/2000:13:55:36 -0700"), Ok(971_211_336_000_000_000));
         assert_eq!(clf_time("01/Jan/1970:00:00:00 +0000"), Ok(0));
