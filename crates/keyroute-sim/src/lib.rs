@@ -60,7 +60,11 @@ impl fmt::Display for SimError {
             SimError::Placement(e) => write!(f, "{e}"),
             SimError::NotByKey(s) => {
                 let keyed: Vec<&str> = Strategy::ALL.iter().filter(|s| s.uses_key()).map(|s| s.name()).collect();
-                write!(f, "strategy '{s}' does not place by key (choose one of: {})", keyed.join(", "))
+                write!(
+                    f,
+                    "strategy '{s}' does not place by key (choose one of: {}, or a compatibility mode)",
+                    keyed.join(", ")
+                )
             }
             SimError::Invalid(why) => write!(f, "invalid parameter: {why}"),
         }

@@ -18,7 +18,8 @@
 //! Every mode is a [`Placement`] and a [`Ranking`]; [`CompatTable`] holds any of them, built by
 //! [`Mode`] with [`CompatOptions`], and is what [`crate::Table::Compat`] and the strategy names
 //! (`"nginx"`, `"haproxy"`, ...) select. Each module says what the original does when a node is
-//! dead, and offers it next to keyroute's ranking.
+//! dead, and offers it next to keyroute's ranking. (The strategy alias `ketama` is keyroute's own
+//! ring; the `libketama` mode is last.fm's continuum, exactly.)
 
 use std::fmt;
 use std::str::FromStr;
