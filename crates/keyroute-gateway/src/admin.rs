@@ -416,9 +416,12 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
     let snap = pool.snapshot();
     let now = Instant::now();
     let hash = snap.policy.key_hash(key.as_bytes());
+    // As the proxy decides: nginx and HAProxy do not hash an empty key, nor do their modes.
+    let keyed = snap.policy.strategy().hashes_key(key.as_bytes());
     let ranking: Vec<serde_json::Value> = snap
         .policy
         .ranked(hash)
+        .filter(|_| keyed)
         .map(|i| {
             serde_json::json!({
                 "name": snap.workers[i].name,
@@ -428,7 +431,7 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
             })
         })
         .collect();
-    let decision = snap.decide(snap.policy.strategy().uses_key().then_some(hash), &[], now);
+    let decision = snap.decide(keyed.then_some(hash), &[], now);
     json(
         StatusCode::OK,
         serde_json::json!({
@@ -437,7 +440,7 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
             "generation": snap.generation,
             "key": key,
             "hash": format!("{hash:016x}"),
-            "owner": snap.policy.owner(hash).map(|i| snap.workers[i].name.clone()),
+            "owner": snap.policy.owner(hash).filter(|_| keyed).map(|i| snap.workers[i].name.clone()),
             "ranking": ranking,
             "would_go_to": decision.map(|d| snap.workers[d.node].name.clone()),
             "unavailable": decision.is_none().then(|| snap.why_unavailable(now).to_string()),

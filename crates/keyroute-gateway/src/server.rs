@@ -507,7 +507,7 @@ impl GatewayHandle {
     /// No such pool.
     pub fn owner(&self, pool: &str, key: &str) -> Result<Option<String>, GatewayError> {
         let snap = self.pool(pool)?.snapshot();
-        if !snap.policy.strategy().uses_key() {
+        if !snap.policy.strategy().hashes_key(key.as_bytes()) {
             return Ok(None);
         }
         Ok(snap.policy.owner(snap.policy.key_hash(key.as_bytes())).map(|i| snap.workers[i].name.clone()))

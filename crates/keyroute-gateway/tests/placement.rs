@@ -168,3 +168,24 @@ async fn bounded_loads_hold_across_runtime_threads() {
     drop(stop_tx);
     server.join().expect("server thread").expect("run");
 }
+
+/// In the nginx mode an empty key is not hashed (nginx sends it round robin): the proxy treats it
+/// as missing, and the admin API and the handle show no owner for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_key_has_no_owner_in_the_nginx_mode() {
+    let bs = backends(3).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let text =
+        config_text(&refs, "strategy = \"nginx\"", "").replace("key = \"{path}?k={query.k}\"", "key = \"{query.k}\"");
+    let gw = start_gateway(&text).await;
+    let (_, v) = admin(&gw, "GET", "/placement?key=", "", None).await;
+    assert_eq!(v["owner"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["ranking"], serde_json::json!([]), "{v}");
+    assert!(v["would_go_to"].is_string(), "it still goes somewhere: {v}");
+    assert_eq!(gw.handle.owner("p", "").expect("pool"), None);
+    assert!(gw.handle.owner("p", "img-1").expect("pool").is_some());
+    let c = client();
+    let (status, _, _) = get(&c, &format!("http://{}/thumb?k=", gw.addr)).await;
+    assert_eq!(status, http::StatusCode::OK, "a missing key falls back to p2c by default");
+    gw.task.abort();
+}

@@ -92,6 +92,12 @@ impl Strategy {
         !matches!(self, Strategy::RoundRobin | Strategy::WeightedRoundRobin | Strategy::P2c | Strategy::LeastLoaded)
     }
 
+    /// Whether the strategy places this key by its hash: it places by key, and the key is not one
+    /// its original does not hash (nginx and HAProxy send an empty key round robin).
+    pub fn hashes_key(self, key: &[u8]) -> bool {
+        self.uses_key() && !(key.is_empty() && matches!(self, Strategy::Compat(m) if !m.hashes_empty_key()))
+    }
+
     /// Whether the strategy reads loads.
     pub fn uses_load(self) -> bool {
         matches!(
@@ -602,6 +608,17 @@ mod tests {
             }
             assert_eq!(p.decide(Some(1), &loads[..], |_| false, &mut rng), None, "{s}");
         }
+    }
+
+    #[test]
+    fn nginx_and_haproxy_modes_do_not_hash_an_empty_key() {
+        use crate::compat::Mode;
+        assert!(!Strategy::Compat(Mode::Nginx).hashes_key(b""));
+        assert!(!Strategy::Compat(Mode::Haproxy).hashes_key(b""));
+        assert!(Strategy::Compat(Mode::Haproxy).hashes_key(b"k"));
+        assert!(Strategy::Compat(Mode::Twemproxy).hashes_key(b""));
+        assert!(Strategy::Rendezvous.hashes_key(b""));
+        assert!(!Strategy::P2c.hashes_key(b"k"));
     }
 
     #[test]

@@ -559,12 +559,12 @@ fn key_hash(pool: &Pool, snap: &Snapshot, parts: &Parts, peer: &Peer, key: &mut 
     if !snap.policy.strategy().uses_key() {
         return Ok(None);
     }
-    let rendered = snap.config.key.render(parts, peer.addr.ip(), key).and_then(|()| match snap.policy.strategy() {
+    let rendered = snap.config.key.render(parts, peer.addr.ip(), key).and_then(|()| {
         // nginx and HAProxy do not hash an empty key (they go round robin): neither does their mode.
-        keyroute::Strategy::Compat(mode) if key.is_empty() && !mode.hashes_empty_key() => {
-            Err(crate::key::MissingPart("an empty key".into()))
+        match snap.policy.strategy().hashes_key(key.as_bytes()) {
+            true => Ok(()),
+            false => Err(crate::key::MissingPart("an empty key".into())),
         }
-        _ => Ok(()),
     });
     match rendered {
         Ok(()) => {
