@@ -56,8 +56,13 @@ pub fn addr_in(line: &str) -> Option<SocketAddr> {
     line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|a| a.parse().ok())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+/// Two distinct free ports: both listeners are held until both are chosen, so the kernel cannot
+/// hand out the same port twice (which once gave etcd the same client and peer port).
+fn free_port_pair() -> (u16, u16) {
+    let bind = || std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let (a, b) = (bind(), bind());
+    let port = |l: &std::net::TcpListener| l.local_addr().map(|a| a.port()).expect("a free port");
+    (port(&a), port(&b))
 }
 
 /// An etcd server of its own.
@@ -82,12 +87,25 @@ impl Etcd {
             std::env::temp_dir().join(format!("keyroute-etcd-{}-{}", std::process::id(), COUNT.fetch_add(1, SeqCst)));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd dir");
+        let (client, peer) = free_port_pair();
         let mut e = Etcd {
             child: None,
-            client: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            peer: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            client: SocketAddr::from(([127, 0, 0, 1], client)),
+            peer: SocketAddr::from(([127, 0, 0, 1], peer)),
             dir,
         };
+        // A port chosen free can be taken by another test before etcd binds it: then etcd exits,
+        // and it is started again on other ports (three times at most).
+        for _ in 0..2 {
+            if e.try_spawn() {
+                return e;
+            }
+            e.kill();
+            let _ = std::fs::remove_dir_all(e.dir.join("data"));
+            let (client, peer) = free_port_pair();
+            e.client = SocketAddr::from(([127, 0, 0, 1], client));
+            e.peer = SocketAddr::from(([127, 0, 0, 1], peer));
+        }
         e.spawn();
         e
     }
@@ -103,6 +121,20 @@ impl Etcd {
     }
 
     fn spawn(&mut self) {
+        if !self.try_spawn() {
+            panic!("etcd did not start; the end of its log:\n{}", self.log_tail());
+        }
+    }
+
+    /// The last lines of etcd's log (the directory is removed on drop, so failures print them).
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// Starts etcd and waits until it answers: false if it exits first (a port taken).
+    fn try_spawn(&mut self) -> bool {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("etcd.log")).expect("etcd log");
         let (client, peer) = (format!("http://{}", self.client), format!("http://{}", self.peer));
@@ -120,9 +152,17 @@ impl Etcd {
         self.child = Some(child);
         let until = std::time::Instant::now() + Duration::from_secs(20);
         while !self.answers() {
-            assert!(std::time::Instant::now() < until, "etcd did not start: see {}", self.dir.display());
+            if self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_)))) {
+                return false;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "etcd did not answer within 20 s; the end of its log:\n{}",
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
+        true
     }
 
     /// Whether etcd answers a range request through its JSON gateway.
