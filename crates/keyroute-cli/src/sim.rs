@@ -441,10 +441,7 @@ pub fn whatif(args: &WhatifArgs) -> Result<()> {
     }
     let to = next_strategy.unwrap_or(current);
     let options = Options::default();
-    let set = |m: &[(String, u32)]| {
-        keyroute::NodeSet::try_new(m.iter().map(|(n, w)| keyroute::Node::new_unchecked(n).with_weight(*w)))
-            .map_err(|e| Usage(format!("--members: {e}")))
-    };
+    let set = |m: &[(String, u32)]| fleet::member_set(m).map_err(|e| Usage(format!("--members: {e}")));
     let keys = KeySet::with_requests(trace.catalogue.clone(), trace.counts());
     let remap = keyroute_sim::remap_between((current, &set(&before)?), (to, &set(&after)?), &options, &keys)
         .map_err(sim_error)?;

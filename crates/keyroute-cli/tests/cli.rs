@@ -525,19 +525,13 @@ fn whatif_answers_before_a_change() {
     let lines = write_trace(&trace, 20_000, 60.0, false);
     let members = dir.join("members.txt");
     std::fs::write(&members, "w1\nw2\nw3\nw4:weight=2\n").expect("write");
-    let o = keyroute(&[
-        "sim",
-        "whatif",
-        "--trace",
-        trace.to_str().expect("utf8"),
-        "--members",
-        members.to_str().expect("utf8"),
-        "--add",
-        "w5",
-        "--reweight",
-        "w4=1",
-        "--json",
-    ]);
+    let whatif = |change: &[&str]| {
+        let mut args = vec!["sim", "whatif", "--trace", trace.to_str().expect("utf8")];
+        args.extend(["--members", members.to_str().expect("utf8")]);
+        args.extend_from_slice(change);
+        keyroute(&args)
+    };
+    let o = whatif(&["--add", "w5", "--reweight", "w4=1", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     // The same question to sim remap, with the trace's keys as its traffic log.
@@ -570,18 +564,7 @@ fn whatif_answers_before_a_change() {
     }
     assert_eq!(with["workers"].as_array().expect("workers").len(), 5);
     // Text output names the rows.
-    let o = keyroute(&[
-        "sim",
-        "whatif",
-        "--trace",
-        trace.to_str().expect("utf8"),
-        "--members",
-        members.to_str().expect("utf8"),
-        "--remove",
-        "w2",
-        "--strategy",
-        "ring",
-    ]);
+    let o = whatif(&["--remove", "w2", "--strategy", "ring"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = stdout(&o);
     for needle in ["what if: -w2 strategy=ring (rendezvous -> ring)", "hit rate, 60 s after the change", "peak load"] {
@@ -589,38 +572,19 @@ fn whatif_answers_before_a_change() {
     }
     // A switch to a strategy that hashes keys its own way (slots: CRC16 keyslots): the fleet's
     // count of moved keys is the placement's.
-    let o = keyroute(&[
-        "sim",
-        "whatif",
-        "--trace",
-        trace.to_str().expect("utf8"),
-        "--members",
-        members.to_str().expect("utf8"),
-        "--strategy",
-        "slots",
-        "--json",
-    ]);
+    let o = whatif(&["--strategy", "slots", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["with"]["remaps"][0]["keys_moved"], v["placement"]["moved"]);
     assert!(v["placement"]["moved"].as_u64().expect("n") > 1000, "a switch of strategy moves most keys");
     for bad in [
-        vec!["--remove", "w9"],
-        vec!["--reweight", "w1"],
-        vec![],
-        vec!["--add", "w5", "--at", "1"],
-        vec!["--add", "w5", "--at", "600s"],
+        &["--remove", "w9"][..],
+        &["--reweight", "w1"],
+        &[],
+        &["--add", "w5", "--at", "1"],
+        &["--add", "w5", "--at", "600s"],
     ] {
-        let mut args = vec![
-            "sim",
-            "whatif",
-            "--trace",
-            trace.to_str().expect("utf8"),
-            "--members",
-            members.to_str().expect("utf8"),
-        ];
-        args.extend(bad.iter().copied());
-        assert_eq!(keyroute(&args).status.code(), Some(64), "{bad:?}");
+        assert_eq!(whatif(bad).status.code(), Some(64), "{bad:?}");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

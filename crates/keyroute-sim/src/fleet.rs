@@ -1113,6 +1113,17 @@ pub fn run_all(
         .collect()
 }
 
+/// The node set of members given by name and weight, in their order.
+///
+/// # Errors
+///
+/// Empty or duplicate names.
+pub fn member_set(members: &[(String, u32)]) -> Result<NodeSet, SimError> {
+    let nodes =
+        members.iter().map(|(n, w)| Node::try_new(n).map(|n| n.with_weight(*w))).collect::<Result<Vec<_>, _>>()?;
+    Ok(NodeSet::try_new(nodes)?)
+}
+
 /// What the strategy's decision costs per request at the configuration's size, measured now on
 /// this machine (nanoseconds, the median of 5 rounds of 20,000 decisions over idle workers): the
 /// price of a choice of strategy, next to what it does. Not part of the deterministic report.
@@ -1121,18 +1132,15 @@ pub fn run_all(
 ///
 /// The policy cannot be built.
 pub fn placement_cost_ns(config: &FleetConfig) -> Result<f64, SimError> {
-    let nodes = NodeSet::try_new(
-        (0..config.workers)
-            .map(|i| {
-                let (name, weight) = config
-                    .members
-                    .as_ref()
-                    .and_then(|m| m.get(i).cloned())
-                    .unwrap_or_else(|| (format!("w{}", i + 1), 1));
-                Node::try_new(name).map(|n| n.with_weight(weight))
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-    )?;
+    let default: Vec<(String, u32)>;
+    let members = match &config.members {
+        Some(m) => m,
+        None => {
+            default = (1..=config.workers).map(|i| (format!("w{i}"), 1)).collect();
+            &default
+        }
+    };
+    let nodes = member_set(members)?;
     let policy = Policy::build(config.strategy, nodes, &config.options)?;
     let loads = vec![0u64; config.workers];
     let mut rng = SplitMix64::new(config.seed);

@@ -83,7 +83,7 @@ impl Maglev {
         if size > (1 << 26) + 1 {
             return Err(Error::new(ErrorKind::TooLarge, format!("maglev table size {size} is above 67108865")));
         }
-        if !is_prime(size) {
+        if !is_prime(u64::from(size)) {
             return Err(Error::invalid_parameter(format!("maglev table size {size} is not a prime (try 65537)")));
         }
         if (size as usize) < nodes.live_count() {
@@ -172,14 +172,14 @@ fn populate(nodes: &NodeSet, size: u32) -> Box<[u32]> {
     table.into()
 }
 
-fn is_prime(n: u32) -> bool {
+/// Whether `n` is prime (trial division: table sizes are at most a few million).
+pub(crate) fn is_prime(n: u64) -> bool {
     if n < 2 {
         return false;
     }
-    let n = u64::from(n);
     let mut d = 2u64;
     while d * d <= n {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             return false;
         }
         d += 1;

@@ -68,6 +68,22 @@ fn normalized(nodes: &NodeSet) -> Vec<(usize, f64)> {
     nodes.live().iter().map(|&i| (i as usize, f64::from(nodes.nodes()[i as usize].weight()) * 1.0 / sum)).collect()
 }
 
+/// Envoy's ring scale: `min(ceil(min_w x min_ring_size) / min_w, max_ring_size)` for the smallest
+/// normalised weight `min_w`; the ring has `ceil(scale)` points.
+fn ring_scale(min_w: f64, min_ring_size: u64, max_ring_size: u64) -> f64 {
+    ((min_w * min_ring_size as f64).ceil() / min_w).min(max_ring_size as f64)
+}
+
+/// The number of points of Envoy's ring over `nodes` (0 without a node of weight), before it is
+/// built.
+pub fn ring_size(nodes: &NodeSet, min_ring_size: u64, max_ring_size: u64) -> u64 {
+    normalized(nodes)
+        .iter()
+        .map(|&(_, w)| w)
+        .reduce(f64::min)
+        .map_or(0, |m| ring_scale(m, min_ring_size, max_ring_size).ceil() as u64)
+}
+
 /// Envoy's `RING_HASH` ring over `nodes`. See the [module documentation](self).
 #[derive(Clone, Debug)]
 pub struct EnvoyRingHash {
@@ -103,7 +119,7 @@ impl EnvoyRingHash {
         let weights = normalized(&nodes);
         let mut ring = Vec::new();
         if let Some(min_w) = weights.iter().map(|&(_, w)| w).reduce(f64::min) {
-            let scale = ((min_w * min_ring_size as f64).ceil() / min_w).min(max_ring_size as f64);
+            let scale = ring_scale(min_w, min_ring_size, max_ring_size);
             ring.reserve(scale.ceil() as usize);
             let (mut current, mut target) = (0.0f64, 0.0f64);
             let mut key = Vec::with_capacity(64);
@@ -196,10 +212,6 @@ pub struct EnvoyMaglev {
     fallback: Rendezvous,
 }
 
-fn is_prime(n: u64) -> bool {
-    n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| !n.is_multiple_of(d))
-}
-
 impl EnvoyMaglev {
     /// The table of `table_size` entries (Envoy's default is [`DEFAULT_TABLE_SIZE`]).
     ///
@@ -208,7 +220,7 @@ impl EnvoyMaglev {
     /// [`ErrorKind::InvalidParameter`](crate::ErrorKind::InvalidParameter) unless `table_size` is
     /// a prime up to 5,000,011 (Envoy: "The table size of maglev must be prime number").
     pub fn new(nodes: NodeSet, table_size: u64) -> Result<Self, Error> {
-        if !is_prime(table_size) || table_size > 5_000_011 {
+        if !crate::maglev::is_prime(table_size) || table_size > 5_000_011 {
             return Err(Error::invalid_parameter(format!(
                 "envoy maglev table size {table_size} must be a prime up to 5000011"
             )));
@@ -353,6 +365,11 @@ mod tests {
         let ones: Vec<usize> = (0..31).filter(|i| i % 5 == 0).map(|i| per[i]).collect();
         assert!(ones.iter().all(|&c| c == 12 || c == 13), "{ones:?}");
         assert!(EnvoyRingHash::with_sizes(ip(3, |_| 1), 10, 5).is_err());
+        // The size a gateway checks before building is the built ring's.
+        for nodes in [ip(3, |_| 1), ip(8, |i| w8[i]), ip(31, |i| 1 + (i % 5) as u32)] {
+            let r = EnvoyRingHash::new(nodes.clone()).expect("valid");
+            assert_eq!(ring_size(&nodes, DEFAULT_MIN_RING_SIZE, DEFAULT_MAX_RING_SIZE), r.len() as u64);
+        }
     }
 
     #[test]

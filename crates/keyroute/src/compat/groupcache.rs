@@ -29,59 +29,7 @@
 
 use crate::{Error, NodeSet};
 
-/// CRC32 (IEEE 802.3, zlib's `crc32`), eight bytes at a time (slicing-by-8).
-pub fn crc32(bytes: &[u8]) -> u32 {
-    !crc32_update(!0, bytes)
-}
-
-/// The CRC32 register after `bytes`, from register `crc` (`!0` to start; the CRC is `!register`):
-/// a prefix hashed once, then continued.
-pub(crate) fn crc32_update(mut crc: u32, bytes: &[u8]) -> u32 {
-    let mut chunks = bytes.chunks_exact(8);
-    for c in &mut chunks {
-        let lo = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        let t = &CRC32_TABLES;
-        crc = t[7][(lo & 0xff) as usize]
-            ^ t[6][((lo >> 8) & 0xff) as usize]
-            ^ t[5][((lo >> 16) & 0xff) as usize]
-            ^ t[4][(lo >> 24) as usize]
-            ^ t[3][usize::from(c[4])]
-            ^ t[2][usize::from(c[5])]
-            ^ t[1][usize::from(c[6])]
-            ^ t[0][usize::from(c[7])];
-    }
-    for &b in chunks.remainder() {
-        crc = (crc >> 8) ^ CRC32_TABLES[0][usize::from((crc as u8) ^ b)];
-    }
-    crc
-}
-
-/// `CRC32_TABLES[0]` is the byte-wise table; table `k` advances a byte through `k` more zero bytes.
-const CRC32_TABLES: [[u32; 256]; 8] = {
-    let mut t = [[0u32; 256]; 8];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
-            k += 1;
-        }
-        t[0][i] = c;
-        i += 1;
-    }
-    let mut k = 1;
-    while k < 8 {
-        let mut i = 0;
-        while i < 256 {
-            let prev = t[k - 1][i];
-            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
-            i += 1;
-        }
-        k += 1;
-    }
-    t
-};
+pub use super::crc32;
 
 /// groupcache's ring over a node list. See the [module documentation](self).
 #[derive(Clone, Debug)]
@@ -148,19 +96,6 @@ point_ring!(
 mod tests {
     use super::*;
     use crate::{Placement, Ranking};
-
-    #[test]
-    fn crc32_is_zlibs() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32(b""), 0);
-        assert_eq!(crc32(b"The quick brown fox jumps over the lazy dog"), 0x414F_A339);
-        // Every length around the 8-byte stride, against the byte-wise definition.
-        let bytewise = |b: &[u8]| !b.iter().fold(!0u32, |c, &x| (c >> 8) ^ CRC32_TABLES[0][usize::from((c as u8) ^ x)]);
-        let data: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
-        for len in 0..data.len() {
-            assert_eq!(crc32(&data[..len]), bytewise(&data[..len]), "{len}");
-        }
-    }
 
     #[test]
     fn points_prefix_the_index_and_picks_wrap() {

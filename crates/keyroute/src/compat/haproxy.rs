@@ -96,7 +96,7 @@ impl HashFunction {
             HashFunction::Sdbm => sdbm(bytes),
             HashFunction::Djb2 => djb2(bytes),
             HashFunction::Wt6 => wt6(bytes),
-            HashFunction::Crc32 => super::groupcache::crc32(bytes),
+            HashFunction::Crc32 => super::crc32(bytes),
         }
     }
 }

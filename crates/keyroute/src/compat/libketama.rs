@@ -41,15 +41,6 @@ pub struct Libketama {
     points: Vec<(u32, u32)>,
 }
 
-fn md5(bytes: &[u8]) -> [u8; 16] {
-    use md5::{Digest, Md5};
-    Md5::digest(bytes).into()
-}
-
-fn u32le(d: &[u8; 16], o: usize) -> u32 {
-    u32::from_le_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
-}
-
 impl Libketama {
     /// The continuum, servers in the order given.
     ///
@@ -71,12 +62,7 @@ impl Libketama {
             }
             let pct = node.weight() as f32 / total as f32;
             let ks = ((f64::from(pct) * 40.0 * n) as f32).floor() as u32;
-            for k in 0..ks {
-                let d = md5(format!("{}-{k}", node.name()).as_bytes());
-                for o in [0, 4, 8, 12] {
-                    points.push((u32le(&d, o), i as u32));
-                }
-            }
+            super::ketama_points(node.name(), ks, i as u32, &mut points);
         }
         super::sort_points(&mut points);
         Ok(Libketama { nodes, points })
@@ -86,7 +72,7 @@ impl Libketama {
 impl Libketama {
     /// The key's hash: `u32le(MD5(key), 0)`, widened.
     pub fn hash_of(&self, key: &[u8]) -> u64 {
-        u64::from(u32le(&md5(key), 0))
+        u64::from(super::u32le(&super::md5(key), 0))
     }
 }
 

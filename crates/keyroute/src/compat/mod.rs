@@ -69,6 +69,80 @@ pub mod nginx;
 pub mod redis;
 pub mod twemproxy;
 
+/// CRC32 (IEEE 802.3, zlib's `crc32`), eight bytes at a time (slicing-by-8).
+pub fn crc32(bytes: &[u8]) -> u32 {
+    !crc32_update(!0, bytes)
+}
+
+/// The CRC32 register after `bytes`, from register `crc` (`!0` to start; the CRC is `!register`):
+/// a prefix hashed once, then continued.
+pub(crate) fn crc32_update(mut crc: u32, bytes: &[u8]) -> u32 {
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let lo = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let t = &CRC32_TABLES;
+        crc = t[7][(lo & 0xff) as usize]
+            ^ t[6][((lo >> 8) & 0xff) as usize]
+            ^ t[5][((lo >> 16) & 0xff) as usize]
+            ^ t[4][(lo >> 24) as usize]
+            ^ t[3][usize::from(c[4])]
+            ^ t[2][usize::from(c[5])]
+            ^ t[1][usize::from(c[6])]
+            ^ t[0][usize::from(c[7])];
+    }
+    for &b in chunks.remainder() {
+        crc = (crc >> 8) ^ CRC32_TABLES[0][usize::from((crc as u8) ^ b)];
+    }
+    crc
+}
+
+/// `CRC32_TABLES[0]` is the byte-wise table; table `k` advances a byte through `k` more zero bytes.
+const CRC32_TABLES: [[u32; 256]; 8] = {
+    let mut t = [[0u32; 256]; 8];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+            k += 1;
+        }
+        t[0][i] = c;
+        i += 1;
+    }
+    let mut k = 1;
+    while k < 8 {
+        let mut i = 0;
+        while i < 256 {
+            let prev = t[k - 1][i];
+            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+            i += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// MD5 of `bytes`.
+fn md5(bytes: &[u8]) -> [u8; 16] {
+    use md5::{Digest, Md5};
+    Md5::digest(bytes).into()
+}
+
+/// The little-endian `u32` of a digest at byte `o`.
+fn u32le(d: &[u8; 16], o: usize) -> u32 {
+    u32::from_le_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
+}
+
+/// The ketama points of one server (libketama and twemproxy): group `k` in `0..groups` is
+/// `MD5(label ++ "-" ++ decimal(k))`, and each of its four little-endian words is a point of `node`.
+fn ketama_points(label: &str, groups: u32, node: u32, points: &mut Vec<(u32, u32)>) {
+    for k in 0..groups {
+        let d = md5(format!("{label}-{k}").as_bytes());
+        points.extend([0, 4, 8, 12].map(|o| (u32le(&d, o), node)));
+    }
+}
+
 /// Refuses weights other than 0 (drained) and 1 for the modes whose original has no weights.
 fn unweighted(nodes: &NodeSet, mode: &str) -> Result<(), Error> {
     match nodes.nodes().iter().find(|n| n.weight() > 1) {
@@ -228,13 +302,7 @@ impl CompatOptions {
             Mode::RedisCluster => u64::from(redis::SLOTS),
             Mode::Guava => nodes.len() as u64,
             Mode::Haproxy => total.saturating_mul(u64::from(haproxy::POINTS_PER_WEIGHT)),
-            Mode::EnvoyRingHash => {
-                let min_w = nodes.live().iter().map(|&i| nodes.nodes()[i as usize].weight()).min().unwrap_or(1);
-                let share = f64::from(min_w) / total.max(1) as f64;
-                let scale =
-                    ((share * self.envoy_min_ring_size as f64).ceil() / share).min(self.envoy_max_ring_size as f64);
-                scale.ceil() as u64
-            }
+            Mode::EnvoyRingHash => envoy::ring_size(nodes, self.envoy_min_ring_size, self.envoy_max_ring_size),
             Mode::EnvoyMaglev => self.envoy_table_size,
             Mode::Groupcache => (nodes.len() as u64).saturating_mul(u64::from(self.groupcache_replicas)),
         }
@@ -470,6 +538,19 @@ impl<P: Copy> Iterator for PointWalk<'_, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crc32_is_zlibs() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+        assert_eq!(crc32(b"The quick brown fox jumps over the lazy dog"), 0x414F_A339);
+        // Every length around the 8-byte stride, against the byte-wise definition.
+        let bytewise = |b: &[u8]| !b.iter().fold(!0u32, |c, &x| (c >> 8) ^ CRC32_TABLES[0][usize::from((c as u8) ^ x)]);
+        let data: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        for len in 0..data.len() {
+            assert_eq!(crc32(&data[..len]), bytewise(&data[..len]), "{len}");
+        }
+    }
 
     #[test]
     fn drained_and_weighted_nodes_in_the_modes_without_weights() {

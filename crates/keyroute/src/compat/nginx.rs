@@ -39,7 +39,7 @@
 //! One CRC32 of the key and a binary search over `160 x total weight` points; the build is
 //! `160 x total weight` CRC32s of about 20 bytes and a sort.
 
-use super::groupcache::crc32;
+use super::crc32;
 use crate::{Error, NodeSet};
 
 /// Points per unit of weight (`ngx_http_upstream_init_chash`).
@@ -84,10 +84,10 @@ impl NginxHash {
             buf.push(0);
             buf.extend_from_slice(port);
             // The prefix is the same for every point of the server: hash it once.
-            let prefix = super::groupcache::crc32_update(!0, &buf);
+            let prefix = super::crc32_update(!0, &buf);
             let mut prev = 0u32;
             for _ in 0..u64::from(node.weight()) * u64::from(POINTS_PER_WEIGHT) {
-                prev = !super::groupcache::crc32_update(prefix, &prev.to_le_bytes());
+                prev = !super::crc32_update(prefix, &prev.to_le_bytes());
                 points.push((prev, i as u32));
             }
         }

@@ -64,15 +64,6 @@ pub fn label(name: &str) -> &str {
     name.strip_suffix(":11211").filter(|h| !h.is_empty()).unwrap_or(name)
 }
 
-fn md5(bytes: &[u8]) -> [u8; 16] {
-    use md5::{Digest, Md5};
-    Md5::digest(bytes).into()
-}
-
-fn u32le(d: &[u8; 16], o: usize) -> u32 {
-    u32::from_le_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
-}
-
 /// Groups of four points for a server of weight `w` among `n` live servers of total weight `t`,
 /// in twemproxy's single precision.
 pub fn groups(w: u32, t: u64, n: usize) -> u32 {
@@ -118,12 +109,7 @@ impl Twemproxy {
                     "twemproxy: label '{label}' is longer than {MAX_LABEL} bytes (undefined in twemproxy)"
                 )));
             }
-            for k in 0..groups(node.weight(), total, n) {
-                let d = md5(format!("{label}-{k}").as_bytes());
-                for o in [0, 4, 8, 12] {
-                    points.push((u32le(&d, o), i as u32));
-                }
-            }
+            super::ketama_points(label, groups(node.weight(), total, n), i as u32, &mut points);
         }
         super::sort_points(&mut points);
         Ok(Twemproxy { nodes, hash_tag, points })
@@ -156,7 +142,7 @@ impl Twemproxy {
         // twemproxy's `server_pool_hash`: an empty key hashes to 0, not to MD5("").
         match hashed_part(key, self.hash_tag) {
             [] => 0,
-            part => u64::from(u32le(&md5(part), 0)),
+            part => u64::from(super::u32le(&super::md5(part), 0)),
         }
     }
 }
