@@ -49,7 +49,7 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Vec<u8>
     s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("write");

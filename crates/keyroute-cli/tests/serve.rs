@@ -22,7 +22,7 @@ fn spawn_and_wait(cmd: &mut Command, needles: &[&str]) -> (Child, Vec<SocketAddr
 fn http_get(addr: SocketAddr, path: &str) -> (u16, String, Vec<u8>) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").expect("write");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("write");
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).expect("read");
     let split = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("headers end");

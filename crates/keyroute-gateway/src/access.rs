@@ -10,7 +10,9 @@
 //! arrived), `client`, `method`, `path`, `protocol` (`h1`, `h2`), `tls`, `status`, `bytes` (response
 //! body), `duration_ms`, `pool`, `worker`, `decision` (`owner`, `unavailable`, `overloaded`,
 //! `unkeyed`, or `-` when no worker was tried), `attempts`, `key_hash`, `key` (only when the
-//! listener's `access_log.key` is on) and `request_id`.
+//! listener's `access_log.key` is on) and `request_id`. A tunnel (status 101) is logged when it
+//! closes: `bytes` is what the worker sent the client, `tunnel_up` and `tunnel_down` the bytes
+//! each way, `duration_ms` the tunnel's whole life.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -63,6 +65,33 @@ pub struct Entry {
     bytes: u64,
     duration: Duration,
     placed: Placed,
+    /// For a tunnel: the bytes each way, when it closed.
+    tunnel: Option<TunnelEnd>,
+}
+
+/// A tunnel's bytes, client to worker (`up`) and worker to client (`down`), sent when it closes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TunnelEnd {
+    /// Client to worker.
+    pub up: u64,
+    /// Worker to client.
+    pub down: u64,
+}
+
+/// In a 101 response's extensions: the tunnel's end, which its access-log line waits for
+/// (extensions must be `Clone`; the first to take it has it).
+#[derive(Clone, Debug)]
+pub struct TunnelLine(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<TunnelEnd>>>>);
+
+impl TunnelLine {
+    /// A line that waits for `end`.
+    pub fn new(end: tokio::sync::oneshot::Receiver<TunnelEnd>) -> TunnelLine {
+        TunnelLine(Arc::new(std::sync::Mutex::new(Some(end))))
+    }
+
+    fn take(&self) -> Option<tokio::sync::oneshot::Receiver<TunnelEnd>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 /// A listener's access log: the queue to its writer thread.
@@ -216,6 +245,9 @@ fn render(e: &Entry, format: AccessLogFormat, out: &mut String) {
                 Some(h) => json_str(h, out),
                 None => out.push_str("null"),
             }
+            if let Some(t) = &e.tunnel {
+                let _ = write!(out, ",\"tunnel_up\":{},\"tunnel_down\":{}", t.up, t.down);
+            }
             if let Some(k) = &p.key {
                 out.push_str(",\"key\":");
                 json_str(k, out);
@@ -241,6 +273,9 @@ fn render(e: &Entry, format: AccessLogFormat, out: &mut String) {
                 p.attempts,
                 hash.as_deref().unwrap_or("-")
             );
+            if let Some(t) = &e.tunnel {
+                let _ = write!(out, " tunnel_up={} tunnel_down={}", t.up, t.down);
+            }
             if let Some(k) = &p.key {
                 out.push_str(" key=");
                 logfmt_str(k, out);
@@ -286,7 +321,8 @@ impl Pending {
     }
 }
 
-/// Wraps a response so that its line is offered to `log` when its body ends or is dropped.
+/// Wraps a response so that its line is offered to `log` when its body ends or is dropped; a
+/// tunnel's line (a 101 with a [`TunnelLine`]) when the tunnel closes, with its bytes each way.
 pub fn logged(
     log: &Arc<AccessLog>,
     pending: Pending,
@@ -294,6 +330,14 @@ pub fn logged(
 ) -> http::Response<ProxyBody> {
     let placed = resp.extensions_mut().remove::<Placed>().unwrap_or_default();
     let status = resp.status().as_u16();
+    if let Some(end) = resp.extensions_mut().remove::<TunnelLine>().and_then(|t| t.take()) {
+        let log = Arc::clone(log);
+        tokio::spawn(async move {
+            let tunnel = end.await.unwrap_or_default();
+            log.offer(pending.entry(status, tunnel.down, placed, Some(tunnel)));
+        });
+        return resp;
+    }
     resp.map(|inner| {
         let body = Logged { inner, log: Arc::clone(log), pending: Some((pending, placed)), status, bytes: 0 };
         http_body_util::BodyExt::boxed_unsync(body)
@@ -308,21 +352,28 @@ struct Logged {
     bytes: u64,
 }
 
+impl Pending {
+    fn entry(self, status: u16, bytes: u64, placed: Placed, tunnel: Option<TunnelEnd>) -> Entry {
+        Entry {
+            time: self.time,
+            client: self.conn.client,
+            method: self.method,
+            uri: self.uri,
+            h2: self.conn.h2,
+            tls: self.conn.tls,
+            status,
+            bytes,
+            duration: self.started.elapsed(),
+            placed,
+            tunnel,
+        }
+    }
+}
+
 impl Logged {
     fn finish(&mut self) {
         if let Some((p, placed)) = self.pending.take() {
-            self.log.offer(Entry {
-                time: p.time,
-                client: p.conn.client,
-                method: p.method,
-                uri: p.uri,
-                h2: p.conn.h2,
-                tls: p.conn.tls,
-                status: self.status,
-                bytes: self.bytes,
-                duration: p.started.elapsed(),
-                placed,
-            });
+            self.log.offer(p.entry(self.status, self.bytes, placed, None));
         }
     }
 }
@@ -398,6 +449,7 @@ mod tests {
                 key_hash: Some(0xab),
                 key: Some("k \"1\"".into()),
             },
+            tunnel: None,
         };
         let mut s = String::new();
         render(&e, AccessLogFormat::Json, &mut s);

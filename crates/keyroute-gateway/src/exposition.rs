@@ -490,6 +490,20 @@ impl Collector for Scrape {
         )?;
         listener(
             &mut encoder,
+            "keyroute_listener_tunnel_idle_timeouts",
+            "Tunnels closed because nothing moved either way for tunnel_idle_timeout_ms.",
+            MetricType::Counter,
+            &|m| m.tunnel_idle_closed.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
+            "keyroute_listener_send_timeouts",
+            "Responses cut because the client read nothing of them for send_timeout_ms.",
+            MetricType::Counter,
+            &|m| m.send_timeouts.load(Relaxed),
+        )?;
+        listener(
+            &mut encoder,
             "keyroute_listener_access_log_lines",
             "Access log lines written.",
             MetricType::Counter,

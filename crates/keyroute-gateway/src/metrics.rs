@@ -140,6 +140,10 @@ pub struct ListenerMetrics {
     pub h2_connections: AtomicU64,
     /// Upgraded connections tunnelled to a worker.
     pub upgrades: AtomicU64,
+    /// Tunnels closed because nothing moved for the tunnel idle timeout.
+    pub tunnel_idle_closed: AtomicU64,
+    /// Responses cut because the client read nothing for the send timeout.
+    pub send_timeouts: AtomicU64,
     /// Access log lines written.
     pub log_written: AtomicU64,
     /// Access log lines dropped (the writer's queue was full).

@@ -13,11 +13,12 @@ pub(crate) struct Routing {
 }
 
 impl Routing {
-    /// The pool for a request on `listener` with this host (without port) and normalised path.
-    pub(crate) fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<&Arc<Pool>> {
+    /// The route and its pool for a request on `listener` with this host (without port) and
+    /// normalised path.
+    pub(crate) fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &Arc<Pool>)> {
         self.routes.get(listener)?.iter().find_map(|r| {
             let host_ok = r.host.as_deref().is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)));
-            (host_ok && path.starts_with(&r.path_prefix)).then(|| &self.pools[r.pool])
+            (host_ok && path.starts_with(&r.path_prefix)).then(|| (r, &self.pools[r.pool]))
         })
     }
 

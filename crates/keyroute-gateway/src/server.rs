@@ -159,8 +159,14 @@ impl Gateway {
                     next_request: AtomicU64::new(crate::proxy::headers::random_u64()),
                     draining: AtomicBool::new(false),
                     access_logs,
+                    tunnels: bound
+                        .iter()
+                        .zip(&listener_metrics)
+                        .map(|(l, m)| (l.tunnel_idle_timeout, Arc::clone(m)))
+                        .collect(),
                 }),
                 admin_token: config.admin.token.clone(),
+                admin_hosts: config.admin.hosts.clone(),
                 epoch,
                 listener_metrics,
                 admin_metrics: Arc::default(),
@@ -596,6 +602,9 @@ impl GatewayHandle {
                     && a.h2c == b.h2c
                     && a.max_concurrent_streams == b.max_concurrent_streams
                     && a.access_log == b.access_log
+                    && a.reuse_port == b.reuse_port
+                    && a.send_timeout == b.send_timeout
+                    && a.tunnel_idle_timeout == b.tunnel_idle_timeout
             });
         if !same {
             return Err(GatewayError::Reload(ReloadError::Listeners));

@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     /// What the request path reads: routes and pools, the Via entry, request ids, draining.
     pub(crate) front: Arc<Front>,
     pub(crate) admin_token: Option<String>,
+    /// `admin.hosts`: names the admin API answers to besides its address and `localhost`.
+    pub(crate) admin_hosts: Vec<String>,
     pub(crate) epoch: Instant,
     pub(crate) listeners: Vec<ListenerConfig>,
     pub(crate) listener_metrics: Vec<Arc<ListenerMetrics>>,

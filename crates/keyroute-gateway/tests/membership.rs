@@ -186,6 +186,7 @@ async fn a_big_rebuild_never_stalls_requests() {
             let req = http::Request::builder()
                 .method("PATCH")
                 .uri(format!("http://{admin_addr}/workers/w1"))
+                .header("content-type", "application/json")
                 .body(http_body_util::Full::new(bytes::Bytes::from_static(br#"{"weight": 20000}"#)))
                 .expect("request");
             let resp = c.request(req).await.expect("admin");

@@ -470,3 +470,160 @@ async fn an_idle_http2_connection_is_closed_at_the_head_timeout_but_not_during_a
     assert!(started.elapsed() >= Duration::from_millis(250), "closed before the head timeout");
     gw.task.abort();
 }
+
+/// A worker that switches to whatever it is offered (as an h2c-capable server does) and records
+/// each request head it gets; a request without an offer gets `200 plain`.
+async fn upgrading_backend() -> (RawBackend, Arc<Mutex<Vec<String>>>) {
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = Arc::clone(&heads);
+    let b = RawBackend::start(Arc::new(move |head: &str, _: &[u8]| {
+        seen.lock().expect("heads").push(head.to_ascii_lowercase());
+        let offer =
+            head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("upgrade:").map(|v| v.trim().to_owned()));
+        Some(match offer {
+            Some(p) => {
+                format!("HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: {p}\r\n\r\n").into_bytes()
+            }
+            None => b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nplain".to_vec(),
+        })
+    }))
+    .await;
+    (b, heads)
+}
+
+/// Issue 19, defect 1: `curl --http2 http://gw/pub/x` upgraded to h2c and the tunnel then carried
+/// requests for any path on that worker, past the routes. h2c is never tunnelled: its headers are
+/// removed and the request is served as HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_upgrades_are_never_tunnelled_past_the_routes() {
+    let (b, heads) = upgrading_backend().await;
+    let text = config_for(&[b.addr], "", "").replacen(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n[[listener.route]]\npath_prefix = \"/pub/\"\npool = \"p\"\n",
+        1,
+    );
+    let gw = start_gateway(&text).await;
+    for offer in ["h2c", "H2C", "h2c, websocket/13"] {
+        let req = format!(
+            "GET /pub/x?k=1 HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: {offer}\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+        );
+        let answer = raw(gw.addr, req.as_bytes()).await;
+        if offer.contains("websocket") {
+            // The WebSocket part of the offer is allowed (by default) and kept; h2c is dropped.
+            assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+            assert!(answer.to_ascii_lowercase().contains("upgrade: websocket/13"), "{answer}");
+        } else {
+            assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("plain"), "{offer}: {answer}");
+        }
+        let head = heads.lock().expect("heads").last().cloned().unwrap_or_default();
+        assert!(!head.contains("h2c") && !head.contains("http2-settings"), "the worker saw the h2c offer: {head}");
+    }
+    // The route still refuses what it never routed.
+    let answer = raw(gw.addr, b"GET /internal/admin HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert_eq!(heads.lock().expect("heads").len(), 3);
+    gw.task.abort();
+}
+
+/// A route tunnels only the upgrades it lists; a worker that switches to a protocol nobody offered
+/// is not tunnelled either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_tunnels_only_the_upgrades_it_allows() {
+    let (b, heads) = upgrading_backend().await;
+    let text = config_for(&[b.addr], "", "").replacen(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n[[listener.route]]\npath_prefix = \"/\"\npool = \"p\"\nupgrades = []\n",
+        1,
+    );
+    let gw = start_gateway(&text).await;
+    let req = b"GET /chat?k=1 HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let answer = raw(gw.addr, req).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("plain"), "{answer}");
+    let head = heads.lock().expect("heads").last().cloned().unwrap_or_default();
+    assert!(!head.contains("upgrade:"), "{head}");
+    let err = keyroute_gateway::Config::parse(
+        &text.replace("upgrades = []", "upgrades = [\"websocket\", \"h2c\"]"),
+        "k.toml",
+    )
+    .expect_err("h2c refused");
+    assert_eq!(err.field, "listener.listener-1.route.upgrades", "{err}");
+
+    // A worker that answers 101 to a protocol it was not offered.
+    let odd = RawBackend::start(Arc::new(|_: &str, _: &[u8]| {
+        Some(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n".to_vec())
+    }))
+    .await;
+    let gw2 = start_gateway(&config_for(&[odd.addr], "[pool.retry]\nattempts = 1\n", "")).await;
+    let answer = raw(gw2.addr, req).await;
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    gw.task.abort();
+    gw2.task.abort();
+}
+
+/// Issue 19, defects 11 and 15: an idle WebSocket is closed at the tunnel idle timeout (its
+/// worker's load released, counted), and its access-log line is written when it closes, with the
+/// bytes each way and its whole duration (not the handshake's 1 ms and 0 bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tunnel_is_closed_and_logged_when_it_closes() {
+    let dir = temp_dir("tunnel-log");
+    let log = dir.join("access.log");
+    let addr = ws_backend("w1").await;
+    let text = config_for(&[addr], "", "").replacen(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        &format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ntunnel_idle_timeout_ms = 400\n[listener.access_log]\npath = \"{}\"\n",
+            log.display()
+        ),
+        1,
+    );
+    let gw = start_gateway(&text).await;
+    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let started = tokio::time::Instant::now();
+    let (mut ws, _) =
+        tokio_tungstenite::client_async(format!("ws://{}/chat?k=1", gw.addr), tcp).await.expect("WebSocket");
+    // Traffic keeps it open past the timeout.
+    for i in 0..4 {
+        ws.send(Message::text(format!("hello {i}"))).await.expect("send");
+        assert_eq!(ws.next().await.expect("echo").expect("ok"), Message::text(format!("w1:hello {i}")));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(worker_info(&gw, "w1").await["in_flight"], 1);
+    assert!(log_lines(&log).is_empty(), "no line while the tunnel is open");
+    // Then silence: the gateway closes it.
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) => return,
+                Some(Ok(m)) if m.is_close() => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    let lived = started.elapsed();
+    assert!(closed.is_ok(), "the idle tunnel was not closed within 5 s");
+    // The last echo came at about 600 ms; the timeout is 400 ms after it. Traffic kept it open
+    // past two timeouts' length.
+    assert!(lived >= Duration::from_millis(900), "closed after {lived:?}, before its traffic and the timeout");
+    eventually(Duration::from_secs(5), "the tunnel's load released", || async {
+        worker_info(&gw, "w1").await["in_flight"] == 0
+    })
+    .await;
+    eventually(Duration::from_secs(5), "the tunnel's line", || async { log_lines(&log).len() == 1 }).await;
+    let line = &log_lines(&log)[0];
+    assert_eq!(line["status"], 101);
+    let (up, down) = (line["tunnel_up"].as_u64().unwrap_or(0), line["tunnel_down"].as_u64().unwrap_or(0));
+    // Four masked client frames of 7 bytes' text each way at least.
+    assert!(up >= 4 * 13 && down >= 4 * 10, "up {up}, down {down}");
+    assert_eq!(line["bytes"].as_u64(), Some(down));
+    assert!(line["duration_ms"].as_f64().is_some_and(|d| d >= 900.0), "{line}");
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    assert!(
+        metrics
+            .as_str()
+            .is_some_and(|m| m.contains("keyroute_listener_tunnel_idle_timeouts_total{listener=\"listener-1\"} 1")),
+        "{metrics}"
+    );
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -58,6 +58,9 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// The bearer token; required when `listen` is not a loopback address.
     pub token: Option<String>,
+    /// Host names the API answers to besides its own address and `localhost` (DNS rebinding:
+    /// any other `Host` gets 421).
+    pub hosts: Vec<String>,
 }
 
 /// A client-facing listener.
@@ -89,6 +92,15 @@ pub struct ListenerConfig {
     pub max_concurrent_streams: u32,
     /// The access log, if any.
     pub access_log: Option<AccessLogConfig>,
+    /// Let other processes bind the same address too (`SO_REUSEPORT` across processes, for
+    /// seamless reloads as HAProxy and Envoy do). Off: a second gateway on the address fails
+    /// with "address in use", as NGINX without `reuseport` does.
+    pub reuse_port: bool,
+    /// A response whose client reads nothing of it for this long is cut (NGINX `send_timeout`).
+    pub send_timeout: Duration,
+    /// An upgraded connection (WebSocket) that carries nothing either way for this long is
+    /// closed (NGINX's `proxy_read_timeout` applies to WebSockets too).
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// A listener's access log: one line per request, written off the request path.
@@ -122,6 +134,10 @@ pub struct RouteConfig {
     pub path_prefix: String,
     /// The pool's index in [`Config::pools`].
     pub pool: usize,
+    /// The protocols an HTTP/1.1 `Upgrade` may switch to on this route, lowercase (`websocket` by
+    /// default). Other offers are removed and the request is served as HTTP/1.1; `h2c` is never
+    /// tunnelled (its stream would bypass the routes).
+    pub upgrades: Vec<String>,
 }
 
 /// What to do with a request whose key template cannot be rendered.

@@ -21,6 +21,7 @@ pub(super) struct RawConfig {
 pub(super) struct RawAdmin {
     pub(super) listen: Option<Spanned<String>>,
     pub(super) token: Option<Spanned<String>>,
+    pub(super) hosts: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -35,6 +36,9 @@ pub(super) struct RawListener {
     pub(super) http2: Option<Spanned<bool>>,
     pub(super) h2c: Option<Spanned<bool>>,
     pub(super) max_concurrent_streams: Option<Spanned<u32>>,
+    pub(super) reuse_port: Option<Spanned<bool>>,
+    pub(super) send_timeout_ms: Option<Spanned<u64>>,
+    pub(super) tunnel_idle_timeout_ms: Option<Spanned<u64>>,
     pub(super) tls: Option<RawTls>,
     pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]
@@ -70,6 +74,7 @@ pub(super) struct RawRoute {
     pub(super) host: Option<Spanned<String>>,
     pub(super) path_prefix: Option<Spanned<String>>,
     pub(super) pool: Spanned<String>,
+    pub(super) upgrades: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -189,9 +189,23 @@ pub(crate) fn validate_worker_with(
     })
 }
 
+/// A byte of an HTTP token (RFC 9110 §5.6.2), lowercase letters included, `/` for a version.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b)
+}
+
+/// A DNS name as `admin.hosts` takes it: labels of letters, digits and `-`, no port.
+fn valid_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .split('.')
+            .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+}
+
 pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
     let admin = match raw.admin {
-        None => AdminConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9901)), token: None },
+        None => AdminConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9901)), token: None, hosts: Vec::new() },
         Some(a) => {
             let listen = match &a.listen {
                 None => SocketAddr::from(([127, 0, 0, 1], 9901)),
@@ -210,7 +224,17 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
                     format!("{listen} is not a loopback address, so admin.token is required"),
                 );
             }
-            AdminConfig { listen, token }
+            let hosts = a.hosts.as_ref().map(|h| h.get_ref().clone()).unwrap_or_default();
+            if let Some(h) = &a.hosts
+                && let Some(bad) = h.get_ref().iter().find(|n| !valid_host_name(n))
+            {
+                return ctx.err(
+                    Some(h.span()),
+                    "admin.hosts",
+                    format!("{:?} is not a host name (letters, digits, '-' and '.', no port)", bad),
+                );
+            }
+            AdminConfig { listen, token, hosts }
         }
     };
     if raw.listener.is_empty() {
@@ -286,11 +310,31 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
                 return ctx.err(Some(h.span()), field("route.host"), msg);
             }
             let host = r.host.as_ref().map(|h| h.get_ref().to_ascii_lowercase());
-            routes.push(RouteConfig { host, path_prefix, pool });
+            let upgrades = match &r.upgrades {
+                None => vec!["websocket".to_owned()],
+                Some(u) => {
+                    let list: Vec<String> = u.get_ref().iter().map(|p| p.to_ascii_lowercase()).collect();
+                    if let Some(bad) = list.iter().find(|p| p.is_empty() || !p.bytes().all(is_token_byte)) {
+                        let msg = format!("{bad:?} is not a protocol name (an HTTP token)");
+                        return ctx.err(Some(u.span()), field("route.upgrades"), msg);
+                    }
+                    if list.iter().any(|p| p == "h2c") {
+                        let msg = "h2c is never tunnelled: its HTTP/2 streams would bypass the routes (use h2c = true on the listener for HTTP/2 without TLS)";
+                        return ctx.err(Some(u.span()), field("route.upgrades"), msg);
+                    }
+                    list
+                }
+            };
+            routes.push(RouteConfig { host, path_prefix, pool, upgrades });
         }
         if routes.is_empty() {
             if pools.len() == 1 {
-                routes.push(RouteConfig { host: None, path_prefix: "/".into(), pool: 0 });
+                routes.push(RouteConfig {
+                    host: None,
+                    path_prefix: "/".into(),
+                    pool: 0,
+                    upgrades: vec!["websocket".to_owned()],
+                });
             } else {
                 return ctx.err(
                     Some(l.listen.span()),
@@ -362,6 +406,9 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
                 Some(AccessLogConfig { path, format, key: flag(&a.key, false), buffer })
             }
         };
+        let send_timeout = timeout(ctx, l.send_timeout_ms.as_ref(), 60_000, field("send_timeout_ms"))?;
+        let tunnel_idle_timeout =
+            timeout(ctx, l.tunnel_idle_timeout_ms.as_ref(), 60_000, field("tunnel_idle_timeout_ms"))?;
         listeners.push(ListenerConfig {
             name,
             listen,
@@ -375,6 +422,9 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             h2c,
             max_concurrent_streams,
             access_log,
+            reuse_port: flag(&l.reuse_port, false),
+            send_timeout,
+            tunnel_idle_timeout,
         });
     }
     Ok(Config {

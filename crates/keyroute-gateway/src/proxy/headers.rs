@@ -60,11 +60,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in &drop {
         headers.remove(name);
     }
+    // Only the h2c upgrade uses it (RFC 7540 §3.2.1), and h2c is never tunnelled: it goes whether
+    // or not `Connection` names it.
+    headers.remove(HTTP2_SETTINGS);
 }
 
-/// The protocol an HTTP/1.1 request asks to upgrade to (`Connection: upgrade` and `Upgrade`), read
-/// before the hop-by-hop headers are stripped.
-pub fn upgrade_of(version: http::Version, headers: &HeaderMap) -> Option<HeaderValue> {
+/// `HTTP2-Settings`, the h2c upgrade's settings.
+const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+
+/// The protocols of an HTTP/1.1 request's upgrade offer (`Connection: upgrade` and `Upgrade`) that
+/// the route allows (`allowed`: lowercase protocol names, matched without their `/version`), in
+/// the client's order, read before the hop-by-hop headers are stripped. `None` when nothing
+/// allowed is offered: the request is then served as plain HTTP/1.1 (its `Upgrade` and, for h2c,
+/// `HTTP2-Settings` never reach the worker).
+pub fn upgrade_of(version: http::Version, headers: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
     if version != http::Version::HTTP_11 {
         return None;
     }
@@ -72,7 +81,21 @@ pub fn upgrade_of(version: http::Version, headers: &HeaderMap) -> Option<HeaderV
         .get_all(header::CONNECTION)
         .iter()
         .any(|v| v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade")));
-    if asks { headers.get(header::UPGRADE).cloned() } else { None }
+    if !asks {
+        return None;
+    }
+    let offered = headers.get_all(header::UPGRADE).iter().flat_map(|v| v.as_bytes().split(|&b| b == b','));
+    let kept: Vec<&[u8]> = offered.map(<[u8]>::trim_ascii).filter(|p| upgrade_allowed(p, allowed)).collect();
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(&kept.join(&b", "[..])).ok()
+}
+
+/// Whether an offered protocol (`name` or `name/version`) is one of `allowed`. `h2c` never is.
+pub fn upgrade_allowed(protocol: &[u8], allowed: &[String]) -> bool {
+    let name = protocol.split(|&b| b == b'/').next().unwrap_or_default();
+    !name.eq_ignore_ascii_case(b"h2c") && allowed.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Whether the request's `Content-Length` values (if any) are one valid number that agrees with

@@ -19,6 +19,7 @@
 
 pub mod guarded;
 pub mod headers;
+pub(crate) mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -58,6 +59,16 @@ pub(crate) struct Front {
     pub(crate) draining: AtomicBool,
     /// Each listener's access log, if it has one.
     pub(crate) access_logs: Vec<Option<Arc<AccessLog>>>,
+    /// Each listener's tunnel idle timeout and counters.
+    pub(crate) tunnels: Vec<(Duration, Arc<crate::metrics::ListenerMetrics>)>,
+}
+
+/// What a route gives the request path beyond its pool.
+struct Route<'a> {
+    /// The upgrades it tunnels.
+    upgrades: &'a [String],
+    /// The listener's tunnel idle timeout and counters.
+    tunnel: Option<&'a (Duration, Arc<crate::metrics::ListenerMetrics>)>,
 }
 
 /// The gateway's request path for one listener, callable without a socket.
@@ -128,10 +139,11 @@ where
         return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), id);
     }
     let routing = shared.routing.load_full();
-    let Some(pool) = routing.route(listener, headers::host_of(&parts.headers), parts.uri.path()) else {
+    let Some((route, pool)) = routing.route(listener, headers::host_of(&parts.headers), parts.uri.path()) else {
         return body::error(StatusCode::NOT_FOUND, "no route for this host and path", "no_route", id);
     };
-    forward(shared, pool, parts, body, peer, id, placed).await
+    let route = Route { upgrades: &route.upgrades, tunnel: shared.tunnels.get(listener) };
+    forward(shared, pool, route, parts, body, peer, id, placed).await
 }
 
 fn idempotent(m: &Method) -> bool {
@@ -181,9 +193,11 @@ enum Try {
 }
 
 /// Steps 3 to 6 for a routed request.
+#[allow(clippy::too_many_arguments)]
 async fn forward<B>(
     shared: &Front,
     pool: &Arc<Pool>,
+    route: Route<'_>,
     parts: &mut Parts,
     body: B,
     peer: &Peer,
@@ -247,7 +261,7 @@ where
     }
     // An upgrade (WebSocket...) keeps its Upgrade and Connection headers, and the client's side of
     // the tunnel is taken now (HTTP/1.1 only).
-    let upgrade = headers::upgrade_of(parts.version, &parts.headers);
+    let upgrade = headers::upgrade_of(parts.version, &parts.headers, route.upgrades);
     let mut client_side = upgrade.as_ref().and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     // The upstream request's fixed parts.
     headers::strip_hop_by_hop(&mut parts.headers);
@@ -331,23 +345,22 @@ where
                     // side to join: the worker's side closes.
                     return resp;
                 };
-                let (id, name) = (id.to_owned(), worker.name.clone());
-                tokio::spawn(async move {
-                    match tokio::try_join!(client, worker_side) {
-                        Ok((c, w)) => {
-                            let (mut c, mut w) = (hyper_util::rt::TokioIo::new(c), hyper_util::rt::TokioIo::new(w));
-                            match tokio::io::copy_bidirectional(&mut c, &mut w).await {
-                                Ok((up, down)) => {
-                                    tracing::debug!(request_id = %id, worker = %name, up, down, "tunnel closed")
-                                }
-                                Err(e) => tracing::debug!(request_id = %id, worker = %name, error = %e, "tunnel ended"),
-                            }
-                        }
-                        Err(e) => tracing::debug!(request_id = %id, worker = %name, error = %e, "upgrade failed"),
-                    }
-                    // The tunnel counted as one request in flight on its worker until now.
-                    drop(in_flight);
+                let mut resp = resp;
+                // With an access log, the line waits for the tunnel to close.
+                let end = placed.is_some().then(|| {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    resp.extensions_mut().insert(crate::access::TunnelLine::new(rx));
+                    tx
                 });
+                let t = tunnel::Tunnel {
+                    request_id: id.to_owned(),
+                    worker: worker.name.clone(),
+                    idle: route.tunnel.map_or(Duration::from_secs(60), |t| t.0),
+                    in_flight,
+                    end,
+                    metrics: route.tunnel.map(|t| Arc::clone(&t.1)),
+                };
+                tunnel::spawn(client, worker_side, t);
                 return resp;
             }
             Try::ClientFault(resp) => return resp,
@@ -655,6 +668,14 @@ async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
             worker.headers_arrived(arrived);
             worker.metrics.record_latency(latency);
             worker.metrics.record_class(Some(101));
+            let asked = parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
+            let chosen = resp.headers().get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
+            let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
+            if !offered(chosen.trim_ascii()) {
+                // RFC 9110 §7.8: a server switches only to a protocol the client offered.
+                drop(conn);
+                return Try::Failed(Failure::Upstream("switched to a protocol that was not offered".into()));
+            }
             worker.observe_success();
             let worker_side = hyper::upgrade::on(&mut resp);
             // The connection is the tunnel's now: never back to the pool.

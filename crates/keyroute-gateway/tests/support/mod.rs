@@ -260,6 +260,9 @@ pub async fn admin(
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
+    if !body.is_empty() {
+        req = req.header("content-type", "application/json");
+    }
     let resp =
         c.request(req.body(Full::new(Bytes::from(body.to_owned()))).expect("request")).await.expect("admin response");
     let status = resp.status();

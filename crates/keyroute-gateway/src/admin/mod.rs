@@ -24,12 +24,18 @@
 //! fields are refused, as a configuration file's are, and a worker is validated by the same
 //! function as in a file (names of visible characters up to 256 bytes, an address that is not the
 //! gateway's own). A known path with another method gets 405 with `Allow`. More than
-//! ten failed token attempts from one address within a minute get 429 until the minute ends.
+//! ten failed token attempts from one address within a minute get 429 until the minute ends
+//! (the right token still works). Before any of this, [`guard`] refuses requests that came through
+//! a gateway, name another Host, come from another origin, or carry a body not declared JSON.
 //! Membership changes build their table on the blocking pool, never on a request thread.
 
 // Handlers return `Result<Response, Response>`: the error is the response to send, and the admin
 // API is not a hot path, so its size does not matter.
 #![allow(clippy::result_large_err)]
+
+mod guard;
+
+use self::guard::Hosts;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -58,25 +64,6 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
 
 fn fail(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
     json(status, serde_json::json!({ "error": message.into(), "status": status.as_u16() }))
-}
-
-/// Compares in time independent of where the inputs differ (lengths are not secret).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn authorized(shared: &Shared, req: &Request<Incoming>) -> bool {
-    let Some(token) = &shared.admin_token else { return true };
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    constant_time_eq(given.as_bytes(), token.as_bytes())
 }
 
 fn param(req: &Request<Incoming>, name: &str) -> Option<String> {
@@ -159,6 +146,12 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
         resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static(endpoint.allow()));
         return resp;
     }
+    if let Err(refused) =
+        guard::check(&Hosts::new(shared.admin_listen, &shared.admin_hosts), req.method(), req.headers())
+    {
+        tracing::warn!(%remote, %path, reason = refused.message(), "admin request refused");
+        return fail(refused.status(), refused.message());
+    }
     match endpoint {
         Endpoint::Healthz => return body::text(StatusCode::OK, "text/plain", "ok\n"),
         Endpoint::Readyz => {
@@ -178,12 +171,14 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
         _ => {}
     }
     let now = Instant::now();
-    if shared.auth.blocked(remote.ip(), now) {
+    let authorized = shared.admin_token.as_ref().is_none_or(|t| guard::token_matches(guard::bearer(req.headers()), t));
+    // The right token always works; wrong ones from a throttled address are not even counted.
+    if !authorized && shared.auth.blocked(remote.ip(), now) {
         let mut resp = fail(StatusCode::TOO_MANY_REQUESTS, "too many failed token attempts; try again later");
         resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(AUTH_WINDOW.as_secs()));
         return resp;
     }
-    if !authorized(shared, &req) {
+    if !authorized {
         shared.auth.fail(remote.ip(), now);
         tracing::warn!(%remote, %path, "admin request without a valid token");
         let mut resp = fail(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
@@ -690,13 +685,6 @@ fn describe(p: &Pool) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn constant_time_comparison() {
-        assert!(constant_time_eq(b"secret-token-123", b"secret-token-123"));
-        assert!(!constant_time_eq(b"secret-token-123", b"secret-token-124"));
-        assert!(!constant_time_eq(b"short", b"longer"));
-    }
 
     #[test]
     fn endpoints_and_their_methods() {
