@@ -87,10 +87,22 @@ fn spawn_reloaders(handle: GatewayHandle, path: std::path::PathBuf, watch: bool,
     #[cfg(unix)]
     {
         let (handle, path) = (handle.clone(), path.clone());
+        let reopener = handle.clone();
         tokio::spawn(async move {
             let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
             while hup.recv().await.is_some() {
+                // logrotate's `postrotate` sends SIGHUP (or USR1, as for NGINX): the access logs
+                // are reopened whether or not the reload applies.
+                handle.reopen_logs();
                 reload(&handle, &path, "SIGHUP").await;
+            }
+        });
+        tokio::spawn(async move {
+            let usr1 = tokio::signal::unix::SignalKind::user_defined1();
+            let Ok(mut usr1) = tokio::signal::unix::signal(usr1) else { return };
+            while usr1.recv().await.is_some() {
+                tracing::info!("SIGUSR1: reopening the access logs");
+                reopener.reopen_logs();
             }
         });
     }

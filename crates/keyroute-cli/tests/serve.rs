@@ -171,3 +171,60 @@ fn gateway_and_workers_as_processes_with_reload_and_shutdown() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Issue 19, defect 8: logrotate moves the access log away (or deletes it) and signals the
+/// gateway; the next lines go to a new file at the configured path.
+#[test]
+fn access_logs_are_reopened_on_usr1_and_hup_for_logrotate() {
+    let dir = std::env::temp_dir().join(format!("keyroute-logrotate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let log = dir.join("access.log");
+    let config = dir.join("gw.toml");
+    // A worker nobody listens at: every request is a 502, and every one is logged.
+    let text = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[listener.access_log]\npath = \"{}\"\n[[pool]]\nname = \"p\"\nkey = \"{{path}}\"\n[[pool.worker]]\nname = \"w\"\naddress = \"127.0.0.1:9\"\n",
+        log.display()
+    );
+    std::fs::write(&config, text).expect("config");
+    let (mut gw, addrs, logs) = spawn_and_wait(
+        bin().args(["serve", "--threads", "1", "--config"]).arg(&config),
+        &["listening", "admin API listening"],
+    );
+    let lines = |p: &std::path::Path| std::fs::read_to_string(p).map(|t| t.lines().count()).unwrap_or(0);
+    let wait = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(Instant::now() < deadline, "not within 10 s: {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let wait_log = |needle: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let line = logs.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("a log line");
+            if line.contains(needle) {
+                return;
+            }
+        }
+    };
+    http_get(addrs[0], "/a");
+    wait("the first line", &|| lines(&log) == 1);
+    // logrotate's default: move, then signal (USR1, as for NGINX).
+    let rotated = dir.join("access.log.1");
+    std::fs::rename(&log, &rotated).expect("rotate");
+    kill(&gw, "-USR1");
+    wait_log("SIGUSR1");
+    http_get(addrs[0], "/b");
+    wait("a line in the new file", &|| lines(&log) == 1);
+    assert_eq!(lines(&rotated), 1, "nothing more went to the moved file");
+    // Deleted, then SIGHUP (which also reloads).
+    std::fs::remove_file(&log).expect("delete");
+    kill(&gw, "-HUP");
+    wait_log("reloaded");
+    http_get(addrs[0], "/c");
+    wait("a line in the recreated file", &|| lines(&log) == 1);
+    kill(&gw, "-TERM");
+    assert!(gw.wait().expect("wait").success());
+    std::fs::remove_dir_all(&dir).ok();
+}

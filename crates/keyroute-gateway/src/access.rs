@@ -19,7 +19,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -94,12 +94,22 @@ impl TunnelLine {
     }
 }
 
+/// What the writer thread is sent.
+#[derive(Debug)]
+enum Msg {
+    Line(Box<Entry>),
+    /// Reopen the file at its path (after logrotate moved or deleted it).
+    Reopen,
+}
+
 /// A listener's access log: the queue to its writer thread.
 #[derive(Debug)]
 pub struct AccessLog {
-    tx: mpsc::Sender<Entry>,
+    tx: mpsc::Sender<Msg>,
     key: bool,
     metrics: Arc<ListenerMetrics>,
+    /// Set by [`AccessLog::reopen`]; the writer reopens before its next line.
+    reopen: Arc<AtomicBool>,
 }
 
 impl AccessLog {
@@ -109,18 +119,26 @@ impl AccessLog {
     ///
     /// The file cannot be opened.
     pub fn open(config: &AccessLogConfig, metrics: Arc<ListenerMetrics>) -> std::io::Result<Arc<AccessLog>> {
-        let out: Box<dyn std::io::Write + Send> = if config.path.as_os_str() == "-" {
-            Box::new(std::io::stdout())
-        } else {
-            Box::new(std::fs::OpenOptions::new().create(true).append(true).open(&config.path)?)
-        };
+        let out = Output::open(&config.path)?;
         let (tx, rx) = mpsc::channel(config.buffer);
         let format = config.format;
         let written = Arc::clone(&metrics);
+        let reopen = Arc::new(AtomicBool::new(false));
+        let asked = Arc::clone(&reopen);
+        let path = config.path.clone();
         std::thread::Builder::new()
             .name("keyroute-access-log".into())
-            .spawn(move || write_lines(rx, out, format, &written))?;
-        Ok(Arc::new(AccessLog { tx, key: config.key, metrics }))
+            .spawn(move || write_lines(rx, out, &path, &asked, format, &written))?;
+        Ok(Arc::new(AccessLog { tx, key: config.key, metrics, reopen }))
+    }
+
+    /// Reopens the file at its path, as NGINX does on `SIGUSR1`: after logrotate has moved the
+    /// file away (or deleted it), lines go to a new file at the configured path. Lines already
+    /// queued go to the new file; none is lost. Standard output is left as it is.
+    pub fn reopen(&self) {
+        self.reopen.store(true, Relaxed);
+        // Wakes an idle writer; a full queue means it is busy and will see the flag anyway.
+        let _ = self.tx.try_send(Msg::Reopen);
     }
 
     /// Whether lines carry the key itself.
@@ -129,15 +147,48 @@ impl AccessLog {
     }
 
     fn offer(&self, entry: Entry) {
-        if self.tx.try_send(entry).is_err() {
+        if self.tx.try_send(Msg::Line(Box::new(entry))).is_err() {
             self.metrics.log_dropped.fetch_add(1, Relaxed);
         }
     }
 }
 
+/// Where lines go: a file opened for appending, or standard output (`-`).
+enum Output {
+    File(std::fs::File),
+    Stdout(std::io::Stdout),
+}
+
+impl Output {
+    fn open(path: &std::path::Path) -> std::io::Result<Output> {
+        if path.as_os_str() == "-" {
+            return Ok(Output::Stdout(std::io::stdout()));
+        }
+        Ok(Output::File(std::fs::OpenOptions::new().create(true).append(true).open(path)?))
+    }
+}
+
+impl std::io::Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Output::File(f) => f.write(buf),
+            Output::Stdout(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Output::File(f) => f.flush(),
+            Output::Stdout(s) => s.flush(),
+        }
+    }
+}
+
 fn write_lines(
-    mut rx: mpsc::Receiver<Entry>,
-    out: Box<dyn std::io::Write + Send>,
+    mut rx: mpsc::Receiver<Msg>,
+    out: Output,
+    path: &std::path::Path,
+    reopen: &AtomicBool,
     format: AccessLogFormat,
     metrics: &ListenerMetrics,
 ) {
@@ -145,11 +196,26 @@ fn write_lines(
     let mut line = String::with_capacity(512);
     while let Some(first) = rx.blocking_recv() {
         let mut next = Some(first);
-        while let Some(e) = next {
-            line.clear();
-            render(&e, format, &mut line);
-            if out.write_all(line.as_bytes()).is_ok() {
-                metrics.log_written.fetch_add(1, Relaxed);
+        while let Some(msg) = next {
+            if reopen.swap(false, Relaxed) && path.as_os_str() != "-" {
+                // What is buffered belongs to the old file.
+                let _ = out.flush();
+                match Output::open(path) {
+                    Ok(file) => {
+                        out = std::io::BufWriter::with_capacity(64 * 1024, file);
+                        tracing::info!(path = %path.display(), "access log reopened");
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %path.display(), error = %e, "access log not reopened; still writing to the old file")
+                    }
+                }
+            }
+            if let Msg::Line(e) = msg {
+                line.clear();
+                render(&e, format, &mut line);
+                if out.write_all(line.as_bytes()).is_ok() {
+                    metrics.log_written.fetch_add(1, Relaxed);
+                }
             }
             next = rx.try_recv().ok();
         }

@@ -97,9 +97,13 @@ impl Gateway {
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
         for l in &config.listeners {
-            let sock = bind_shared(l.listen).map_err(|source| GatewayError::Bind { addr: l.listen, source })?;
+            let sock =
+                bind_first(l.listen, l.reuse_port).map_err(|source| GatewayError::Bind { addr: l.listen, source })?;
             let mut l = l.clone();
             l.listen = sock.local_addr().map_err(|source| GatewayError::Bind { addr: l.listen, source })?;
+            if l.reuse_port {
+                tracing::info!(listener = %l.name, addr = %l.listen, "reuse_port: other processes may bind this address too and take part of its connections");
+            }
             bound.push(l);
             listeners.push(sock);
         }
@@ -127,6 +131,8 @@ impl Gateway {
         for (l, n) in bound.iter().zip(&connection_limits) {
             tracing::info!(listener = %l.name, max_connections = n, "connection limit");
         }
+        // One limit per listener, whatever the number of runtime threads accepting on it.
+        let connection_permits = connection_limits.iter().map(|n| Arc::new(Semaphore::new(*n))).collect();
         let listener_metrics: Vec<Arc<ListenerMetrics>> = bound.iter().map(|_| Arc::default()).collect();
         let mut acceptors = Vec::new();
         let mut certificates = Vec::new();
@@ -173,6 +179,7 @@ impl Gateway {
                 certificates,
                 listeners: bound,
                 connection_limits,
+                connection_permits,
                 admin_listen,
                 not_ready: AtomicBool::new(false),
                 shutdown: watch::channel(false).0,
@@ -353,6 +360,26 @@ impl Gateway {
     }
 }
 
+/// A listener's first socket. Every runtime thread of [`Gateway::run_threads`] binds a socket of
+/// its own with `SO_REUSEPORT` (the kernel spreads connections among them), and so could another
+/// process. Unless the listener asks for that (`reuse_port`), the address is first bound without
+/// `SO_REUSEPORT`, which fails with "address in use" while any other socket listens there, as
+/// NGINX without `reuseport` does; then that probe is closed and the shared sockets bound to the
+/// port it got. (A second gateway started later fails the same way: its probe meets our
+/// sockets.)
+fn bind_first(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    if reuse_port {
+        return bind_shared(addr);
+    }
+    let probe = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    probe.set_reuseaddr(true)?;
+    probe.bind(addr)?;
+    let probe = probe.listen(1)?;
+    let got = probe.local_addr()?;
+    drop(probe);
+    bind_shared(got)
+}
+
 /// A listening socket that more sockets may bind to as well (`SO_REUSEPORT`): each runtime
 /// thread of [`Gateway::run_threads`] accepts on its own, and the kernel spreads connections.
 fn bind_shared(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -381,6 +408,9 @@ fn check_no_self_workers(config: &Config, own: &[SocketAddr]) -> Result<(), Gate
     Ok(())
 }
 
+/// Connections the admin listener holds at once.
+const ADMIN_CONNECTIONS: usize = 256;
+
 /// Accepts connections on a client listener (`Some(index)`) or the admin listener (`None`).
 async fn accept_loop(
     sock: TcpListener,
@@ -389,7 +419,7 @@ async fn accept_loop(
     tls: Option<Arc<rustls::ServerConfig>>,
 ) {
     let mut rx = shared.stop_accepting.subscribe();
-    let (settings, limit, name) = match index {
+    let (settings, permits, name) = match index {
         Some(i) => {
             let l = &shared.listeners[i];
             let settings = Settings {
@@ -402,7 +432,7 @@ async fn accept_loop(
                 max_streams: l.max_concurrent_streams,
                 metrics: Arc::clone(&shared.listener_metrics[i]),
             };
-            (settings, shared.connection_limits[i], l.name.clone())
+            (settings, Arc::clone(&shared.connection_permits[i]), l.name.clone())
         }
         None => {
             let settings = Settings {
@@ -415,12 +445,12 @@ async fn accept_loop(
                 max_streams: 1,
                 metrics: Arc::clone(&shared.admin_metrics),
             };
-            (settings, 256, "admin".to_owned())
+            (settings, Arc::new(Semaphore::new(ADMIN_CONNECTIONS)), "admin".to_owned())
         }
     };
     let settings = Arc::new(settings);
     let metrics = Arc::clone(&settings.metrics);
-    let permits = Arc::new(Semaphore::new(limit));
+    let limit = index.map_or(ADMIN_CONNECTIONS, |i| shared.connection_limits[i]);
     let mut backoff = Backoff::default();
     let mut at_limit = false;
     loop {
@@ -477,6 +507,14 @@ impl GatewayHandle {
     /// Stops the gateway (as if its shutdown future completed).
     pub fn shutdown(&self) {
         self.shared.shutdown.send_replace(true);
+    }
+
+    /// Reopens every access log at its path (`keyroute serve` does it on `SIGUSR1` and `SIGHUP`),
+    /// for logrotate: after the file was moved or deleted, the next lines go to a new file there.
+    pub fn reopen_logs(&self) {
+        for log in self.shared.front.access_logs.iter().flatten() {
+            log.reopen();
+        }
     }
 
     fn pool(&self, name: &str) -> Result<Arc<Pool>, GatewayError> {

@@ -88,6 +88,8 @@ pub(crate) struct Shared {
     pub(crate) admin_metrics: Arc<ListenerMetrics>,
     /// Each listener's connection limit in force.
     pub(crate) connection_limits: Vec<usize>,
+    /// Each listener's connection permits: one semaphore shared by every thread accepting on it.
+    pub(crate) connection_permits: Vec<Arc<tokio::sync::Semaphore>>,
     /// Each TLS listener's certificates, which a reload replaces.
     pub(crate) certificates: Vec<Option<Arc<crate::tls::Certificates>>>,
     pub(crate) admin_listen: SocketAddr,
