@@ -29,6 +29,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// The longest a connection attempt to one endpoint may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
 
+/// Keys asked for in one page of a prefix read (halved while a page is too large).
+const RANGE_PAGE: u64 = 64;
+
 /// The most a watch message or a response may hold: a prefix with 100k records of 200 bytes.
 const MAX_RESPONSE: usize = 64 << 20;
 
@@ -55,6 +58,9 @@ pub enum EtcdError {
     /// An endpoint that is not `http://host:port` or `host:port`.
     #[error("invalid etcd endpoint '{0}': expected http://HOST:PORT")]
     Endpoint(String),
+    /// An answer above the 64 MiB a response may hold.
+    #[error("an answer above 64 MiB")]
+    TooLarge,
 }
 
 /// A key and its value, as stored.
@@ -194,18 +200,55 @@ impl Client {
 
     /// Every key under `prefix`, and the revision they were read at.
     ///
+    /// Read in pages (etcd's `limit`, continued after the last key, every page at the first
+    /// page's revision), so that a prefix of any size is read whole, whatever sits beside the
+    /// records: a page whose answer would pass the 64 MiB a response may hold is asked again at
+    /// half the keys, down to one key a page.
+    ///
     /// # Errors
     ///
-    /// etcd is unreachable or refuses.
+    /// etcd is unreachable or refuses; the revision was compacted between two pages; a single
+    /// value above 64 MiB.
     pub async fn range_prefix(&self, prefix: &[u8]) -> Result<Range, EtcdError> {
-        let v = self.call("/v3/kv/range", json!({ "key": b64(prefix), "range_end": b64(&prefix_end(prefix)) })).await?;
-        let revision = header_revision(&v)?;
-        let kvs = match v.get("kvs") {
-            None => Vec::new(),
-            Some(Value::Array(items)) => items.iter().map(parse_kv).collect::<Result<_, _>>()?,
-            Some(_) => return Err(EtcdError::Protocol("kvs is not a list".into())),
-        };
-        Ok(Range { revision, kvs })
+        let end = prefix_end(prefix);
+        let mut from = prefix.to_vec();
+        let mut revision = 0;
+        let mut limit = RANGE_PAGE;
+        let mut kvs = Vec::new();
+        loop {
+            let mut body = json!({ "key": b64(&from), "range_end": b64(&end), "limit": limit.to_string() });
+            if revision != 0 {
+                body["revision"] = json!(revision.to_string());
+            }
+            let v = match self.call("/v3/kv/range", body).await {
+                Err(EtcdError::TooLarge) if limit > 1 => {
+                    limit /= 2;
+                    continue;
+                }
+                r => r?,
+            };
+            if revision == 0 {
+                revision = header_revision(&v)?;
+            }
+            let page: Vec<Kv> = match v.get("kvs") {
+                None => Vec::new(),
+                Some(Value::Array(items)) => items.iter().map(parse_kv).collect::<Result<_, _>>()?,
+                Some(_) => return Err(EtcdError::Protocol("kvs is not a list".into())),
+            };
+            let more = v.get("more").and_then(Value::as_bool).unwrap_or(false);
+            match page.last() {
+                // The next page starts just after the last key read.
+                Some(last) if more => {
+                    from.clone_from(&last.key);
+                    from.push(0);
+                }
+                _ => {
+                    kvs.extend(page);
+                    return Ok(Range { revision, kvs });
+                }
+            }
+            kvs.extend(page);
+        }
     }
 
     /// The store's revision, read cheaply (a count of the keys under `prefix`): a liveness check.
@@ -484,7 +527,7 @@ async fn read_limited(mut body: Incoming) -> Result<Vec<u8>, EtcdError> {
         if let Ok(data) = frame.into_data() {
             out.extend_from_slice(&data);
             if out.len() > MAX_RESPONSE {
-                return Err(EtcdError::Protocol("an answer above 64 MiB".into()));
+                return Err(EtcdError::TooLarge);
             }
         }
     }

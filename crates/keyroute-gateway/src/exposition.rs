@@ -362,13 +362,13 @@ impl Collector for Scrape {
             MetricType::Gauge,
             members.iter().flat_map(|&(p, s, i)| {
                 let current = s.state(i, now);
-                [State::Healthy, State::Unhealthy, State::Ejected, State::Draining, State::Stalled].into_iter().map(
-                    move |st| {
+                [State::Healthy, State::Unhealthy, State::Ejected, State::Draining, State::Stalled, State::Loop]
+                    .into_iter()
+                    .map(move |st| {
                         let mut l = wl(p, s, i);
                         l.push(("state", Cow::Borrowed(st.name())));
                         (l, Value::Int(u64::from(current == st)))
-                    },
-                )
+                    })
             }),
         )?;
         worker_family(

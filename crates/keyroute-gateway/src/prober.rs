@@ -37,7 +37,9 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         };
-        let probes = snap.workers.iter().map(|w| {
+        // A worker at this gateway's own address is never sent to, nor probed (a probe would come
+        // back through this gateway's own listener).
+        let probes = snap.workers.iter().filter(|w| w.state() != crate::pool::State::Loop).map(|w| {
             let w = Arc::clone(w);
             let path = path.clone();
             let pool_name = p.name.clone();

@@ -80,7 +80,9 @@ pub struct Rejected {
 
 /// The members a set of records gives, and the records rejected. Records are `(key, value)`;
 /// keys outside `prefix` are ignored. A function of the records alone (their order does not
-/// matter), so every gateway derives the same members from the same records.
+/// matter), so every gateway derives the same members from the same records. A record at one of
+/// `own` (this gateway's addresses) is a member like any other, so that this gateway's table is
+/// every other gateway's; it is marked [`Member::at_this_gateway`] and never sent to here.
 pub fn members_of(
     prefix: &[u8],
     records: &[(Vec<u8>, Vec<u8>)],
@@ -132,13 +134,14 @@ fn member(
     let weight = u32::try_from(record.weight).ok().filter(|&w| w > 0).ok_or_else(|| {
         format!("weight {} is not in 1..=4294967295 (drain with \"state\": \"draining\")", record.weight)
     })?;
-    let mut worker = validate_worker_with(name, &record.address, weight, record.zone.as_deref(), own, resolve)
+    let mut worker = validate_worker_with(name, &record.address, weight, record.zone.as_deref(), &[], resolve)
         .map_err(|e| format!("{}: {}", e.field, e.message))?;
     if record.id == Some(0) {
         return Err("id: must be at least 1 (HAProxy's ids start at 1)".into());
     }
     worker.id = record.id;
-    Ok(Member { worker, draining: record.state == RecordState::Draining })
+    let at_this_gateway = own.iter().any(|o| crate::config::points_at(worker.address, *o));
+    Ok(Member { worker, draining: record.state == RecordState::Draining, at_this_gateway })
 }
 
 #[cfg(test)]
@@ -170,14 +173,14 @@ mod tests {
         ];
         let own: Vec<SocketAddr> = vec!["127.0.0.1:8080".parse().expect("addr")];
         let (members, rejected) = members_of(b"/p/", &records, &own, resolve);
-        let names: Vec<_> = members.iter().map(|m| (m.worker.name.as_str(), m.worker.weight, m.draining)).collect();
-        assert_eq!(names, vec![("w1", 1, false), ("w2", 3, true)]);
-        assert_eq!(members[1].worker.zone.as_deref(), Some("a"));
+        let names: Vec<_> =
+            members.iter().map(|m| (m.worker.name.as_str(), m.worker.weight, m.draining, m.at_this_gateway)).collect();
+        // A record at this gateway's own address is a member (every gateway's table is the
+        // same), marked so that this gateway never sends to it.
+        assert_eq!(names, vec![("self", 1, false, true), ("w1", 1, false, false), ("w2", 3, true, false)]);
+        assert_eq!(members[2].worker.zone.as_deref(), Some("a"));
         let why: Vec<_> = rejected.iter().map(|r| r.key.as_str()).collect();
-        assert_eq!(
-            why,
-            ["/p/a/b", "/p/bad-json", "/p/bad-state", "/p/negative", "/p/noaddr", "/p/self", "/p/x-dup", "/p/zero"]
-        );
+        assert_eq!(why, ["/p/a/b", "/p/bad-json", "/p/bad-state", "/p/negative", "/p/noaddr", "/p/x-dup", "/p/zero"]);
         assert!(rejected.iter().any(|r| r.key == "/p/x-dup" && r.reason.contains("worker 'w1'")), "{rejected:?}");
         assert!(rejected.iter().any(|r| r.key == "/p/zero" && r.reason.contains("weight 0")), "{rejected:?}");
     }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::members_of;
+use super::record::{Rejected, members_of};
 use super::saved;
 use crate::config::{EtcdConfig, MembershipConfig, resolve};
 use crate::etcd::{Client, EtcdError, Event, WatchMessage};
@@ -56,13 +56,15 @@ pub(crate) fn start_from_saved(pool: &Pool, own: &[std::net::SocketAddr]) {
         Ok(None) => {}
         Ok(Some((revision, records))) => {
             let (members, rejected) = members_of(cfg.prefix.as_bytes(), &records, own, resolve);
+            let (members, refused) = pool.admissible(members);
+            let rejected = rejected.len() + refused.len();
             match pool.set_members(&members) {
                 Ok(_) => tracing::info!(
                     pool = %pool.name,
                     file = %path.display(),
                     revision,
                     workers = members.len(),
-                    ignored = rejected.len(),
+                    ignored = rejected,
                     "starting from the saved membership"
                 ),
                 Err(e) => tracing::warn!(pool = %pool.name, error = %e, "the saved membership was refused"),
@@ -296,7 +298,11 @@ async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, record
     let (p, prefix, state_file, revision) =
         (Arc::clone(pool), cfg.prefix.clone(), cfg.state_file.clone(), records.revision);
     let done = tokio::task::spawn_blocking(move || {
-        let (members, rejected) = members_of(prefix.as_bytes(), &kvs, &own, resolve);
+        let (members, mut rejected) = members_of(prefix.as_bytes(), &kvs, &own, resolve);
+        // A record the table cannot take is refused alone; the rest applies.
+        let (members, refused) = p.admissible(members);
+        rejected.extend(refused.into_iter().map(|(name, reason)| Rejected { key: format!("{prefix}{name}"), reason }));
+        rejected.sort_by(|a, b| a.key.cmp(&b.key));
         // Before the swap: whoever sees the new members sees their rejections too.
         p.source.rejected.store(rejected.len() as u64, Relaxed);
         let applied = p.set_members(&members);

@@ -24,6 +24,9 @@ pub enum State {
     Ejected,
     /// Leaving: takes no new requests, finishes those it holds.
     Draining,
+    /// Its address is this gateway's own: a request to it would come back here. It keeps its
+    /// place in the table (so every gateway's placement is the same) and is never sent to.
+    Loop,
     /// Holding requests that wait for response headers, and answering none of them for the
     /// pool's stall window: hung, or as good as hung. Back to healthy at its next response.
     Stalled,
@@ -38,6 +41,7 @@ impl State {
             State::Ejected => "ejected",
             State::Draining => "draining",
             State::Stalled => "stalled",
+            State::Loop => "loop",
         }
     }
 }
@@ -45,6 +49,9 @@ impl State {
 const HEALTHY: u8 = 0;
 const UNHEALTHY: u8 = 1;
 const DRAINING: u8 = 3;
+/// See [`State::Loop`]; set once, at creation, and never left (health checks compare-and-swap
+/// between healthy and unhealthy only).
+const LOOP: u8 = 4;
 
 /// One worker: its identity, health, load and counters. Shared by every snapshot that lists it.
 ///
@@ -137,6 +144,7 @@ impl WorkerState {
         match self.state.load(Relaxed) {
             DRAINING => State::Draining,
             UNHEALTHY => State::Unhealthy,
+            LOOP => State::Loop,
             // Read the clock only for a worker that has been ejected at some point.
             _ if self.ejected_until_ms.load(Relaxed) != 0 && self.ejected_until_ms.load(Relaxed) > self.ms(now) => {
                 State::Ejected
@@ -274,6 +282,11 @@ impl WorkerState {
     /// Marks the worker as draining (irreversible for this worker object).
     pub fn drain(&self) {
         self.state.store(DRAINING, Relaxed);
+    }
+
+    /// Marks a worker whose address is this gateway's own ([`State::Loop`]).
+    pub fn mark_loop(&self) {
+        self.state.store(LOOP, Relaxed);
     }
 }
 

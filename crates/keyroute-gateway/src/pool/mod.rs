@@ -141,6 +141,10 @@ pub struct Member {
     pub worker: WorkerConfig,
     /// Whether it is draining.
     pub draining: bool,
+    /// Its address is one of this gateway's own (a record written for another gateway's view, or
+    /// by mistake): it keeps its place in the table, as on every other gateway, but this gateway
+    /// never sends to it (its state is `loop`).
+    pub at_this_gateway: bool,
 }
 
 /// A member list with weights: what a change proposes, before it is built.
@@ -204,7 +208,11 @@ impl Pool {
                     }
                     None => {
                         same = false;
-                        Arc::new(WorkerState::new(w, &old.config, self.epoch))
+                        let state = Arc::new(WorkerState::new(w, &old.config, self.epoch));
+                        if m.at_this_gateway {
+                            state.mark_loop();
+                        }
+                        state
                     }
                 };
                 if m.draining {
@@ -218,6 +226,50 @@ impl Pool {
         }
         let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
         Ok(self.publish(&old, next))
+    }
+
+    /// Splits a member set (from etcd) into the members a table can be built from and those
+    /// refused, each with the reason: one bad record (a weight that would pass the table limit, a
+    /// weight the strategy refuses, an id that collides) is refused alone and the rest applies.
+    /// The set is tried whole first; then each member alone; then, if the set still fails,
+    /// members are added one at a time in the given order (canonical name order from
+    /// [`crate::membership::record::members_of`]), and each that would break the table is refused.
+    /// A function of the set alone, so every gateway refuses the same records.
+    pub fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<(String, String)>) {
+        let config = Arc::clone(&self.snapshot().config);
+        let fits = |ms: &[&Member]| -> Result<(), String> {
+            let nodes = node_set(ms.iter().map(|m| {
+                let w = &m.worker;
+                (w.name.as_str(), w.weight, w.zone.as_deref(), w.id)
+            }))
+            .map_err(|e| e.to_string())?;
+            check_table_size(config.strategy, &config.options, &nodes)?;
+            Policy::build(config.strategy, nodes, &config.options).map(drop).map_err(|e| e.to_string())
+        };
+        if fits(&incoming.iter().collect::<Vec<_>>()).is_ok() {
+            return (incoming, Vec::new());
+        }
+        let mut refused = Vec::new();
+        let mut alone_ok = Vec::new();
+        for m in incoming {
+            match fits(&[&m]) {
+                Ok(()) => alone_ok.push(m),
+                Err(why) => refused.push((m.worker.name.clone(), why)),
+            }
+        }
+        if fits(&alone_ok.iter().collect::<Vec<_>>()).is_ok() {
+            return (alone_ok, refused);
+        }
+        let mut kept: Vec<Member> = Vec::new();
+        for m in alone_ok {
+            let mut with: Vec<&Member> = kept.iter().collect();
+            with.push(&m);
+            match fits(&with) {
+                Ok(()) => kept.push(m),
+                Err(why) => refused.push((m.worker.name.clone(), format!("with the members before it: {why}"))),
+            }
+        }
+        (kept, refused)
     }
 
     /// The current snapshot.

@@ -55,6 +55,7 @@ impl Unavailable {
                 State::Draining => "all_draining",
                 State::Stalled => "all_stalled",
                 State::Healthy => "all_tried",
+                State::Loop => "all_loop",
             },
             Unavailable::Mixed { .. } => "all_unavailable",
         }
