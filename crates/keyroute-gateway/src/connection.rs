@@ -17,7 +17,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -36,6 +36,10 @@ use crate::metrics::ListenerMetrics;
 use crate::proxy::{self, Peer};
 use crate::state::{Shared, stopped};
 
+/// How long an idle HTTP/2 connection's GOAWAY may take to be written before the connection is
+/// closed anyway.
+const GOAWAY_FLUSH: Duration = Duration::from_millis(100);
+
 /// The HTTP/2 connection preface (RFC 9113 section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -44,6 +48,7 @@ pub(crate) struct Settings {
     /// The client listener's index, or `None` for the admin API.
     pub(crate) index: Option<usize>,
     pub(crate) header_timeout: Duration,
+    pub(crate) send_timeout: Duration,
     pub(crate) max_buf: usize,
     pub(crate) max_headers: usize,
     pub(crate) tls: Option<TlsAcceptor>,
@@ -62,14 +67,17 @@ pub(crate) async fn serve<H: Send + 'static>(
     held: (OpenConn, H),
 ) {
     let _ = stream.set_nodelay(true);
+    // One budget for everything before the first request head: the TLS handshake, the h2c
+    // preface check, and the head itself (or an HTTP/2 client's preface).
+    let first = tokio::time::Instant::now() + settings.header_timeout;
     // A task's future is as large as its largest variant, for as long as the connection lives:
     // the TLS and HTTP/2 paths are boxed, so that a plain HTTP/1.1 connection carries neither.
     match &settings.tls {
-        Some(acceptor) => Box::pin(serve_tls(acceptor.clone(), stream, remote, shared, settings, held)).await,
-        None if settings.h2c && opens_with_preface(&stream, settings.header_timeout).await => {
-            Box::pin(serve_h2(stream, Peer::with(remote, false, true), shared, settings, held)).await;
+        Some(acceptor) => Box::pin(serve_tls(acceptor.clone(), stream, remote, shared, settings, held, first)).await,
+        None if settings.h2c && opens_with_preface(&stream, first).await => {
+            Box::pin(serve_h2(stream, Peer::with(remote, false, true), shared, settings, held, first)).await;
         }
-        None => serve_h1(stream, Peer::with(remote, false, false), shared, settings, held).await,
+        None => serve_h1(stream, Peer::with(remote, false, false), shared, settings, held, first).await,
     }
 }
 
@@ -80,8 +88,9 @@ async fn serve_tls<H: Send + 'static>(
     shared: Arc<Shared>,
     settings: Arc<Settings>,
     held: (OpenConn, H),
+    first: tokio::time::Instant,
 ) {
-    let tls = match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
+    let tls = match tokio::time::timeout_at(first, acceptor.accept(stream)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             settings.metrics.tls_errors.fetch_add(1, Relaxed);
@@ -96,15 +105,14 @@ async fn serve_tls<H: Send + 'static>(
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
     if h2 {
-        serve_h2(tls, Peer::with(remote, true, true), shared, settings, held).await;
+        serve_h2(tls, Peer::with(remote, true, true), shared, settings, held, first).await;
     } else {
-        serve_h1(tls, Peer::with(remote, true, false), shared, settings, held).await;
+        serve_h1(tls, Peer::with(remote, true, false), shared, settings, held, first).await;
     }
 }
 
-/// Whether the first bytes are the HTTP/2 preface (read without consuming them).
-async fn opens_with_preface(stream: &TcpStream, limit: Duration) -> bool {
-    let until = tokio::time::Instant::now() + limit;
+/// Whether the first bytes, by `until`, are the HTTP/2 preface (read without consuming them).
+async fn opens_with_preface(stream: &TcpStream, until: tokio::time::Instant) -> bool {
     let mut buf = [0u8; 24];
     loop {
         let n = match tokio::time::timeout_at(until, stream.peek(&mut buf)).await {
@@ -132,8 +140,8 @@ struct FirstBytes<S> {
 }
 
 impl<S> FirstBytes<S> {
-    fn new(io: S, limit: Duration) -> Self {
-        FirstBytes { io, deadline: Some(Box::pin(tokio::time::sleep(limit))) }
+    fn new(io: S, until: tokio::time::Instant) -> Self {
+        FirstBytes { io, deadline: Some(Box::pin(tokio::time::sleep_until(until))) }
     }
 }
 
@@ -187,11 +195,58 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FirstBytes<S> {
 }
 
 /// An HTTP/2 connection's open streams, and when the last one ended.
-#[derive(Default)]
 struct Streams {
     open: std::sync::atomic::AtomicUsize,
     /// Bumped whenever a stream ends.
     ended: tokio::sync::Notify,
+    /// The responses being sent, for the send timeout.
+    sending: std::sync::Mutex<Vec<std::sync::Weak<Sending>>>,
+    epoch: tokio::time::Instant,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams {
+            open: Default::default(),
+            ended: Default::default(),
+            sending: Default::default(),
+            epoch: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// A response body being sent on an HTTP/2 stream, and since when it waits for the client.
+struct Sending {
+    /// Taken (and so dropped, releasing what it holds upstream) by the send timeout.
+    body: std::sync::Mutex<Option<ProxyBody>>,
+    /// Milliseconds since the connection's epoch at which the body last handed a frame to the
+    /// stream, which has not asked for the next yet: the client's flow-control window holds it.
+    /// `u64::MAX` while the body waits on its worker, or has ended.
+    handed_ms: AtomicU64,
+}
+
+/// While an HTTP/2 connection lives, cuts the responses whose client has read nothing of them
+/// for `limit` (a stream held at window 0): their bodies are dropped, which releases their
+/// workers' in-flight counts, and the stream is reset.
+async fn send_timeouts(streams: &Streams, limit: Duration, metrics: &ListenerMetrics) {
+    let every = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let now = streams.epoch.elapsed().as_millis() as u64;
+        let mut sending = streams.sending.lock().unwrap_or_else(|e| e.into_inner());
+        sending.retain(|w| {
+            let Some(s) = w.upgrade() else { return false };
+            let handed = s.handed_ms.load(Relaxed);
+            if handed != u64::MAX && now.saturating_sub(handed) > limit.as_millis() as u64 {
+                let cut = s.body.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if cut.is_some() {
+                    metrics.send_timeouts.fetch_add(1, Relaxed);
+                }
+                return false;
+            }
+            true
+        });
+    }
 }
 
 /// One open stream; closes on drop.
@@ -233,10 +288,27 @@ impl Streams {
     }
 }
 
-/// A response body that holds its stream open until it ends or is dropped.
+/// A response body that holds its stream open until it ends or is dropped, and that the send
+/// timeout can cut.
 struct OnEnd {
-    inner: ProxyBody,
-    _open: OpenStream,
+    sending: Arc<Sending>,
+    open: OpenStream,
+    /// Copied from the body, which the send timeout may take away.
+    end: bool,
+    hint: hyper::body::SizeHint,
+}
+
+impl OnEnd {
+    fn new(inner: ProxyBody, open: OpenStream) -> OnEnd {
+        use hyper::body::Body as _;
+        let (end, hint) = (inner.is_end_stream(), inner.size_hint());
+        let sending =
+            Arc::new(Sending { body: std::sync::Mutex::new(Some(inner)), handed_ms: AtomicU64::new(u64::MAX) });
+        if !end {
+            open.0.sending.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&sending));
+        }
+        OnEnd { sending, open, end, hint }
+    }
 }
 
 impl hyper::body::Body for OnEnd {
@@ -247,15 +319,29 @@ impl hyper::body::Body for OnEnd {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+        use std::task::Poll;
+        let this = &mut *self;
+        let mut slot = this.sending.body.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(inner) = slot.as_mut() else {
+            return Poll::Ready(Some(Err("the client read nothing for the send timeout".into())));
+        };
+        let poll = std::pin::Pin::new(&mut *inner).poll_frame(cx);
+        this.end = inner.is_end_stream();
+        this.hint = inner.size_hint();
+        let handed = match &poll {
+            Poll::Ready(Some(Ok(_))) if !this.end => this.open.0.epoch.elapsed().as_millis() as u64,
+            _ => u64::MAX,
+        };
+        this.sending.handed_ms.store(handed, Relaxed);
+        poll
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.end
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
+        self.hint.clone()
     }
 }
 
@@ -263,13 +349,20 @@ fn access_conn(peer: &Peer) -> access::Conn {
     access::Conn { client: peer.addr, h2: peer.h2, tls: peer.tls }
 }
 
-async fn serve_h1<S, H>(io: S, peer: Peer, shared: Arc<Shared>, settings: Arc<Settings>, held: (OpenConn, H))
-where
+async fn serve_h1<S, H>(
+    io: S,
+    peer: Peer,
+    shared: Arc<Shared>,
+    settings: Arc<Settings>,
+    held: (OpenConn, H),
+    first: tokio::time::Instant,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Send + 'static,
 {
     let stop_rx = shared.stop_accepting.subscribe();
-    let (io, clock) = TimedIo::new(io, settings.header_timeout, Arc::clone(&settings.metrics));
+    let (io, clock) =
+        TimedIo::new(io, settings.header_timeout, first, settings.send_timeout, Arc::clone(&settings.metrics));
     let mut builder = http1::Builder::new();
     builder.max_buf_size(settings.max_buf.max(8192));
     // hyper parses into an inline array of 100 headers unless told another count, and then
@@ -334,8 +427,14 @@ where
     drop(held);
 }
 
-async fn serve_h2<S, H>(io: S, peer: Peer, shared: Arc<Shared>, settings: Arc<Settings>, held: (OpenConn, H))
-where
+async fn serve_h2<S, H>(
+    io: S,
+    peer: Peer,
+    shared: Arc<Shared>,
+    settings: Arc<Settings>,
+    held: (OpenConn, H),
+    first: tokio::time::Instant,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Send + 'static,
 {
@@ -344,7 +443,7 @@ where
     settings.metrics.h2_connections.fetch_add(1, Relaxed);
     // The client's first bytes (its preface) must arrive within the head timeout, as an HTTP/1.1
     // head must: a TLS client that chose h2 and then sends nothing does not hold the connection.
-    let io = FirstBytes::new(io, settings.header_timeout);
+    let io = FirstBytes::new(io, first);
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
@@ -370,9 +469,7 @@ where
                 _ => resp,
             };
             // The stream counts as open until its response body ends.
-            Ok::<_, std::convert::Infallible>(
-                resp.map(|b| http_body_util::BodyExt::boxed_unsync(OnEnd { inner: b, _open: open })),
-            )
+            Ok::<_, std::convert::Infallible>(resp.map(|b| http_body_util::BodyExt::boxed_unsync(OnEnd::new(b, open))))
         }
     });
     let mut stop = stop_rx.clone();
@@ -385,10 +482,15 @@ where
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        () = send_timeouts(&idle, settings.send_timeout, &settings.metrics) => Ok(()),
         _ = idle.idle_for(settings.header_timeout) => {
-            // No stream for the head timeout, as an idle HTTP/1.1 keep-alive connection: GOAWAY.
+            // No stream for the head timeout, as an idle HTTP/1.1 keep-alive connection: GOAWAY,
+            // and closed once it is sent (a client that ignores it, or PINGs, holds nothing).
             conn.as_mut().graceful_shutdown();
-            conn.await
+            match tokio::time::timeout(GOAWAY_FLUSH, conn.as_mut()).await {
+                Ok(r) => r,
+                Err(_) => Ok(()),
+            }
         }
     };
     if let Err(e) = result {

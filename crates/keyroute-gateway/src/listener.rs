@@ -9,8 +9,13 @@
 //!   `maxconn` do; the limit and the times it was reached are metrics.
 //! - **Back-off on accept errors**: out of descriptors (`EMFILE`, `ENFILE`) or memory, the loop
 //!   sleeps from 10 ms doubling to 1 s instead of spinning, and logs once per episode.
+//! - **The send timeout** (`send_timeout_ms`, 60 s by default, NGINX's `send_timeout`): a
+//!   response the client reads nothing of for that long is cut and its connection closed, so that
+//!   a client that never reads cannot hold its worker's in-flight count (and the response's
+//!   buffers) for as long as it likes. Counted in `keyroute_listener_send_timeouts_total`.
 //! - **The head timeout** (`header_timeout_ms`, 10 s by default): a request head that has not
-//!   fully arrived that long after the connection opened, or after the previous response ended, is
+//!   fully arrived that long after the connection opened (a TLS handshake or an h2c preface check
+//!   included), or after the previous response ended, is
 //!   answered `408 Request Timeout` and the connection closed; an idle keep-alive connection (no
 //!   byte of a next request) is closed silently. The clock is [`HeadClock`]: the service stops it when a
 //!   head has been parsed; it restarts once the response has been sent and the request body has
@@ -207,13 +212,17 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ClockedRequest<B> {
     }
 }
 
-/// A client connection's IO (TCP, or TLS over it) with the head timeout. See the [module
-/// documentation](self).
+/// A client connection's IO (TCP, or TLS over it) with the head timeout and the send timeout. See
+/// the [module documentation](self).
 pub struct TimedIo<S = TcpStream> {
     io: S,
     clock: Arc<HeadClock>,
     timeout: Duration,
     sleep: Pin<Box<Sleep>>,
+    /// How long a write may wait for the client to read (`send_timeout_ms`).
+    send_timeout: Duration,
+    /// Armed while a write waits (the client reads nothing); allocated only then.
+    send_sleep: Option<Pin<Box<Sleep>>>,
     /// Bytes of a head arrived since the clock (re)started.
     partial: bool,
     /// No request has been received on this connection yet.
@@ -225,14 +234,24 @@ pub struct TimedIo<S = TcpStream> {
 }
 
 impl<S> TimedIo<S> {
-    /// Wraps an accepted connection; returns it and its clock.
-    pub fn new(io: S, timeout: Duration, metrics: Arc<ListenerMetrics>) -> (Self, Arc<HeadClock>) {
+    /// Wraps an accepted connection whose first head is due by `first_head` (the moment it was
+    /// accepted plus the head timeout: a TLS handshake or an h2c preface check spends from the
+    /// same budget); returns it and its clock.
+    pub fn new(
+        io: S,
+        timeout: Duration,
+        first_head: Instant,
+        send_timeout: Duration,
+        metrics: Arc<ListenerMetrics>,
+    ) -> (Self, Arc<HeadClock>) {
         let clock = HeadClock::new();
         let io = TimedIo {
             io,
             clock: Arc::clone(&clock),
             timeout,
-            sleep: Box::pin(tokio::time::sleep(timeout)),
+            sleep: Box::pin(tokio::time::sleep_until(first_head)),
+            send_timeout,
+            send_sleep: None,
             partial: false,
             first: true,
             timed_out: false,
@@ -278,10 +297,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TimedIo<S> {
     }
 }
 
+impl<S> TimedIo<S> {
+    /// A write's result, with the send timeout: a write that waits (the client reads nothing)
+    /// arms a timer, progress disarms it, and a timer that fires fails the write, which ends the
+    /// connection and releases what the response held (its worker's in-flight count).
+    fn sent(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match &r {
+            Poll::Pending => {
+                let limit = self.send_timeout;
+                let sleep = self.send_sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                if sleep.as_mut().poll(cx).is_ready() {
+                    self.metrics.send_timeouts.fetch_add(1, Relaxed);
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client read nothing for the send timeout",
+                    )));
+                }
+            }
+            Poll::Ready(_) => self.send_sleep = None,
+        }
+        r
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.dirty = true;
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.sent(cx, r)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -289,7 +332,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
         if matches!(r, Poll::Ready(Ok(()))) {
             self.dirty = false;
         }
-        r
+        // A TLS stream's flush waits on the socket as a write does.
+        match self.sent(cx, r.map_ok(|()| 0)) {
+            Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -302,7 +350,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.dirty = true;
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.sent(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -425,6 +425,7 @@ async fn accept_loop(
             let settings = Settings {
                 index,
                 header_timeout: l.header_timeout,
+                send_timeout: l.send_timeout,
                 max_buf: l.max_header_bytes,
                 max_headers: l.max_headers,
                 tls: tls.map(tokio_rustls::TlsAcceptor::from),
@@ -438,6 +439,7 @@ async fn accept_loop(
             let settings = Settings {
                 index,
                 header_timeout: Duration::from_secs(10),
+                send_timeout: Duration::from_secs(60),
                 max_buf: 64 * 1024,
                 max_headers: 100,
                 tls: None,
