@@ -22,6 +22,8 @@ pub(crate) struct Scrape {
     pub(crate) pools: Vec<Arc<Pool>>,
     pub(crate) listeners: Vec<(String, u64, Arc<ListenerMetrics>)>,
     pub(crate) admin_auth_failures: u64,
+    /// (listener, certificate file, seconds until it expires: negative once it has).
+    pub(crate) certificates: Vec<(String, String, i64)>,
 }
 
 /// Renders a scrape in the Prometheus text format.
@@ -515,6 +517,15 @@ impl Collector for Scrape {
             "Access log lines dropped because the writer's queue was full (requests never wait for it).",
             MetricType::Counter,
             &|m| m.log_dropped.load(Relaxed),
+        )?;
+        family(
+            &mut encoder,
+            "keyroute_listener_certificate_expiry_seconds",
+            "Seconds until each TLS certificate of the listener expires (negative once it has).",
+            MetricType::Gauge,
+            self.certificates
+                .iter()
+                .map(|(l, file, secs)| (labels(&[("listener", l), ("certificate", file)]), Value::Float(*secs as f64))),
         )?;
         family(
             &mut encoder,

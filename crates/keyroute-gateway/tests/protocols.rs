@@ -627,3 +627,89 @@ async fn an_idle_tunnel_is_closed_and_logged_when_it_closes() {
     gw.task.abort();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A self-signed certificate for `names` valid from `from` to `until` (years), written as
+/// `stem.pem` and `stem.key`.
+fn write_cert_valid(dir: &Path, stem: &str, names: &[&str], from: i32, until: i32) -> (PathBuf, PathBuf, Vec<u8>) {
+    let mut params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("params");
+    params.not_before = rcgen::date_time_ymd(from, 1, 1);
+    params.not_after = rcgen::date_time_ymd(until, 1, 1);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let c = params.self_signed(&key).expect("a certificate");
+    let (cert_path, key_path) = (dir.join(format!("{stem}.pem")), dir.join(format!("{stem}.key")));
+    std::fs::write(&cert_path, c.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    (cert_path, key_path, c.der().to_vec())
+}
+
+/// Issue 19, defect 13: with an expired and a valid certificate for the same name, the expired
+/// one was served and `--check` said ok.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_certificate_wins_over_an_expired_one_and_expiry_is_warned() {
+    let dir = temp_dir("expired");
+    let (old_c, old_k, _) = write_cert_valid(&dir, "old", &["site.test"], 2019, 2021);
+    let (new_c, new_k, new_der) = write_cert_valid(&dir, "new", &["site.test", "other.test"], 2020, 2090);
+    let (soon_c, soon_k, _) = write_cert(&dir, "soon", &["soon.test"]);
+    let b = Backend::start("w1").await;
+    let text = config(&[&b], &tls_section(&[(&old_c, &old_k), (&new_c, &new_k), (&soon_c, &soon_k)]), "");
+    let cfg = keyroute_gateway::Config::parse(&text, "tls.toml").expect("valid");
+    let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warned.iter().any(|w| w.contains("tls.certificate.cert") && w.contains("old.pem has expired")),
+        "{warned:?}"
+    );
+    assert_eq!(warned.iter().filter(|w| w.contains("certificate")).count(), 1, "only the expired one: {warned:?}");
+    let gw = start_gateway(&text).await;
+    // The expired certificate comes first and names site.test; the valid one serves it.
+    let (_, seen) = tls_connect(gw.addr, "site.test", &[b"http/1.1"]).await;
+    assert_eq!(seen, new_der, "the valid certificate wins SNI");
+    // Without a name any certificate has, the first valid one serves (not the expired first).
+    let (_, seen) = tls_connect(gw.addr, "unknown.test", &[b"http/1.1"]).await;
+    assert_eq!(seen, new_der);
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    let m = metrics.as_str().unwrap_or_default();
+    let gauge = |file: &str| {
+        m.lines()
+            .find(|l| l.starts_with("keyroute_listener_certificate_expiry_seconds{") && l.contains(file))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert!(gauge("old.pem").is_some_and(|s| s < -1e8), "{m}");
+    assert!(gauge("new.pem").is_some_and(|s| s > 1e9), "{m}");
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A certificate that expires within 14 days is warned about; one that is not valid yet too.
+#[test]
+fn certificates_that_expire_soon_are_warned_about() {
+    let dir = temp_dir("soon");
+    let year = time::OffsetDateTime::now_utc().year();
+    let (future_c, future_k, _) = write_cert_valid(&dir, "future", &["f.test"], year + 2, year + 3);
+    let mut params = rcgen::CertificateParams::new(vec!["s.test".to_owned()]).expect("params");
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(3);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let c = params.self_signed(&key).expect("cert");
+    let (soon_c, soon_k) = (dir.join("soon.pem"), dir.join("soon.key"));
+    std::fs::write(&soon_c, c.pem()).expect("write");
+    std::fs::write(&soon_k, key.serialize_pem()).expect("write");
+    let b_addr: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let text = config_for(&[b_addr], "", "").replacen(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        &format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\n{}",
+            tls_section(&[(&soon_c, &soon_k), (&future_c, &future_k)])
+        ),
+        1,
+    );
+    let cfg = keyroute_gateway::Config::parse(&text, "tls.toml").expect("valid");
+    let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warned.iter().any(|w| w.contains("soon.pem expires in 2.") || w.contains("soon.pem expires in 3.")),
+        "{warned:?}"
+    );
+    assert!(warned.iter().any(|w| w.contains("future.pem is not valid yet")), "{warned:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -201,6 +201,17 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
                     .map(|((l, m), n)| (l.name.clone(), *n as u64, Arc::clone(m)))
                     .collect(),
                 admin_auth_failures: shared.auth.failures.load(Relaxed),
+                certificates: shared
+                    .listeners
+                    .iter()
+                    .zip(&shared.certificates)
+                    .filter_map(|(l, c)| c.as_ref().map(|c| (l, c)))
+                    .flat_map(|(l, c)| {
+                        c.expiry(std::time::SystemTime::now())
+                            .into_iter()
+                            .map(|(file, secs)| (l.name.clone(), file.display().to_string(), secs))
+                    })
+                    .collect(),
             };
             body::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", crate::exposition::render(scrape))
         }

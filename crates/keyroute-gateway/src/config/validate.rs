@@ -356,7 +356,12 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             for c in &t.certificate {
                 let (cert, key) = (relative_to(ctx, c.cert.get_ref()), relative_to(ctx, c.key.get_ref()));
                 match crate::tls::Certificate::load(&cert, &key) {
-                    Ok(loaded) => tls.push(loaded),
+                    Ok(loaded) => {
+                        if let Some(w) = loaded.warning(std::time::SystemTime::now()) {
+                            ctx.warn(Some(c.cert.span()), field("tls.certificate.cert"), w);
+                        }
+                        tls.push(loaded);
+                    }
                     Err(e) => {
                         let span = if e.field == "cert" { c.cert.span() } else { c.key.span() };
                         return ctx.err(Some(span), field(&format!("tls.certificate.{}", e.field)), e.message);
