@@ -122,12 +122,16 @@ pub(crate) struct CacheConfig {
 }
 
 /// The primary cache key of a request: scheme (when known), authority and path-and-query. `GET`
-/// and `HEAD` share it.
+/// and `HEAD` share it. When the pool's key reads more of the request than its URL (a header, a
+/// cookie, the client's address), the rendered key is part of it too: an implicit `Vary` on what
+/// placed the request, so that two users' answers for one URL never mix.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct CacheKey {
     scheme: String,
     authority: String,
     path_and_query: String,
+    /// The rendered pool key, when it reads beyond the URL; empty otherwise.
+    varies_on: String,
 }
 
 impl CacheKey {
@@ -136,6 +140,12 @@ impl CacheKey {
     /// in front of the same pool share entries (a cached redirect to `https` would then loop).
     pub fn with_scheme(mut self, scheme: &str) -> Self {
         self.scheme = scheme.to_ascii_lowercase();
+        self
+    }
+
+    /// The key that also varies on the request's rendered pool key (see [`CacheKey`]).
+    pub fn varying_on(mut self, pool_key: &str) -> Self {
+        pool_key.clone_into(&mut self.varies_on);
         self
     }
 
@@ -733,7 +743,7 @@ fn key_of(req: &request::Parts) -> Option<CacheKey> {
     let path_and_query = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let path_and_query = if path_and_query.is_empty() { "/" } else { path_and_query }.to_owned();
     let scheme = req.uri.scheme_str().unwrap_or("").to_ascii_lowercase();
-    Some(CacheKey { scheme, authority, path_and_query })
+    Some(CacheKey { scheme, authority, path_and_query, varies_on: String::new() })
 }
 
 /// Statuses cacheable by default (RFC 9110 §15.1), less 206 (no ranges here).

@@ -31,7 +31,8 @@ use crate::state::Shared;
 /// A hot key as [`crate::GatewayHandle::hot_keys`] (and `GET /hotkeys`) reports it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HotKeyInfo {
-    /// The key's text, once a sampled request showed it.
+    /// The key's text, once a sampled request showed it, if the pool shows key text
+    /// (`hot_keys.show_keys`).
     pub key: Option<String>,
     /// The key's hash.
     pub hash: u64,
@@ -67,7 +68,8 @@ pub(crate) struct HotKeysState {
     summary: Mutex<SpaceSaving>,
     rule: Mutex<HotKeys>,
     set: ArcSwap<HotSet>,
-    /// The key text of hot hashes, for `/hotkeys` (only hot keys are kept).
+    /// The key text of hot hashes, for `/hotkeys` (only hot keys are kept, and only when the pool
+    /// shows key text).
     names: Mutex<HashMap<u64, String>>,
     window_start: Mutex<Instant>,
     created: Instant,
@@ -136,7 +138,8 @@ impl HotKeysState {
         if let Ok(mut s) = self.summary.try_lock() {
             s.offer(hash);
         }
-        if self.replicas(hash) > 0
+        if self.config.show_keys
+            && self.replicas(hash) > 0
             && let Ok(mut names) = self.names.try_lock()
             && names.len() < 4 * self.config.counters
         {

@@ -113,6 +113,12 @@ impl KeyTemplate {
         Ok(KeyTemplate { parts, lowercase, decode, first_value, source: template.to_owned() })
     }
 
+    /// Whether the key reads more of a request than its method, host and URL: a header, a cookie
+    /// or the client's address (the gateway cache then varies on the rendered key).
+    pub fn reads_beyond_url(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Header(_) | Part::Cookie(_) | Part::ClientIp))
+    }
+
     /// The template as written.
     pub fn as_str(&self) -> &str {
         &self.source

@@ -56,7 +56,7 @@ async fn a_hot_key_spreads_over_its_top_owners_only_and_comes_back() {
         b.delay_ms.store(20, SeqCst);
     }
     let refs: Vec<&Backend> = bs.iter().collect();
-    let hot = "[pool.hot_keys]\nthreshold = 30\nper_worker = 25\nmax_replicas = 3\nwindow_ms = 200\nhold_ms = 600\nsample_every = 1";
+    let hot = "[pool.hot_keys]\nthreshold = 30\nper_worker = 25\nmax_replicas = 3\nwindow_ms = 200\nhold_ms = 600\nsample_every = 1\nshow_keys = true";
     let gw = start_gateway(&config_text(&refs, hot, "")).await;
     let top = ranking(&gw, "/thumb?k=hot").await;
     let served = hammer(&format!("http://{}/thumb?k=hot", gw.addr), 24, 1.5).await;
@@ -350,4 +350,93 @@ async fn slow_start_waits_for_a_cold_newcomers_hit_rate() {
     // By time alone, about half of its keys at half the window.
     assert!(warm_taken * 10 >= warm_all * 3, "a newcomer with hits ramps by time: {warm_taken} of {warm_all}");
     assert!(cold_taken * 10 <= cold_all, "a cold newcomer is held back: {cold_taken} of {cold_all}");
+}
+
+/// Issue 19, defect 15: `/hotkeys` showed each key's rendered text, cookie and header values
+/// included. Only the hash, unless the pool asks for text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_keys_show_only_their_hash_unless_the_pool_shows_key_text() {
+    let bs = backends(3).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let hot =
+        "key = \"{cookie.session}\"\n[pool.hot_keys]\nthreshold = 30\nwindow_ms = 200\nhold_ms = 600\nsample_every = 1";
+    let gw = start_gateway(&config_text(&refs, hot, "").replace("key = \"{path}?k={query.k}\"\n", "")).await;
+    let until = Instant::now() + Duration::from_millis(1200);
+    let c: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    while Instant::now() < until {
+        let req = http::Request::get(format!("http://{}/thumb", gw.addr))
+            .header("cookie", "session=secret-session-token")
+            .body(http_body_util::Empty::new())
+            .expect("request");
+        let resp = c.request(req).await.expect("response");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+    }
+    let keys = hot_keys(&gw).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0]["key"].is_null(), "{keys:?}");
+    assert!(keys[0]["hash"].as_str().is_some_and(|h| h.len() == 16));
+    let (_, all) = admin(&gw, "GET", "/hotkeys", "", None).await;
+    assert!(!all.to_string().contains("secret-session-token"), "{all}");
+    gw.task.abort();
+}
+
+/// Issue 19, defect 15, the cache's edges: the pool key reads a cookie, so two users' answers for
+/// one URL must not mix (an implicit Vary); a GET with a body is not answered by URL; followers
+/// whose wait ends carry `X-Keyroute-Cache`, and forty of them in front of a slow worker do not
+/// become three tries each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_varies_on_the_pool_key_skips_bodies_and_bounds_followers() {
+    let bs = backends(3).await;
+    let refs: Vec<&Backend> = bs.iter().collect();
+    let hot = "key = \"{path}/{cookie.user}\"\n[pool.passive]\nstall_ms = 300\n[pool.hot_keys]\nthreshold = 20\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\n[pool.hot_keys.cache]\nmax_bytes = 100000\ncoalesce_timeout_ms = 400";
+    let gw = start_gateway(&config_text(&refs, hot, "").replace("key = \"{path}?k={query.k}\"\n", "")).await;
+    let url = format!("http://{}/thumb", gw.addr);
+    let served = || bs.iter().map(|b| b.arrived.load(SeqCst)).sum::<u64>();
+    let until = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < until {
+        get_with(&url, &[("cookie", "user=alice")]).await;
+        get_with(&url, &[("cookie", "user=bob")]).await;
+    }
+    eventually(Duration::from_secs(3), "both keys hot", || async { hot_keys(&gw).await.len() == 2 }).await;
+    let (_, h, _) = get_with(&format!("{url}?cc=1"), &[("cookie", "user=alice")]).await;
+    assert_eq!(h["x-keyroute-cache"], "miss");
+    let (_, h, _) = get_with(&format!("{url}?cc=1"), &[("cookie", "user=alice")]).await;
+    assert_eq!(h["x-keyroute-cache"], "hit", "alice's answer is stored for alice");
+    let (_, h, _) = get_with(&format!("{url}?cc=1"), &[("cookie", "user=bob")]).await;
+    assert_eq!(h["x-keyroute-cache"], "miss", "bob never gets alice's answer");
+
+    // A GET with a body: never looked up, never stored.
+    let before = served();
+    for _ in 0..2 {
+        let req = format!(
+            "GET /thumb?cc=1&b=1 HTTP/1.1\r\nHost: a\r\nCookie: user=alice\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+        );
+        let answer = raw(gw.addr, req.as_bytes()).await.to_ascii_lowercase();
+        assert!(answer.starts_with("http/1.1 200") && !answer.contains("x-keyroute-cache: hit"), "{answer}");
+    }
+    assert_eq!(served() - before, 2, "both went upstream");
+
+    // Forty misses of one URL in front of workers slower than the coalescing wait and the stall
+    // window: the followers' wait ends, each goes upstream once.
+    for b in &bs {
+        b.delay_ms.store(1000, SeqCst);
+    }
+    let before = served();
+    let mut set = JoinSet::new();
+    for _ in 0..40 {
+        let url = format!("{url}?cc=1&v=slow");
+        set.spawn(async move { get_with(&url, &[("cookie", "user=bob")]).await });
+    }
+    let mut how: HashMap<String, usize> = HashMap::new();
+    while let Some(r) = set.join_next().await {
+        let (_, h, _) = r.expect("task");
+        *how.entry(h.get("x-keyroute-cache").cloned().unwrap_or_default()).or_default() += 1;
+    }
+    assert!(!how.contains_key(""), "every answer says how the cache took it: {how:?}");
+    let upstream = served() - before;
+    // The leader's three tries and one try per follower at most (three each made 120 before).
+    assert!(upstream <= 43, "{upstream} upstream requests for 40 clients: {how:?}");
+    gw.task.abort();
 }

@@ -347,6 +347,11 @@ impl HotKeyConfig {
     }
 }
 
+/// The most keys [`HotKeys`] holds hot at once: the hottest, by rate. Past a few hundred, keys
+/// are hardly "hot" (each carries under a few tenths of a percent of the traffic), and every one
+/// costs an entry in the set each request searches.
+pub const MAX_HOT_KEYS: usize = 256;
+
 /// A hot key as [`HotKeys`] tracks it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HotKey {
@@ -521,6 +526,10 @@ impl HotKeys {
             kept.push(HotKey { hash: c.hash, rate, replicas, since: now, changed: now, evidence, span });
         }
         kept.sort_by(|a, b| b.rate.total_cmp(&a.rate).then(a.hash.cmp(&b.hash)));
+        // Held keys stay for `hold` and new ones enter every window: without a bound, a client
+        // walking through many keys just above the threshold grows the set to `counters x hold /
+        // window` keys. The hottest stay.
+        kept.truncate(MAX_HOT_KEYS);
         self.keys = kept;
         self.set()
     }
@@ -579,6 +588,21 @@ mod tests {
             hold: Duration::from_secs(10),
             confidence: 0.0,
         }
+    }
+
+    #[test]
+    fn the_hot_set_is_bounded_and_keeps_the_hottest() {
+        let mut rule = HotKeys::try_new(config(10.0)).expect("valid");
+        // Windows of 400 keys above the threshold each, held for 10 s: 4,000 would be hot.
+        for t in 0..10u64 {
+            let items: Vec<(u64, u64)> = (0..400).map(|i| (t * 1000 + i, 20 + i)).collect();
+            let set = rule.tick(Duration::from_secs(t + 1), &window(100_000, &items));
+            assert!(set.entries.len() <= MAX_HOT_KEYS, "{}", set.entries.len());
+        }
+        let keys = rule.keys();
+        assert_eq!(keys.len(), MAX_HOT_KEYS);
+        assert!(keys.windows(2).all(|w| w[0].rate >= w[1].rate), "hottest first");
+        assert!(keys.iter().all(|k| k.rate >= 20.0 + 399.0 - MAX_HOT_KEYS as f64), "the hottest stay");
     }
 
     fn window(requests: u64, hot: &[(u64, u64)]) -> Window {

@@ -195,6 +195,9 @@ pub struct HotKeysConfig {
     pub counters: usize,
     /// One request in this many is sampled.
     pub sample_every: u32,
+    /// `/hotkeys` shows each hot key's text, not only its hash (off by default: a key may hold a
+    /// cookie's or a header's value, as in the access log's `key`).
+    pub show_keys: bool,
     /// The gateway's response cache for hot keys, if on.
     pub cache: Option<CacheSettings>,
 }

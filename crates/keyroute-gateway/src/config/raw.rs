@@ -130,6 +130,7 @@ pub(super) struct RawHotKeys {
     pub(super) counters: Option<Spanned<u64>>,
     pub(super) sample_every: Option<Spanned<u64>>,
     pub(super) confidence: Option<Spanned<f64>>,
+    pub(super) show_keys: Option<bool>,
     pub(super) cache: Option<RawCache>,
 }
 

@@ -134,7 +134,24 @@ fn check_label(what: &'static str, text: &str) -> Result<(), WorkerFieldError> {
     if text.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return bad("must not contain spaces or control characters".into());
     }
+    if let Some(c) = text.chars().find(|&c| invisible(c)) {
+        return bad(format!(
+            "must not contain invisible or direction-changing characters (U+{:04X}): a name that looks like another is not another",
+            c as u32
+        ));
+    }
     Ok(())
+}
+
+/// Characters that show nothing, or change how the text around them shows, so that two names
+/// that look alike differ (`w1` and `w1` + U+200B): format characters (Unicode category Cf:
+/// zero-width spaces and joiners, bidirectional controls, the BOM, tags), fillers that render as
+/// blanks, and variation selectors.
+fn invisible(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F
+        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F | 0xFEFF
+        | 0xFFA0 | 0xFFF9..=0xFFFB | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
 }
 
 /// Validates one worker, the same way for a configuration file and the admin API: a name and
@@ -967,6 +984,7 @@ fn validate_hot_keys(
         window: Duration::from_millis(window),
         counters: counters as usize,
         sample_every: sample_every as u32,
+        show_keys: h.show_keys.unwrap_or(false),
         cache,
     }))
 }
@@ -1115,5 +1133,17 @@ mod tests {
             assert!(points_at(w.parse().expect("addr"), any), "{w}");
         }
         assert!(collide("[::ffff:127.0.0.1]:8080".parse().expect("addr"), "127.0.0.1:8080".parse().expect("addr")));
+    }
+
+    #[test]
+    fn look_alike_names_are_refused() {
+        for name in ["w1\u{200B}", "\u{202E}1w", "w\u{2060}1", "\u{FEFF}w1", "w1\u{FE0F}", "w\u{00AD}1", "w1\u{E0041}"]
+        {
+            let err = check_label("name", name).expect_err("refused");
+            assert!(err.message.contains("invisible"), "{name:?}: {}", err.message);
+        }
+        for name in ["w1", "thumb-ü", "東京-1", "cache.a_b"] {
+            assert!(check_label("name", name).is_ok(), "{name}");
+        }
     }
 }

@@ -126,6 +126,9 @@ pub enum BadHead {
     InvalidHost,
     /// An absolute-form target with a scheme other than http or https, or with user info.
     InvalidTarget,
+    /// A path with an encoded slash or a backslash (raw or encoded), which servers read
+    /// differently.
+    AmbiguousPath,
 }
 
 impl BadHead {
@@ -136,6 +139,7 @@ impl BadHead {
             BadHead::MissingHost => "missing_host",
             BadHead::InvalidHost => "invalid_host",
             BadHead::InvalidTarget => "invalid_target",
+            BadHead::AmbiguousPath => "ambiguous_path",
         }
     }
 
@@ -143,9 +147,12 @@ impl BadHead {
     pub fn message(self) -> &'static str {
         match self {
             BadHead::DuplicateHost => "more than one Host header",
-            BadHead::MissingHost => "an HTTP/1.1 request needs a Host header",
+            BadHead::MissingHost => "the request names no host (Host, or :authority in HTTP/2)",
             BadHead::InvalidHost => "the Host is not a valid host[:port]",
             BadHead::InvalidTarget => "the request target is not an http(s) URI without user info",
+            BadHead::AmbiguousPath => {
+                "the path holds an encoded slash (%2F) or a backslash, which servers read differently"
+            }
         }
     }
 }
@@ -165,10 +172,13 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
     }
     // Even with an absolute-form target, an HTTP/1.1 request must carry one valid Host
     // (RFC 9112 section 3.2); the target's authority then replaces it.
+    // An HTTP/2 request names its host by `:authority` (the URI's, here) or Host, and must name
+    // one (RFC 9113 section 8.3.1), as an HTTP/1.1 request must send Host.
     match first {
         Some(h) if valid_authority(h.to_str().map_err(|_| BadHead::InvalidHost)?) => {}
         Some(_) => return Err(BadHead::InvalidHost),
         None if version == Version::HTTP_11 => return Err(BadHead::MissingHost),
+        None if version >= Version::HTTP_2 && uri.authority().is_none() => return Err(BadHead::MissingHost),
         None => {}
     }
     // Absolute form: its authority wins and replaces Host (RFC 9112 section 3.2.2). In origin
@@ -188,7 +198,7 @@ pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) ->
     // Encoded slashes and backslashes (raw or encoded) mean different paths to different
     // servers: a route must not match one reading and the worker act on another.
     if path.contains('\\') || has_escape(path, b'2', b'f') || has_escape(path, b'5', b'c') {
-        return Err(BadHead::InvalidTarget);
+        return Err(BadHead::AmbiguousPath);
     }
     let path = if path.is_empty() || path == "*" { Cow::Borrowed(path) } else { normalize_path(path) };
     let origin_form = uri.scheme().is_none() && uri.authority().is_none();
@@ -501,8 +511,14 @@ mod tests {
     #[test]
     fn ambiguous_slashes_are_refused() {
         for raw in ["/thumb/..%2fadmin", "/thumb/..%2Fadmin", "/thumb/..%5cadmin", "/thumb/a%5Cb", "/thumb/..\\admin"] {
-            assert_eq!(canon(Version::HTTP_11, raw, &["h"]), Err(BadHead::InvalidTarget), "{raw}");
+            assert_eq!(canon(Version::HTTP_11, raw, &["h"]), Err(BadHead::AmbiguousPath), "{raw}");
         }
+        assert!(BadHead::AmbiguousPath.message().contains("%2F"));
+        // HTTP/2 must name its host too: :authority (the URI's) or Host.
+        assert_eq!(canon(Version::HTTP_2, "/x", &[]), Err(BadHead::MissingHost));
+        assert!(canon(Version::HTTP_2, "http://a.example/x", &[]).is_ok());
+        assert!(canon(Version::HTTP_2, "/x", &["a.example"]).is_ok());
+        assert!(canon(Version::HTTP_10, "/x", &[]).is_ok(), "HTTP/1.0 needs no Host");
         // Absolute form still needs a valid Host on HTTP/1.1.
         assert_eq!(canon(Version::HTTP_11, "http://a.example/x", &[]), Err(BadHead::MissingHost));
         assert_eq!(canon(Version::HTTP_11, "http://a.example/x", &["a b"]), Err(BadHead::InvalidHost));

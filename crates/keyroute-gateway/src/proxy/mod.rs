@@ -235,9 +235,12 @@ where
         hot.observe(h, &key);
         if hot.replicas(h) > 0 {
             hot.metrics.hot_requests.fetch_add(1, Relaxed);
-            if let Some(cache) = &hot.cache
-                && let Some(ck) =
-                    cache.request_key(parts).map(|k| k.with_scheme(if peer.tls { "https" } else { "http" }))
+            // A request with a body (a GET may carry one) is not a cache's to answer by URL.
+            if let Some(cache) = hot.cache.as_ref().filter(|_| body.is_end_stream())
+                && let Some(ck) = cache.request_key(parts).map(|k| {
+                    let k = k.with_scheme(if peer.tls { "https" } else { "http" });
+                    if snap.config.key.reads_beyond_url() { k.varying_on(&key) } else { k }
+                })
             {
                 let wait = hot
                     .config
@@ -282,7 +285,9 @@ where
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
     let retry = &snap.config.retry;
-    let attempts = if replayable { retry.attempts } else { 1 };
+    // A request that waited for another's miss in vain has spent its patience: one try, never
+    // abandoned (forty followers of a slow worker must not become forty times the retries).
+    let attempts = if replayable && !waited { retry.attempts } else { 1 };
     let deadline = started + retry.deadline;
     let mut body = Some(ClientBody::new(body, Arc::clone(&upload)).boxed_unsync());
     let mut tried: Vec<usize> = Vec::new();
@@ -336,6 +341,11 @@ where
                 }
                 return match caching.take() {
                     Some(c) => c.store(resp).await,
+                    None if waited => {
+                        let mut resp = resp;
+                        resp.headers_mut().insert(X_CACHE, HeaderValue::from_static("miss"));
+                        resp
+                    }
                     None => resp,
                 };
             }
