@@ -29,8 +29,9 @@ use std::time::Duration;
 
 use keyroute::hash::{RandomSource, SplitMix64};
 use keyroute::hot::{HotKeyConfig, HotKeyDetector, HotKeys, HotSet, Threshold};
+use keyroute::steer::Steering;
 use keyroute::warm::{Handoff, Ramp, admitted};
-use keyroute::{Decision, Node, NodeSet, Options, Policy, Spill, Strategy};
+use keyroute::{Decision, Node, NodeSet, Options, Policy, Strategy};
 use serde::Serialize;
 
 use crate::hist::{Histogram, LatencySummary};
@@ -1193,9 +1194,8 @@ fn start(
     push(heap, now + service, Event::Completion { worker, request });
 }
 
-/// A gateway's decision: a hot key goes to the least loaded of its top replicas; a key whose
-/// owner joined within the warm-up window and is not admitted yet goes to its previous owner
-/// (handoff) or its next node (slow start); the rest as the strategy says.
+/// A gateway's decision, as the simulation makes it: its moment (the last join's handoff or slow
+/// start, at `now`) read from the fleet, then [`decide_at`].
 #[allow(clippy::too_many_arguments)]
 fn steer(
     policy: &Policy,
@@ -1209,43 +1209,75 @@ fn steer(
     workers: &[Worker],
     members: &[usize],
 ) -> Option<Decision> {
-    if replicas > 1 {
-        return policy.decide_replicated(hash, replicas, &|i| loads(i), |_| true, rng);
-    }
-    if let (Some((handoff, newcomer, joined)), Some(w)) = (warm, config.warmup) {
-        let elapsed = Duration::from_nanos(now.saturating_sub(*joined));
-        match (w, handoff) {
+    let moment = match (warm, config.warmup) {
+        (Some((handoff, newcomer, joined)), Some(warmup)) => {
+            let nw = &workers[members[*newcomer]];
+            let (hits, all) = workers.iter().fold((0, 0), |a, w| (a.0 + w.hits, a.1 + w.requests));
+            Some(Moment {
+                handoff: handoff.as_ref(),
+                newcomer: *newcomer,
+                elapsed: Duration::from_nanos(now.saturating_sub(*joined)),
+                warmup,
+                newcomer_reports: (nw.hits - nw.hits_at_join, nw.requests - nw.requests_at_join),
+                pool_hit_rate: ratio(hits, all),
+            })
+        }
+        _ => None,
+    };
+    decide_at(policy, hash, replicas, loads, rng, moment.as_ref())
+}
+
+/// A simulated gateway's warm-up at one moment: what [`decide_at`] reads besides the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Moment<'a> {
+    /// The last join's handoff (the table without the newcomer), for [`SimWarmup::Handoff`].
+    pub handoff: Option<&'a Handoff>,
+    /// The newcomer's index in the table.
+    pub newcomer: usize,
+    /// Since it joined.
+    pub elapsed: Duration,
+    /// How it warms.
+    pub warmup: SimWarmup,
+    /// The newcomer's cache hits and requests since it joined (slow start by hit rate).
+    pub newcomer_reports: (u64, u64),
+    /// The pool's hit rate.
+    pub pool_hit_rate: f64,
+}
+
+/// One simulated gateway's decision for a key: the core's one steering rule
+/// ([`keyroute::steer`]) fed with the simulated moment, every member eligible. Public so that
+/// the gateway's decisions can be checked against the simulator's (they must be equal).
+pub fn decide_at(
+    policy: &Policy,
+    hash: u64,
+    replicas: usize,
+    loads: &dyn Fn(usize) -> u64,
+    rng: &mut SplitMix64,
+    moment: Option<&Moment<'_>>,
+) -> Option<Decision> {
+    let (mut handoff_of, mut progress, mut slow) = (None, 0.0, None);
+    if let Some(m) = moment {
+        match (m.warmup, m.handoff) {
             (SimWarmup::Handoff { window_ms }, Some(h)) => {
-                let p = (elapsed.as_secs_f64() * 1e3 / window_ms).min(1.0);
-                if let Some(owner) = policy.owner(hash)
-                    && owner == *newcomer
-                    && !admitted(hash, p)
-                    && let Some(prev) = h.previous_owner(hash)
-                {
-                    return Some(Decision { node: prev, owner: Some(owner), spill: Some(Spill::Warming) });
-                }
+                progress = (m.elapsed.as_secs_f64() * 1e3 / window_ms).min(1.0);
+                handoff_of = Some(h);
             }
             (SimWarmup::SlowStart { window_ms, min_share }, _) => {
                 let ramp = Ramp { window: Duration::from_secs_f64(window_ms / 1e3), min_share };
-                let nw = &workers[members[*newcomer]];
-                let (hits, all) = workers.iter().fold((0, 0), |a, w| (a.0 + w.hits, a.1 + w.requests));
-                let pool = ratio(hits, all);
-                let p = ramp.progress_with_hits(
-                    elapsed,
-                    nw.hits - nw.hits_at_join,
-                    nw.requests - nw.requests_at_join,
-                    pool,
-                );
-                if !admitted(hash, p)
-                    && let Some(d) = policy.decide(Some(hash), &|i| loads(i), |i| i != *newcomer, rng)
-                {
-                    return Some(d);
-                }
+                let (hits, reports) = m.newcomer_reports;
+                slow = Some((m.newcomer, ramp.progress_with_hits(m.elapsed, hits, reports, m.pool_hit_rate)));
             }
             _ => {}
         }
     }
-    policy.decide(Some(hash), &|i| loads(i), |_| true, rng)
+    let by_node = |_: usize| progress;
+    let held = |i: usize| slow.is_some_and(|(newcomer, p)| i == newcomer && !admitted(hash, p));
+    let steering = Steering {
+        replicas,
+        handoff: handoff_of.map(|h| (h, &by_node as &dyn Fn(usize) -> f64)),
+        held: slow.is_some().then_some(&held as &dyn Fn(usize) -> bool),
+    };
+    keyroute::steer::steer(policy, Some(hash), &steering, &|i: usize| loads(i), |_| true, rng)
 }
 
 /// `+w9 -w3 w2=3 strategy=ring`: what a [`Change::SetMembers`] changed.

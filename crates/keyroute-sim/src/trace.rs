@@ -14,8 +14,10 @@
 //!
 //! **Combined**: nginx's (and Apache's) `combined` access-log format,
 //! `$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent"`,
-//! with a key template over the request as the gateway's: `{path}`, `{uri}`, `{query.NAME}`,
-//! `{method}`, `{client_ip}` and literal text (default `{uri}`). Its times are whole seconds: the
+//! with a key template in the gateway's own key language ([`keyroute::key`], so the key of a
+//! logged request is the one the gateway computes for it): `{path}`, `{uri}`, `{query.NAME}`,
+//! `{method}`, `{client_ip}`, `{{`/`}}` and literal text (default `{uri}`); `{host}`, `{header.*}`
+//! and `{cookie.*}` are not in a log, and a line needing them is an error. Its times are whole seconds: the
 //! requests logged in one second are spread evenly over it, in file order. A request logged as
 //! `"-"` (nginx's record of a connection that sent no request, such as a 400) reached no backend:
 //! it is counted in [`Trace::skipped`] and not replayed.
@@ -27,6 +29,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::Read;
 use std::path::Path;
+
+use keyroute::key::{KeyTemplate, LoggedRequest};
 
 /// A request log, ready to replay: times relative to the first request, keys as dense ids.
 #[derive(Clone, Debug, Default)]
@@ -138,7 +142,9 @@ impl Trace {
     pub fn parse(text: &[u8], format: &TraceFormat) -> Result<Trace, (Option<usize>, String)> {
         let template = match format {
             TraceFormat::Plain => None,
-            TraceFormat::Combined { template } => Some(Template::parse(template).map_err(|e| (None, e))?),
+            TraceFormat::Combined { template } => {
+                Some(KeyTemplate::parse(template, &[]).map_err(|e| (None, format!("key template '{template}': {e}")))?)
+            }
         };
         // (time in ns since the epoch of the log, file order, key, service)
         let mut rows: Vec<(i128, u32, Vec<u8>, Option<f32>)> = Vec::new();
@@ -260,7 +266,7 @@ fn plain_line(line: &[u8]) -> Result<(i128, Vec<u8>, Option<f32>), String> {
 
 /// A combined-log line's time (ns since the Unix epoch) and key; `None` for a line that records
 /// no request (`"-"`).
-fn combined_line(line: &[u8], template: &Template) -> Result<Option<(i128, Vec<u8>)>, String> {
+fn combined_line(line: &[u8], template: &KeyTemplate) -> Result<Option<(i128, Vec<u8>)>, String> {
     let text = String::from_utf8_lossy(line);
     let client = text.split(' ').next().unwrap_or("");
     let open = text.find('[').ok_or("no [time] field")?;
@@ -275,8 +281,11 @@ fn combined_line(line: &[u8], template: &Template) -> Result<Option<(i128, Vec<u
     let mut request = rest[q + 1..end].split(' ');
     let method = request.next().unwrap_or("");
     let uri = request.next().ok_or("the request has no URI")?;
-    let key =
-        template.render(method, uri, client).ok_or_else(|| format!("the key template has no value for '{uri}'"))?;
+    // The gateway's key language: the simulator's key of a logged request is the gateway's key of
+    // the request itself (a log has no host, headers or cookies).
+    let logged = LoggedRequest { method, uri, client: client.parse().ok() };
+    let mut key = String::new();
+    template.render(&logged, &mut key).map_err(|e| format!("the key template has no value for '{uri}': {e}"))?;
     if key.is_empty() {
         return Err("the key is empty".into());
     }
@@ -290,7 +299,7 @@ fn clf_time(s: &str) -> Result<i128, String> {
     let mut parts = stamp.split(['/', ':']);
     let mut next = || parts.next().ok_or_else(bad);
     let day: i64 = next()?.parse().map_err(|_| bad())?;
-    let month = match next()? {
+    let month: u8 = match next()? {
         "Jan" => 1,
         "Feb" => 2,
         "Mar" => 3,
@@ -325,90 +334,15 @@ fn clf_time(s: &str) -> Result<i128, String> {
     let digits = zone.get(1..5).filter(|d| d.bytes().all(|b| b.is_ascii_digit())).ok_or_else(bad)?;
     let offset = sign
         * (digits[..2].parse::<i64>().map_err(|_| bad())? * 3600 + digits[2..].parse::<i64>().map_err(|_| bad())? * 60);
-    let days = days_from_civil(year, month, day);
+    let month = time::Month::try_from(month).map_err(|_| bad())?;
+    let date = time::Date::from_calendar_date(year as i32, month, day as u8).map_err(|_| bad())?;
+    let days = i64::from(date.to_julian_day()) - UNIX_EPOCH_JULIAN_DAY;
     let secs = days * 86_400 + h * 3600 + m * 60 - offset;
     Ok(i128::from(secs) * 1_000_000_000 + (sec * 1e9).round() as i128)
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// A key template over a logged request (the gateway's placeholders that a log has).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Template {
-    parts: Vec<Part>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    Path,
-    Uri,
-    Method,
-    ClientIp,
-    Query(String),
-}
-
-impl Template {
-    fn parse(t: &str) -> Result<Template, String> {
-        let mut parts = Vec::new();
-        let mut rest = t;
-        while let Some(open) = rest.find('{') {
-            if open > 0 {
-                parts.push(Part::Literal(rest[..open].to_owned()));
-            }
-            let close =
-                rest[open..].find('}').map(|c| open + c).ok_or_else(|| format!("key template '{t}': unclosed '{{'"))?;
-            let name = &rest[open + 1..close];
-            parts.push(match name {
-                "path" => Part::Path,
-                "uri" => Part::Uri,
-                "method" => Part::Method,
-                "client_ip" => Part::ClientIp,
-                _ => match name.strip_prefix("query.").filter(|q| !q.is_empty()) {
-                    Some(q) => Part::Query(q.to_owned()),
-                    None => {
-                        return Err(format!(
-                            "key template '{t}': unknown placeholder '{{{name}}}' (a log has {{path}}, {{uri}}, {{query.NAME}}, {{method}}, {{client_ip}})"
-                        ));
-                    }
-                },
-            });
-            rest = &rest[close + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Literal(rest.to_owned()));
-        }
-        Ok(Template { parts })
-    }
-
-    fn render(&self, method: &str, uri: &str, client: &str) -> Option<String> {
-        let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
-        let mut out = String::new();
-        for p in &self.parts {
-            match p {
-                Part::Literal(s) => out.push_str(s),
-                Part::Path => out.push_str(path),
-                Part::Uri => out.push_str(uri),
-                Part::Method => out.push_str(method),
-                Part::ClientIp => out.push_str(client),
-                Part::Query(name) => out.push_str(query.split('&').find_map(|kv| {
-                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                    (k == name).then_some(v)
-                })?),
-            }
-        }
-        Some(out)
-    }
-}
+/// The Julian day number of 1970-01-01.
+const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
 
 #[cfg(test)]
 mod tests {

@@ -25,6 +25,7 @@
 //! | `least-loaded` | [`LeastLoaded`] | optimal with one fresh view; herds with several stale ones | `O(n)` | a single balancer with exact counts |
 //! | hot keys | [`hot`] | a key above a rate gets the least loaded of its top `ceil(rate / per_replica)` owners, with hysteresis; Space-Saving error `<= N / k` | ~5 ns/request to detect | a key that one node cannot serve alone |
 //! | warm-up | [`warm`] | a newcomer's keys reach it as a trickle (a share `p` of them, a growing set); nobody else's move | one mix | scale-out and recovery without a cold cache |
+//! | steering | [`steer`] | hot replicas, then handoff, then slow start, then the strategy: one pure rule for gateway and simulator | the strategy's, plus one mix for a warming owner | whatever the fleet runs: it is how the others combine |
 //! | `round-robin`, `weighted-round-robin` | [`RoundRobin`], [`SmoothWeighted`] | equal (weighted) turns, smoothly interleaved | `O(1)`, `O(n)` | cheap uniform requests, stateless nodes |
 //! | `nginx`, `twemproxy`, `libketama`, `redis-cluster`, `guava`, `haproxy`, `envoy-ring-hash`, `envoy-maglev`, `groupcache` | [`compat`] | every key where the named system puts it (checked against the real programs) | the original's | moving a fleet over with no key moving |
 //!
@@ -77,6 +78,7 @@ pub mod compat;
 pub mod hash;
 pub mod hot;
 pub mod jump;
+pub mod key;
 pub mod maglev;
 pub mod modulo;
 pub mod rendezvous;
@@ -84,6 +86,7 @@ pub mod replicas;
 pub mod ring;
 pub mod round_robin;
 pub mod slots;
+pub mod steer;
 pub mod warm;
 
 pub use bounded::{BoundedLoad, Choice};

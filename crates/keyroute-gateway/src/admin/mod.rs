@@ -67,7 +67,7 @@ fn fail(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
 }
 
 fn param(req: &Request<Incoming>, name: &str) -> Option<String> {
-    query_value(req.uri().query().unwrap_or(""), name).map(percent_decode)
+    query_value(req.uri().query().unwrap_or(""), name).map(|v| percent_decode(v).into_owned())
 }
 
 /// The endpoints: a path pattern and the methods it takes.
@@ -188,7 +188,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
     let routing = shared.front.routing.load_full();
     let pool_name = param(&req, "pool");
     let pool = || routing.pool(pool_name.as_deref()).map(Arc::clone).map_err(|e| fail(StatusCode::NOT_FOUND, e));
-    let worker_name = path.strip_prefix("/workers/").map(percent_decode).unwrap_or_default();
+    let worker_name = path.strip_prefix("/workers/").map(|v| percent_decode(v).into_owned()).unwrap_or_default();
     match (endpoint, req.method().clone()) {
         (Endpoint::Metrics, _) => {
             let scrape = Scrape {

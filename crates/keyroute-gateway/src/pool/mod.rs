@@ -515,3 +515,100 @@ fn warm_for(
         }
     }
 }
+
+/// One steering rule for gateway and simulator (issue 19): one sequence of events (four workers,
+/// a fifth joins, time passes through its warm-up window) driven through the gateway's snapshot
+/// and through the simulator's decision, with the same decisions for every key at every moment.
+#[cfg(test)]
+mod steering_equals_the_simulators {
+    use std::time::Duration;
+
+    use keyroute::hash::SplitMix64;
+    use keyroute::warm::Handoff;
+    use keyroute::{Node, NodeSet, Options, Policy, Strategy};
+    use keyroute_sim::fleet::{Moment, SimWarmup, decide_at};
+    use tokio::time::Instant;
+
+    use super::Pool;
+    use crate::config::{Config, WorkerConfig};
+
+    fn pool(extra: &str) -> Pool {
+        let mut text = format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\n[[pool]]\nname = \"p\"\nstrategy = \"rendezvous\"\nkey = \"{{path}}\"\n{extra}\n"
+        );
+        for i in 1..=4 {
+            text.push_str(&format!("[[pool.worker]]\nname = \"w{i}\"\naddress = \"127.0.0.1:{}\"\n", 9000 + i));
+        }
+        let config = Config::parse(&text, "steer.toml").expect("valid");
+        Pool::new(config.pools[0].clone(), Instant::now()).expect("pool")
+    }
+
+    async fn compare(extra: &str, warmup: SimWarmup) {
+        let p = pool(extra);
+        let w5 = WorkerConfig {
+            name: "w5".into(),
+            address: "127.0.0.1:9005".parse().expect("addr"),
+            weight: 1,
+            zone: None,
+            id: None,
+        };
+        p.add_worker(w5).expect("join");
+        // The simulator's own table over the same members (a function of the set alone).
+        let names = ["w1", "w2", "w3", "w4", "w5"];
+        let sim_policy = Policy::build(
+            Strategy::Rendezvous,
+            NodeSet::try_new(names.iter().map(|n| Node::new_unchecked(n))).expect("nodes"),
+            &Options::default(),
+        )
+        .expect("policy");
+        let newcomer =
+            (0..names.len()).find(|&i| sim_policy.nodes().get(i).is_some_and(|n| n.name() == "w5")).expect("w5");
+        let handoff = Handoff::new(&sim_policy, &[newcomer]).expect("handoff");
+        let mut warming_seen = 0;
+        for step in 0..=12u64 {
+            let elapsed = Duration::from_millis(step * 1000);
+            let snap = p.snapshot();
+            let now = Instant::now();
+            let moment = Moment {
+                handoff: handoff.as_ref(),
+                newcomer,
+                elapsed,
+                warmup,
+                newcomer_reports: (0, 0),
+                pool_hit_rate: 0.0,
+            };
+            let mut rng = SplitMix64::new(1);
+            for k in 0..3000 {
+                let key = format!("/thumb/img-{k}.jpg");
+                let h = snap.policy.key_hash(key.as_bytes());
+                assert_eq!(h, sim_policy.key_hash(key.as_bytes()));
+                let g = snap.decide(Some(h), &[], now).expect("a worker");
+                let s = decide_at(&sim_policy, h, 0, &|_| 0, &mut rng, Some(&moment)).expect("a worker");
+                let name = |pol: &Policy, i: usize| pol.nodes().get(i).map(|n| n.name().to_owned());
+                assert_eq!(
+                    (name(&snap.policy, g.node), name(&snap.policy, g.owner.unwrap_or(usize::MAX)), g.spill),
+                    (name(&sim_policy, s.node), name(&sim_policy, s.owner.unwrap_or(usize::MAX)), s.spill),
+                    "key {key} at {elapsed:?}"
+                );
+                warming_seen += usize::from(g.spill == Some(keyroute::Spill::Warming));
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        // The comparison covered warm-up decisions, not only the plain strategy.
+        assert!(warming_seen > 1000, "{warming_seen}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn handoff() {
+        compare("[pool.handoff]\nwindow_ms = 10000", SimWarmup::Handoff { window_ms: 10_000.0 }).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_start() {
+        compare(
+            "[pool.slow_start]\nwindow_ms = 10000\nmin_share = 0.1\nby_hit_rate = false",
+            SimWarmup::SlowStart { window_ms: 10_000.0, min_share: 0.1 },
+        )
+        .await;
+    }
+}

@@ -5,8 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use keyroute::hash::SplitMix64;
+use keyroute::steer::{Steering, steer};
 use keyroute::warm::{Handoff, admitted};
-use keyroute::{Decision, Node, Policy, Spill};
+use keyroute::{Decision, Node, Policy};
 use tokio::time::Instant;
 
 use super::endpoint::{State, WorkerState};
@@ -118,44 +119,24 @@ impl Snapshot {
     /// `tried`. Stalled workers are skipped too, unless no other worker is available: a stall
     /// steers traffic away, it never empties a pool.
     ///
-    /// Before the strategy's own rule, in this order: a hot key goes to the least loaded of its
-    /// top replicas ([`keyroute::hot`]); a key whose owner joined within the handoff window and is
-    /// not yet admitted to it goes to its previous owner; and with slow start, a warming worker is
-    /// skipped for the keys not yet admitted to it ([`keyroute::warm`]).
+    /// The moment's steering for `hash` is the core's one rule ([`keyroute::steer`]): hot replicas,
+    /// then the handoff, then slow start, then the strategy, over the workers in state `want`.
     pub fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
         let loads = |i: usize| self.workers.get(i).map_or(0, |w| w.in_flight());
+        let replicas = match (hash, &self.hot) {
+            (Some(h), Some(hot)) => hot.replicas(h),
+            _ => 0,
+        };
+        let progress = |i: usize| self.warm.as_ref().map_or(1.0, |w| w.progress(i, now));
+        let held = |i: usize| hash.is_some_and(|h| self.held_back(i, h, now));
+        let steering = Steering {
+            replicas,
+            handoff: self.warm.as_ref().map(|w| (&w.handoff, &progress as &dyn Fn(usize) -> f64)),
+            held: self.config.slow_start.is_some().then_some(&held as &dyn Fn(usize) -> bool),
+        };
         let pick = |want: State| {
             let eligible = |i: usize| !tried.contains(&i) && self.state(i, now) == want;
-            RNG.with(|rng| {
-                let mut rng = rng.borrow_mut();
-                let Some(h) = hash else { return self.policy.decide(hash, &loads, eligible, &mut *rng) };
-                if let Some(hot) = &self.hot {
-                    let r = hot.replicas(h);
-                    if r > 1 {
-                        return self.policy.decide_replicated(h, r, &loads, eligible, &mut *rng);
-                    }
-                }
-                if let Some(w) = &self.warm
-                    && let Some(owner) = self.policy.owner(h)
-                    && w.handoff.is_warming(owner)
-                    && !admitted(h, w.progress(owner, now))
-                    && let Some(prev) = w.handoff.previous_owner(h)
-                    && eligible(prev)
-                {
-                    return Some(Decision { node: prev, owner: Some(owner), spill: Some(Spill::Warming) });
-                }
-                if self.config.slow_start.is_some() {
-                    let held = |i: usize| self.held_back(i, h, now);
-                    let d = self.policy.decide(hash, &loads, |i| eligible(i) && !held(i), &mut *rng);
-                    if let Some(mut d) = d {
-                        if d.spill.is_some() && d.owner.is_some_and(|o| eligible(o) && held(o)) {
-                            d.spill = Some(Spill::Warming);
-                        }
-                        return Some(d);
-                    }
-                }
-                self.policy.decide(hash, &loads, eligible, &mut *rng)
-            })
+            RNG.with(|rng| steer(&self.policy, hash, &steering, &loads, eligible, &mut *rng.borrow_mut()))
         };
         pick(State::Healthy).or_else(|| pick(State::Stalled))
     }

@@ -582,7 +582,7 @@ fn key_hash(pool: &Pool, snap: &Snapshot, parts: &Parts, peer: &Peer, key: &mut 
     if !snap.policy.strategy().uses_key() {
         return Ok(None);
     }
-    let rendered = snap.config.key.render(parts, peer.addr.ip(), key).and_then(|()| {
+    let rendered = snap.config.key.render(&crate::key::HttpRequest::new(parts, peer.addr.ip()), key).and_then(|()| {
         // nginx and HAProxy do not hash an empty key (they go round robin): neither does their mode.
         match snap.policy.strategy().hashes_key(key.as_bytes()) {
             true => Ok(()),
