@@ -5,6 +5,7 @@ mod cli;
 mod demo;
 mod members;
 mod place;
+mod process;
 mod serve;
 mod sim;
 

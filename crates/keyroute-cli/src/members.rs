@@ -13,7 +13,7 @@ use keyroute_gateway::membership::registry::{ChangeError, Registry};
 
 use crate::Usage;
 use crate::cli::{MembersAction, MembersArgs, RegisterArgs, RegistrationArgs};
-use crate::serve::{init_logging, runtime, shutdown_signal};
+use crate::process::{init_logging, runtime, shutdown_signal};
 
 fn registry(url: &str) -> Result<Registry> {
     if url.is_empty() {

@@ -987,7 +987,7 @@ fn stored_headers(src: &HeaderMap, status: StatusCode, body_len: u64) -> HeaderM
         .filter_map(|n| HeaderName::from_bytes(n.trim_ascii()).ok())
         .collect();
     // Hop-by-hop headers (RFC 9110 §7.6.1) are never stored, nor the cookie and the age.
-    for name in crate::proxy::headers::HOP_BY_HOP.iter().chain(&named).chain([
+    for name in crate::hop::HOP_BY_HOP.iter().chain(&named).chain([
         &header::TRANSFER_ENCODING,
         &header::SET_COOKIE,
         &header::AGE,

@@ -186,7 +186,7 @@ impl Collector for Scrape {
             &|p| Value::Int(p.source.compactions.load(Relaxed)),
         )?;
         // Hot keys and the gateway cache, for pools that have them.
-        let hot: Vec<(&Arc<Pool>, &Arc<crate::hotkeys::HotKeysState>)> =
+        let hot: Vec<(&Arc<Pool>, &Arc<crate::pool::hot::HotKeysState>)> =
             snaps.iter().filter_map(|(p, s)| s.hot.as_ref().map(|h| (*p, h))).collect();
         if !hot.is_empty() {
             let sets: Vec<_> = hot.iter().map(|(p, h)| (*p, h.set())).collect();
@@ -211,16 +211,18 @@ impl Collector for Scrape {
                         .map(|(r, n)| (labels(&[("pool", &p.name), ("replicas", &r.to_string())]), Value::Int(n)))
                 }),
             )?;
-            let hot_counter =
-                |encoder: &mut DescriptorEncoder<'_>, name, help, get: &dyn Fn(&crate::hotkeys::HotMetrics) -> u64| {
-                    family(
-                        encoder,
-                        name,
-                        help,
-                        MetricType::Counter,
-                        hot.iter().map(|(p, h)| (labels(&[("pool", &p.name)]), Value::Int(get(&h.metrics)))),
-                    )
-                };
+            let hot_counter = |encoder: &mut DescriptorEncoder<'_>,
+                               name,
+                               help,
+                               get: &dyn Fn(&crate::pool::hot::HotMetrics) -> u64| {
+                family(
+                    encoder,
+                    name,
+                    help,
+                    MetricType::Counter,
+                    hot.iter().map(|(p, h)| (labels(&[("pool", &p.name)]), Value::Int(get(&h.metrics)))),
+                )
+            };
             hot_counter(&mut encoder, "keyroute_pool_hot_key_requests", "Requests for keys that were hot.", &|m| {
                 m.hot_requests.load(Relaxed)
             })?;
@@ -234,7 +236,7 @@ impl Collector for Scrape {
                      name,
                      help,
                      kind,
-                     get: &dyn Fn(&crate::hotkeys::HotKeysState, &crate::cache::HttpCache) -> u64| {
+                     get: &dyn Fn(&crate::pool::hot::HotKeysState, &crate::cache::HttpCache) -> u64| {
                         family(
                             encoder,
                             name,

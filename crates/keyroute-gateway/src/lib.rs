@@ -20,7 +20,10 @@
 //!   tables built off the request threads; or **membership from etcd**, shared by every gateway
 //!   on a prefix, with workers that register themselves (see [`membership`]).
 //! - **Hardening**: one reading of Host and the path (RFC 9112), loop detection, connection and
-//!   header limits, a head timeout, public errors that carry a reason class and a request id only.
+//!   header limits (one connection limit per listener, across threads), head and send timeouts,
+//!   idle tunnels closed, only the upgrades a route allows tunnelled (never h2c), public errors that
+//!   carry a reason class and a request id only; an admin API that refuses requests through a
+//!   gateway, foreign Hosts (DNS rebinding) and other origins (CSRF).
 //! - **Metrics** in Prometheus text, and an admin API (`GET /workers`, `POST /workers`, `PATCH` and
 //!   `DELETE /workers/NAME`, `GET /placement?key=`, `/metrics`, `/healthz`, `/readyz`).
 //!
@@ -36,36 +39,39 @@
 //!
 //! ## Layout
 //!
-//! Each module imports only those listed above it:
+//! Each module imports only those listed above it (no two modules import each other, directly or
+//! in a circle):
 //!
 //! | module | what |
 //! |---|---|
 //! | `body` | the body type, and the responses the gateway makes itself |
-//! | [`key`] | key templates |
+//! | `hop` | the hop-by-hop headers (never forwarded, never stored) |
+//! | [`key`] | key templates over HTTP requests: the core's key language ([`keyroute::key`]) |
 //! | `table` | node sets and the table size limit |
 //! | [`etcd`] | a small etcd v3 client over its JSON gateway (no gRPC, no `protoc`) |
-//! | [`tls`] | certificates and SNI selection (rustls, `ring`) |
+//! | [`tls`] | certificates, their validity, and SNI selection (rustls, `ring`) |
 //! | [`config`] | `raw` (serde structs), `validate` (one function per section), the validated types |
 //! | `health` | pure machines: `machine` (rise/fall), `eject` (passive ejection) |
 //! | `metrics` | counters owned by what they count |
-//! | `access` | access log lines, queued to a writer thread |
+//! | `access` | access log lines, queued to a writer thread that reopens its file on demand |
+//! | `listener` | accepting within limits, the head and send timeouts |
 //! | `upstream` | per-worker connection pools |
-//! | `pool` | `endpoint` (a worker's live state), `snapshot` (what a request reads), the pool (build, then swap) |
+//! | `cache` | the RFC 9111 cache for hot keys, with request coalescing |
+//! | `pool` | `endpoint` (a worker's live state), `hot` (a pool's hot keys: detector, set, cache), `snapshot` (what a request reads; its decision is the core's steering rule, [`keyroute::steer`]), the pool (build, then swap) |
 //! | `error` | the errors of starting and reloading |
 //! | `routing` | listeners' routes to pools |
-//! | `proxy` | `headers`, `guarded` (the two bodies), the request path as a service |
+//! | `proxy` | `headers`, `guarded` (the two bodies), `tunnel` (upgraded connections), the request path as a service |
 //! | `exposition` | `/metrics` rendering |
-//! | `listener` | accepting within limits, the head timeout |
 //! | `state` | what the running gateway's tasks share |
 //! | [`membership`] | `record` (the etcd layout, a public contract), `registry` and `register` (writing records), `saved` (the last members on disk), `source` (the watch task) |
 //! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
-//! | `admin` | the admin API |
-//! | `connection` | one connection: TLS and ALPN, HTTP/1.1 (head timeout, upgrades) or HTTP/2 |
-//! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, reload, shutdown |
+//! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints |
+//! | `connection` | one connection: TLS and ALPN, HTTP/1.1 (head and send timeouts, upgrades) or HTTP/2 |
+//! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, the hot-key ticker, reload, shutdown |
 
 #![deny(missing_docs)]
 
-// Modules in the order of their imports: each uses only those above it.
+// Alphabetical; the order of their imports is the layout table above.
 mod access;
 mod admin;
 mod body;
@@ -76,7 +82,7 @@ mod error;
 pub mod etcd;
 mod exposition;
 mod health;
-mod hotkeys;
+mod hop;
 pub mod key;
 mod listener;
 pub mod membership;
@@ -94,7 +100,7 @@ mod upstream;
 pub use body::{BoxError, ProxyBody};
 pub use config::{Config, ConfigError, WorkerConfig};
 pub use error::{GatewayError, ReloadError};
-pub use hotkeys::HotKeyInfo;
+pub use pool::hot::HotKeyInfo;
 pub use pool::{Member, MembershipError};
 pub use proxy::ProxyService;
 pub use server::{Gateway, GatewayHandle, Membership, Placements};

@@ -325,7 +325,7 @@ impl Gateway {
         });
         crate::prober::spawn_probers(&shared);
         crate::membership::source::spawn_sources(&shared);
-        tokio::spawn(crate::hotkeys::tick_loop(Arc::downgrade(&shared)));
+        tokio::spawn(hot_key_ticks(Arc::downgrade(&shared)));
         let mut tasks = Vec::new();
         for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {
             tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(i), tls)));
@@ -406,6 +406,26 @@ fn check_no_self_workers(config: &Config, own: &[SocketAddr]) -> Result<(), Gate
         }
     }
     Ok(())
+}
+
+/// How often the ticker looks at the pools: hot-key windows end within this of their due time.
+const HOT_KEY_TICK: Duration = Duration::from_millis(50);
+
+/// Ends every pool's hot-key window when it is due ([`crate::pool::hot::HotKeysState::tick`]),
+/// until the gateway goes away.
+async fn hot_key_ticks(shared: std::sync::Weak<Shared>) {
+    loop {
+        {
+            let Some(s) = shared.upgrade() else { return };
+            let now = Instant::now();
+            for pool in &s.front.routing.load().pools {
+                if let Some(hot) = &pool.snapshot().hot {
+                    hot.tick(now);
+                }
+            }
+        }
+        tokio::time::sleep(HOT_KEY_TICK).await;
+    }
 }
 
 /// Connections the admin listener holds at once.
@@ -583,7 +603,7 @@ impl GatewayHandle {
     /// # Errors
     ///
     /// No such pool.
-    pub fn hot_keys(&self, pool: &str) -> Result<Vec<crate::hotkeys::HotKeyInfo>, GatewayError> {
+    pub fn hot_keys(&self, pool: &str) -> Result<Vec<crate::pool::hot::HotKeyInfo>, GatewayError> {
         let p = self.pool(pool)?;
         let snap = p.snapshot();
         Ok(snap.hot.as_ref().map_or_else(Vec::new, |hot| hot.report(&snap)))

@@ -21,7 +21,8 @@
 //!   path) and only then swapping it in; nothing shared is edited before a build that can fail.
 
 pub mod endpoint;
-pub mod snapshot;
+pub(crate) mod hot;
+mod snapshot;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -233,7 +234,7 @@ impl Pool {
     /// weight the strategy refuses, an id that collides) is refused alone and the rest applies.
     /// The set is tried whole first; then each member alone; then, if the set still fails,
     /// members are added one at a time in the given order (canonical name order from
-    /// [`crate::membership::record::members_of`]), and each that would break the table is refused.
+    /// `membership::record::members_of`), and each that would break the table is refused.
     /// A function of the set alone, so every gateway refuses the same records.
     pub fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<(String, String)>) {
         let config = Arc::clone(&self.snapshot().config);
@@ -458,7 +459,7 @@ fn build(
     let now = Instant::now();
     let hot = match (old.and_then(|o| o.hot.as_ref()), &config.hot_keys) {
         (Some(h), Some(c)) if h.config == *c => Some(Arc::clone(h)),
-        (_, Some(c)) => crate::hotkeys::HotKeysState::new(c.clone(), now).map(Arc::new),
+        (_, Some(c)) => crate::pool::hot::HotKeysState::new(c.clone(), now).map(Arc::new),
         _ => None,
     };
     // A pool that had no worker takes its first ones at once: there is nowhere else to warm from.

@@ -75,7 +75,7 @@ pub struct Snapshot {
     /// The members, in the policy's node order.
     pub workers: Vec<Arc<WorkerState>>,
     /// The pool's hot keys, when `hot_keys` is on (the same state across membership changes).
-    pub(crate) hot: Option<Arc<crate::hotkeys::HotKeysState>>,
+    pub(crate) hot: Option<Arc<crate::pool::hot::HotKeysState>>,
     /// Previous-owner handoff for the workers that joined within the `handoff` window.
     pub(crate) warm: Option<Warm>,
 }

@@ -25,17 +25,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Uri, Version};
 
-/// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded.
-pub(crate) const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-];
+pub(crate) use crate::hop::HOP_BY_HOP;
 
 /// Removes the hop-by-hop headers and those `Connection` lists; a message that came with
 /// `Transfer-Encoding` also loses `Content-Length` (the length is the chunked body's, and hyper

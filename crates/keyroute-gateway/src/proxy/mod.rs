@@ -414,7 +414,7 @@ pub(crate) const X_CACHE: header::HeaderName = header::HeaderName::from_static("
 
 /// A hot key's request that leads its flight: what it needs to store the response.
 struct Caching {
-    hot: Arc<crate::hotkeys::HotKeysState>,
+    hot: Arc<crate::pool::hot::HotKeysState>,
     key: crate::cache::CacheKey,
     /// The client's request head as it arrived (the cache's rules and `Vary` read it, not the
     /// upstream request's).
@@ -466,7 +466,7 @@ fn cached_response(
 /// (`no-cache`, `max-age=0`) neither looks up nor waits: it goes upstream, and may refresh the
 /// entry.
 async fn consult(
-    hot: Arc<crate::hotkeys::HotKeysState>,
+    hot: Arc<crate::pool::hot::HotKeysState>,
     key: crate::cache::CacheKey,
     parts: &Parts,
     id: &str,

@@ -9,7 +9,7 @@
 //!   `try_lock` (a sample lost to contention is lost for the hot key and for the total alike, so
 //!   rates stay unbiased). [`HotKeysState::replicas`] is one atomic load and a binary search of
 //!   the published [`HotSet`] (empty: one length check).
-//! - **Off the path.** [`tick_loop`] ends each pool's window every `window_ms`: the summary's counts
+//! - **Off the path.** The server's ticker ends each pool's window every `window_ms` ([`HotKeysState::tick`]): the summary's counts
 //!   become rates, the rule applies its hysteresis, and the new set is swapped in.
 //! - **State.** The state lives as long as the pool's `hot_keys` settings do: a snapshot built for
 //!   a membership change carries the same `Arc`, a reload that changes the settings starts over.
@@ -17,7 +17,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -26,7 +26,6 @@ use tokio::time::Instant;
 
 use crate::cache::{CacheConfig, HttpCache};
 use crate::config::HotKeysConfig;
-use crate::state::Shared;
 
 /// A hot key as [`crate::GatewayHandle::hot_keys`] (and `GET /hotkeys`) reports it.
 #[derive(Clone, Debug, PartialEq)]
@@ -184,7 +183,7 @@ impl HotKeysState {
     }
 
     /// The hot keys now, hottest first, each with its replicas in `snap`'s table.
-    pub(crate) fn report(&self, snap: &crate::pool::Snapshot) -> Vec<HotKeyInfo> {
+    pub(crate) fn report(&self, snap: &super::Snapshot) -> Vec<HotKeyInfo> {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         let rule = self.rule.lock().unwrap_or_else(|e| e.into_inner());
         rule.keys()
@@ -202,24 +201,5 @@ impl HotKeysState {
     /// The published set.
     pub(crate) fn set(&self) -> Arc<HotSet> {
         self.set.load_full()
-    }
-}
-
-/// How often the ticker looks at the pools: windows end within this of their due time.
-const TICK: Duration = Duration::from_millis(50);
-
-/// Ends every pool's hot-key window when it is due, until the gateway goes away.
-pub(crate) async fn tick_loop(shared: Weak<Shared>) {
-    loop {
-        {
-            let Some(s) = shared.upgrade() else { return };
-            let now = Instant::now();
-            for pool in &s.front.routing.load().pools {
-                if let Some(hot) = &pool.snapshot().hot {
-                    hot.tick(now);
-                }
-            }
-        }
-        tokio::time::sleep(TICK).await;
     }
 }
