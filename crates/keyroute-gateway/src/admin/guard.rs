@@ -80,7 +80,7 @@ impl Hosts {
             let own = self.listen.ip();
             return own.is_unspecified() || ip == own || (own.is_loopback() && ip.is_loopback());
         }
-        host == "localhost" || host.ends_with(".localhost") || self.names.iter().any(|n| *n == host)
+        host == "localhost" || host.ends_with(".localhost") || self.names.contains(&host)
     }
 }
 
