@@ -301,7 +301,7 @@ async fn a_compacted_watch_reads_the_prefix_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_records_are_ignored_one_by_one_and_the_pool_never_empties() {
+async fn bad_records_are_ignored_one_by_one_and_the_pool_empties_only_when_none_is_valid() {
     let etcd = Etcd::start();
     let prefix = "/keyroute/pools/junk/workers/";
     let client = Client::new(&[etcd.endpoint()]).expect("client");
@@ -349,6 +349,12 @@ async fn bad_records_are_ignored_one_by_one_and_the_pool_never_empties() {
     let revision = client.put(format!("{prefix}w1").as_bytes(), b"[]", 0).await.expect("put");
     converged(std::slice::from_ref(&gw), revision, Duration::from_secs(5)).await;
     assert_eq!(gw.handle.membership("p").expect("pool").workers, ["w3", "x-duplicate"]);
+    // While a valid record is left, the pool serves every key.
+    for k in 0..30 {
+        let (s, h, _) = get(&c, &format!("http://{}/thumb?k={k}", gw.addr)).await;
+        assert_eq!(s, StatusCode::OK, "key {k} with two valid records left");
+        assert!(["w3", "x-duplicate"].contains(&h["x-keyroute-worker"].as_str()), "{h:?}");
+    }
     // Every record broken: the pool empties only because no valid record is left, and says so.
     for b in ["w3", "x-duplicate"] {
         client.put(format!("{prefix}{b}").as_bytes(), b"[]", 0).await.expect("put");
