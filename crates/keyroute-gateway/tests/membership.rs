@@ -210,9 +210,7 @@ async fn a_big_rebuild_never_stalls_requests() {
     let (status, done) = patch.await.expect("patch");
     assert_eq!(status, StatusCode::OK);
     let build = done - started;
-    eprintln!(
-        "GETs served while a 3.2M-point ring was built ({build:?}): {served_during}, the slowest {slowest:?}"
-    );
+    eprintln!("GETs served while a 3.2M-point ring was built ({build:?}): {served_during}, the slowest {slowest:?}");
     // Built inline, the one runtime thread would serve one GET (or none) and that GET would wait
     // the whole build. Measured: 7,000 to 9,700 GETs over a 0.4 s build, each well under 1 ms.
     assert!(served_during >= 500, "only {served_during} GETs were served during a {build:?} build");

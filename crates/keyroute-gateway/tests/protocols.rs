@@ -165,7 +165,8 @@ async fn tls_with_sni_alpn_h1_and_h2_and_the_same_placement() {
     let refs: Vec<&Backend> = bs.iter().collect();
     let certs = [(&d_cert, &d_key), (&b_cert, &b_key), (&x_cert, &x_key), (&a_cert, &a_key)];
     let certs: Vec<(&Path, &Path)> = certs.iter().map(|(c, k)| (c.as_path(), k.as_path())).collect();
-    let text = config(&refs, &tls_section(&certs), "").replace("key = \"{path}?k={query.k}\"", "key = \"{host}{path}\"");
+    let text =
+        config(&refs, &tls_section(&certs), "").replace("key = \"{path}?k={query.k}\"", "key = \"{host}{path}\"");
     let gw = start_gateway(&text).await;
 
     // SNI picks the first certificate valid for the name (exact names and wildcards alike), and
@@ -802,8 +803,7 @@ async fn an_http2_rapid_reset_flood_is_cut_off() {
     }
     // The server may close before it has read everything: a failed write is part of the answer.
     let _ = s.write_all(&flood).await;
-    let (frames, closed) =
-        h2_read(&mut s, Duration::from_secs(5), |f| f.iter().any(|(t, _, _, _)| *t == 0x7)).await;
+    let (frames, closed) = h2_read(&mut s, Duration::from_secs(5), |f| f.iter().any(|(t, _, _, _)| *t == 0x7)).await;
     let goaway = frames.iter().find(|(t, _, _, _)| *t == 0x7).expect("a GOAWAY");
     let code = u32::from_be_bytes([goaway.3[4], goaway.3[5], goaway.3[6], goaway.3[7]]);
     assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM (closed {closed})");
@@ -861,7 +861,8 @@ async fn a_tunnels_upstream_connection_is_never_reused() {
                     if head.contains("upgrade: websocket") {
                         tunnels.lock().expect("lock").push(id);
                         tunnel = true;
-                        let reply = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
+                        let reply =
+                            b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
                         if c.write_all(reply).await.is_err() {
                             return;
                         }
@@ -949,7 +950,10 @@ async fn tls_private_keys_never_reach_debug_output() {
     for (i, out) in printed.iter().enumerate() {
         assert!(out.contains("d.key"), "output {i} names the key's file: {out}");
         for (what, needle) in [("decimal", &decimal), ("hex", &hex), ("PEM", &pem_line)] {
-            assert!(!out.to_ascii_lowercase().contains(&needle.to_ascii_lowercase()), "output {i} holds the key ({what})");
+            assert!(
+                !out.to_ascii_lowercase().contains(&needle.to_ascii_lowercase()),
+                "output {i} holds the key ({what})"
+            );
         }
     }
     drop(gw);

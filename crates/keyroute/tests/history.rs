@@ -184,9 +184,7 @@ fn excess(plan: &MovePlan, allowed: impl Fn(&keyroute::SlotMove) -> bool) -> usi
 /// the caps displaced (step 2 of the design). Every other slot is plain rendezvous.
 fn displaced(table: &SlotTable) -> usize {
     let rendezvous = Rendezvous::new(table.nodes().clone());
-    (0..16384u16)
-        .filter(|&s| table.slot_owner(s) != rendezvous.pick_hash(keyroute::hash::mix64(u64::from(s))))
-        .count()
+    (0..16384u16).filter(|&s| table.slot_owner(s) != rendezvous.pick_hash(keyroute::hash::mix64(u64::from(s)))).count()
 }
 
 #[test]
@@ -242,7 +240,7 @@ fn slot_tables_move_only_what_a_change_must_move() {
     }
     println!(
         "slot table changes: {changes}, exactly minimal: {exact}, excess slots: {total_excess} in total, {worst} at most"
-    );    // The caps bind rarely: nearly every change is exactly minimal (this seed: 435 of 450).
+    ); // The caps bind rarely: nearly every change is exactly minimal (this seed: 435 of 450).
     assert!(exact * 10 >= changes * 9, "only {exact} of {changes} changes were exactly minimal");
     assert!(total_excess <= changes / 10, "{total_excess} excess slots over {changes} changes");
 }
