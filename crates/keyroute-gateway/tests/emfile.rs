@@ -1,6 +1,7 @@
 //! README: a gateway out of file descriptors answers with its own 503 (`gateway_overloaded`), never
 //! counting it against the worker. Its own test binary: it lowers the process's open-file limit,
 //! which would break any test running beside it.
+#![cfg(unix)]
 
 mod support;
 
