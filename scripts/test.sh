@@ -2,6 +2,7 @@
 # The test command (README, .ci/run): installs the Debian packages the tests use when they are
 # missing, then runs every test of the workspace. Extra arguments go to `cargo test`.
 #
+#   curl: keyroute-gateway/tests/protocols.rs checks h2c with `curl --http2-prior-knowledge`.
 #   promtool (package prometheus): the gateway's /metrics is checked with `promtool check metrics`.
 #   etcd (package etcd-server): membership tests run a real etcd (started by the tests themselves
 #   on free loopback ports, in a temporary directory, and killed by pid when they end).
@@ -17,6 +18,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 have nginx || need+=(nginx)
 have haproxy || need+=(haproxy)

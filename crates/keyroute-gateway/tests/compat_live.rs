@@ -10,6 +10,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -148,14 +149,17 @@ fn gateway_config(strategy: &str, extra: &str, workers: &[(String, &Backend, u32
     s
 }
 
-async fn compare(what: &str, real: SocketAddr, gw: &Gw, keys: &[String]) {
+/// Each key's answer through the original and through keyroute, checked equal; the answers.
+async fn compare(what: &str, real: SocketAddr, gw: &Gw, keys: &[String]) -> HashMap<String, String> {
     let c = client();
     let mut mismatches = Vec::new();
+    let mut answers = HashMap::new();
     for k in keys {
         let (a, b) = (answered(&c, real, k).await, answered(&c, gw.addr, k).await);
         if a != b {
             mismatches.push(format!("{k:?}: {what} {a}, keyroute {b}"));
         }
+        answers.insert(k.clone(), b);
     }
     eprintln!("{what}: {} keys compared, {} mismatches", keys.len(), mismatches.len());
     assert!(
@@ -165,11 +169,30 @@ async fn compare(what: &str, real: SocketAddr, gw: &Gw, keys: &[String]) {
         keys.len(),
         &mismatches[..mismatches.len().min(10)]
     );
+    answers
 }
 
-/// Kills backend `victim` and waits until the gateway's health checks have taken it out; then
+/// The backend that answered `key` through `front`, or `None` for an error status.
+async fn try_answer(c: &TestClient, front: SocketAddr, key: &str) -> Option<String> {
+    let req = Request::builder()
+        .uri(format!("http://{front}/thumb"))
+        .header("x-key", HeaderValue::from_str(key).ok()?)
+        .body(Empty::<Bytes>::new())
+        .ok()?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req)).await.ok()?.ok()?;
+    if resp.status() != 200 {
+        return None;
+    }
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    Some(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Kills backend `victim` and waits until the gateway's health checks have taken it out (and, with
+/// `real_checks`, the original's own checks: HAProxy answers 503 for its keys until then); then
 /// `compare` again: the original's failover and keyroute's ranking must send every key to the same
-/// backend, and none to the dead one.
+/// backend, and none to the dead one. `before` is the first comparison's answers: the victim must
+/// have owned keys, or the failover would compare nothing.
+#[allow(clippy::too_many_arguments)]
 async fn compare_after_killing(
     what: &str,
     real: SocketAddr,
@@ -177,8 +200,12 @@ async fn compare_after_killing(
     keys: &[String],
     bs: &mut [Backend],
     victim: usize,
-    settle: Duration,
+    before: &HashMap<String, String>,
+    real_checks: bool,
 ) {
+    let dead = bs[victim].name.clone();
+    let theirs: Vec<&String> = keys.iter().filter(|k| before[*k] == dead).collect();
+    assert!(!theirs.is_empty(), "{what}: {dead} owned none of {} keys", keys.len());
     bs[victim].kill();
     let name = gw_name(gw, &bs[victim]).await;
     eventually(Duration::from_secs(10), "the gateway sees the dead backend", || {
@@ -187,11 +214,21 @@ async fn compare_after_killing(
     })
     .await;
     // The original's own detection: nginx marks the peer failed on its first refused connection
-    // (and retries the request along its walk); HAProxy needs a failed check (every 50 ms).
-    tokio::time::sleep(settle).await;
-    let served = bs[victim].served.load(std::sync::atomic::Ordering::SeqCst);
-    compare(&format!("{what} with {} dead", bs[victim].name), real, gw, keys).await;
-    assert_eq!(bs[victim].served.load(std::sync::atomic::Ordering::SeqCst), served, "the dead backend served nothing");
+    // (and retries the request along its walk); HAProxy needs a failed check (every 50 ms), and
+    // until then answers 503 for the dead server's keys.
+    if real_checks {
+        let c = client();
+        let probe = theirs[0].clone();
+        eventually(Duration::from_secs(5), "the original takes the dead backend out", || {
+            let (c, probe) = (c.clone(), probe.clone());
+            async move { try_answer(&c, real, &probe).await.is_some() }
+        })
+        .await;
+    }
+    let after = compare(&format!("{what} with {dead} dead"), real, gw, keys).await;
+    let to_dead: Vec<&String> = keys.iter().filter(|k| after[*k] == dead).collect();
+    assert!(to_dead.is_empty(), "{what}: keys answered by the dead {dead}: {to_dead:?}");
+    eprintln!("{what}: {} keys of the dead {dead} failed over alike", theirs.len());
 }
 
 /// The gateway's name for a backend: its address in the nginx pool, its own name otherwise.
@@ -234,10 +271,10 @@ async fn nginx_mode_places_as_the_real_nginx() {
     let gw = start_gateway(&gateway_config("nginx", HEALTH, &workers)).await;
     let keys: Vec<String> = (0..1500).map(|_| header_key(&mut rng)).collect();
     let what = format!("nginx ({n} servers, weights {weights:?})");
-    compare(&what, real, &gw, &keys).await;
+    let before = compare(&what, real, &gw, &keys).await;
     // nginx walks on to the next point's server; keyroute's nginx ranking is that walk.
     let victim = rng.below(n as u64) as usize;
-    compare_after_killing(&what, real, &gw, &keys, &mut bs, victim, Duration::ZERO).await;
+    compare_after_killing(&what, real, &gw, &keys, &mut bs, victim, &before, false).await;
     gw.task.abort();
     drop(nginx);
     let _ = std::fs::remove_dir_all(&dir);
@@ -287,11 +324,11 @@ async fn haproxy_mode_places_as_the_real_haproxy() {
         .filter(|k| !keyroute::compat::haproxy::first_value(k.as_bytes()).is_empty())
         .collect();
     let what = format!("haproxy ({n} servers, weights {weights:?}, ids {ids:?})");
-    compare(&what, real, &gw, &keys).await;
+    let before = compare(&what, real, &gw, &keys).await;
     // HAProxy takes a server that fails its check out of the tree: its keys go to the nearest point
     // of those left, keyroute's haproxy ranking. Wait for HAProxy's check too.
     let victim = rng.below(n as u64) as usize;
-    compare_after_killing(&what, real, &gw, &keys, &mut bs, victim, Duration::from_millis(600)).await;
+    compare_after_killing(&what, real, &gw, &keys, &mut bs, victim, &before, true).await;
     gw.task.abort();
     drop(haproxy);
     let _ = std::fs::remove_dir_all(&dir);

@@ -151,10 +151,11 @@ async fn a_post_is_delivered_once_while_a_get_is_retried() {
 }
 
 /// Issue 8, gaps: a hung worker (answers nothing, its health checks still pass) under load, with
-/// the default timeouts: no GET fails for a client that waits 10 s, and new traffic leaves the
-/// worker within 5 s.
+/// the default timeouts: no GET fails for a client that waits 10 s, and the stall window (2 s by
+/// default, `passive.stall_ms`) bounds both how long new traffic keeps reaching the worker and how
+/// long any GET waits (its try is abandoned at the window and retried elsewhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_worker_costs_no_get_and_loses_its_traffic_within_5_s() {
+async fn a_hung_worker_costs_no_get_and_loses_its_traffic_at_the_stall_window() {
     let bs = backends(4).await;
     for b in &bs {
         b.delay_ms.store(1, SeqCst);
@@ -209,7 +210,14 @@ async fn a_hung_worker_costs_no_get_and_loses_its_traffic_within_5_s() {
         slowest_us.load(SeqCst) as f64 / 1e6
     );
     assert_eq!(failures.load(SeqCst), 0, "no GET failed");
-    assert!(last_arrival < Duration::from_secs(5), "traffic left the hung worker after {last_arrival:?}");
+    // The design gives about 2 s for both (the stall window); 3.5 s leaves room for a loaded
+    // machine, and is far under what a missing stall rule gives (the 30 s per-try timeout, or the
+    // 10 s ejection and the client's 10 s timeout).
+    let slowest = Duration::from_micros(slowest_us.load(SeqCst));
+    assert!(last_arrival > Duration::ZERO, "no request reached the worker after it hung");
+    assert!(last_arrival < Duration::from_millis(3500), "traffic left the hung worker after {last_arrival:?}");
+    assert!(slowest < Duration::from_millis(3500), "the slowest GET took {slowest:?}");
+    assert!(slowest >= Duration::from_millis(1500), "no GET waited for the hung worker ({slowest:?}): did it hang?");
     let info = worker_info(&gw, "w2").await;
     assert!(info["ejections"].as_u64().unwrap_or(0) >= 1, "{info}");
     gw.task.abort();

@@ -206,11 +206,21 @@ async fn slow_heads_get_408_and_the_connection_limit_holds() {
     // 25 silent connections against a limit of 20: a new client waits in the backlog until the
     // silent ones time out, then is served.
     let mut silent = Vec::new();
+    let first_silent = tokio::time::Instant::now();
     for _ in 0..25 {
         silent.push(TcpStream::connect(gw.addr).await.expect("connect"));
     }
+    // The client really waits: about the head timeout (400 ms from the first silent connections),
+    // where a gateway without the limit would answer in a millisecond.
+    let sent = tokio::time::Instant::now();
     let (s, _, _) = get(&client(), &format!("http://{}/thumb?k=1", gw.addr)).await;
+    let waited = sent.elapsed();
     assert_eq!(s, StatusCode::OK);
+    let since_silent = first_silent.elapsed();
+    eprintln!("the 26th client waited {waited:?} ({since_silent:?} after the first silent connection)");
+    assert!(since_silent >= Duration::from_millis(380), "served after {since_silent:?}, before a place was free");
+    assert!(waited >= Duration::from_millis(250), "the client over the limit waited only {waited:?}");
+    assert!(waited < Duration::from_secs(3), "the client over the limit waited {waited:?}");
     let (_, m) = admin(&gw, "GET", "/metrics", "", None).await;
     let m = m.as_str().unwrap_or("").to_owned();
     let value = |name: &str| {

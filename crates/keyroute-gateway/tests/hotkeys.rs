@@ -99,6 +99,11 @@ async fn a_hot_key_spreads_over_its_top_owners_only_and_comes_back() {
     }
     // The traffic stops: below T/2 past the hold, the key leaves.
     eventually(Duration::from_secs(5), "the key is no longer hot", || async { hot_keys(&gw).await.is_empty() }).await;
+    // And comes back to its single owner: every request for it goes to the top of its ranking
+    // (one at a time: concurrent ones could spill under the default bounded loads).
+    let again = hammer(&format!("http://{}/thumb?k=hot", gw.addr), 1, 0.3).await;
+    assert!(!again.is_empty());
+    assert!(again.iter().all(|w| *w == top[0]), "the cooled key is served by {:?}, not only {}", again, top[0]);
     gw.task.abort();
 }
 
@@ -183,6 +188,11 @@ async fn the_gateway_cache_serves_hot_keys_as_an_http_cache_must_and_coalesces_m
             assert!(!h.contains_key("set-cookie") || why == "Set-Cookie");
         }
         assert_eq!(served() - before, 3, "{why}: every request went upstream");
+        // Not only not looked up: not stored either. The same URL without the request's headers
+        // (which would find a stored answer) goes upstream too.
+        let (_, h, _) = get_with(&url, &[]).await;
+        assert_ne!(h.get("x-keyroute-cache").map(String::as_str), Some("hit"), "{why}: a stored answer");
+        assert_eq!(served() - before, 4, "{why}: the response was stored");
     }
     // Vary: one variant per Accept.
     let before = served();
@@ -289,7 +299,32 @@ async fn slow_start_ramps_a_recovered_worker_back_in() {
     assert!(held * 10 >= mine.len() * 7, "just after recovery most of its keys stay away: {held} of {}", mine.len());
     let info = worker_info(&gw, &victim).await;
     assert!(info["warm_up"].as_f64().is_some_and(|p| p < 0.5), "{info}");
-    tokio::time::sleep(Duration::from_millis(6200)).await;
+    // Admission is by key, not by request: through the ramp, each key is served by one worker
+    // at a time (twice in a row, the same), and a key that came back to the victim stays back.
+    // A per-request random admission would flip keys between the two.
+    let mut came_back: std::collections::HashSet<String> =
+        mine.iter().filter(|k| back[**k] == victim).map(|k| (*k).clone()).collect();
+    let mut counts = vec![came_back.len()];
+    let ramp_ends = Instant::now() + Duration::from_millis(4800);
+    while Instant::now() < ramp_ends {
+        let first = serve_all(&gw, &ks).await;
+        let second = serve_all(&gw, &ks).await;
+        for k in &mine {
+            let (a, b) = (&first[*k], &second[*k]);
+            assert!(a == b || (a != &victim && b == &victim), "{k}: served by {a}, then {b}");
+            if came_back.contains(*k) {
+                assert_eq!(b, &victim, "{k} came back to {victim} and left it again");
+            }
+            if b == &victim {
+                came_back.insert((*k).clone());
+            }
+        }
+        counts.push(came_back.len());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    eprintln!("slow start: the victim's keys back over the ramp: {counts:?} of {}", mine.len());
+    assert!(counts.windows(2).any(|w| w[1] > w[0]), "no key came back during the ramp: {counts:?}");
+    tokio::time::sleep_until(ramp_ends + Duration::from_millis(1400)).await;
     assert_eq!(serve_all(&gw, &ks).await, before, "after the window every key is back");
     gw.task.abort();
 }

@@ -128,13 +128,26 @@ async fn a_worker_that_stops_accepting_connections_fails_its_checks() {
     gw.task.abort();
 }
 
+/// The CPU time, in nanoseconds, that this process's thread named `name` has run (Linux's
+/// `/proc/self/task/*/schedstat`): an idle runtime thread, blocked in epoll, adds next to nothing.
+fn thread_cpu_ns(name: &str) -> Option<u64> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            return stat.split_whitespace().next()?.parse().ok();
+        }
+    }
+    None
+}
+
 /// Issue 10: on several runtime threads (each with its own listening socket and upstream
 /// connections), the load counts are still one per worker, so bounded loads hold across threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_loads_hold_across_runtime_threads() {
     let bs = backends(8).await;
     for b in &bs {
-        b.delay_ms.store(150, SeqCst);
+        b.delay_ms.store(800, SeqCst);
     }
     let refs: Vec<&Backend> = bs.iter().collect();
     let text = config_text(&refs, "strategy = \"bounded-rendezvous\"\nepsilon = 0.25", "");
@@ -142,31 +155,91 @@ async fn bounded_loads_hold_across_runtime_threads() {
         .await
         .expect("bind");
     let addr = gw.local_addrs()[0];
+    let admin_addr = gw.admin_addr();
     let handle = gw.handle();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
-        gw.run_threads(2, async move {
-            let _ = stop_rx.await;
+    // Runtime 0 runs on this thread (with the admin API); run_threads names the others keyroute-N.
+    let server = std::thread::Builder::new()
+        .name("gw-thread-0".into())
+        .spawn(move || {
+            gw.run_threads(2, async move {
+                let _ = stop_rx.await;
+            })
         })
-    });
+        .expect("server thread");
+    let g = Gw { addr, admin: admin_addr, handle: handle.clone(), task: tokio::spawn(async {}) };
+    eventually(Duration::from_secs(5), "the gateway answers", || async {
+        admin(&g, "GET", "/workers", "", None).await.0 == http::StatusCode::OK
+    })
+    .await;
+    // Two listening sockets on the port, one per thread (SO_REUSEPORT), and each thread's CPU time
+    // idle, then through the burst.
+    let port = format!(":{:04X} ", addr.port());
+    let listening = std::fs::read_to_string("/proc/net/tcp")
+        .expect("/proc/net/tcp")
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1).is_some_and(|a| format!("{a} ").ends_with(&port)))
+        .filter(|l| l.split_whitespace().nth(3) == Some("0A"))
+        .count();
+    assert_eq!(listening, 2, "listening sockets on {addr}, one per runtime thread");
+    let cpu = || (thread_cpu_ns("gw-thread-0"), thread_cpu_ns("keyroute-1"));
+    let idle_start = (tokio::time::Instant::now(), cpu());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let burst_start = (tokio::time::Instant::now(), cpu());
     let mut set = JoinSet::new();
     for _ in 0..64 {
         let url = format!("http://{addr}/thumb?k=hot");
         // A client each: 64 connections, spread by the kernel over both threads' sockets.
         set.spawn(async move { get(&client(), &url).await.1["x-keyroute-worker"].clone() });
     }
+    // Mid-burst: every request is at a backend (800 ms each). The gateway's one count per worker,
+    // summed, is then exactly the backends' own count, whichever thread took each request.
+    let at_backends = || bs.iter().map(|b| b.current.load(SeqCst)).sum::<u64>();
+    eventually(Duration::from_secs(5), "all 64 requests at the backends", || async { at_backends() == 64 }).await;
+    let (_, v) = admin(&g, "GET", "/workers", "", None).await;
+    let still = at_backends();
+    let in_flight: u64 = v["pools"][0]["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .map(|w| w["in_flight"].as_u64().expect("in_flight"))
+        .sum();
+    assert_eq!(still, 64, "a request finished while the gateway was asked (raise the delay)");
+    assert_eq!(in_flight, 64, "the gateway's in-flight count, summed over workers: {v}");
     let mut served = HashMap::new();
     while let Some(r) = set.join_next().await {
         *served.entry(r.expect("task")).or_insert(0) += 1;
     }
+    let burst_end = (tokio::time::Instant::now(), cpu());
     // 64 at once over 8 workers: capacity ceil(1.25 x 64 / 8) = 10 per worker. Two threads decide
     // at once, so a decision may race another by one; counts kept per thread would allow 20.
     let peak = bs.iter().map(|b| b.peak.load(SeqCst)).max().unwrap_or(0);
     assert!(peak <= 12, "a worker held {peak} requests at once: {served:?}");
     assert!(served.len() >= 7, "the hot key spilled along its ranking: {served:?}");
+    assert_eq!(served.values().sum::<i32>(), 64);
+    // Both threads accepted and served: each ran for the burst beyond its idle rate, and neither
+    // did less than a fifth of the other's work (the kernel spreads 64 connections about evenly;
+    // one thread taking every connection would leave the other at its idle rate).
+    let ((t0, (Some(a0), Some(b0))), (t1, (Some(a1), Some(b1))), (t2, (Some(a2), Some(b2)))) =
+        (idle_start, burst_start, burst_end)
+    else {
+        panic!("the gateway's runtime threads are not in /proc/self/task (gw-thread-0, keyroute-1)");
+    };
+    let scale = (t2 - t1).as_secs_f64() / (t1 - t0).as_secs_f64();
+    let work0 = (a2 - a1) as f64 - scale * (a1 - a0) as f64;
+    let work1 = (b2 - b1) as f64 - scale * (b1 - b0) as f64;
+    eprintln!(
+        "CPU beyond the idle rate through the burst: thread 0 {:.2} ms, thread 1 {:.2} ms (idle {:.2} and {:.2} ms per 300 ms)",
+        work0 / 1e6,
+        work1 / 1e6,
+        (a1 - a0) as f64 / 1e6,
+        (b1 - b0) as f64 / 1e6
+    );
+    assert!(work0 * 5.0 >= work1 && work1 * 5.0 >= work0, "one thread did the burst's work alone");
     handle.shutdown();
     drop(stop_tx);
     server.join().expect("server thread").expect("run");
+    g.task.abort();
 }
 
 /// In the nginx mode an empty key is not hashed (nginx sends it round robin): the proxy treats it

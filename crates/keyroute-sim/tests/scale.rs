@@ -37,9 +37,15 @@ fn a_big_fleet_fits_in_what_it_caches_and_runs_alike_on_any_thread_count() {
     let catalogue = 3_000_000u64 * 20;
     let caches = 3_001u64 * 200 * 28;
     let bound = 2 * (catalogue + caches) + 96 * 1024 * 1024;
-    if let Some(peak) = peak_rss() {
-        eprintln!("peak memory {} MB (bound {} MB)", peak >> 20, bound >> 20);
-        assert!(peak < bound, "peak {} MB, bound {} MB", peak >> 20, bound >> 20);
+    // Linux reports the peak in /proc; there, a missing figure fails the test. Elsewhere the
+    // memory bound is not checked, and the test says so.
+    match peak_rss() {
+        Some(peak) => {
+            eprintln!("peak memory {} MB (bound {} MB)", peak >> 20, bound >> 20);
+            assert!(peak < bound, "peak {} MB, bound {} MB", peak >> 20, bound >> 20);
+        }
+        None if cfg!(target_os = "linux") => panic!("no VmHWM in /proc/self/status: the memory bound is unchecked"),
+        None => eprintln!("SKIPPED: the memory bound (no /proc/self/status on this system); the rest is checked"),
     }
     assert_eq!(one[0].remaps.len(), 1);
     assert!(one[0].remaps[0].keys_moved.is_some_and(|m| m > 0));

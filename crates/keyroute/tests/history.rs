@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use keyroute::hash::{RandomSource, SplitMix64};
-use keyroute::{MovePlan, Node, NodeSet, Options, Placement, Ranking, SlotTable, Strategy, Table};
+use keyroute::{MovePlan, Node, NodeSet, Options, Placement, Ranking, Rendezvous, SlotTable, Strategy, Table};
 
 const STRATEGIES: [Strategy; 6] =
     [Strategy::Modulo, Strategy::Ring, Strategy::Rendezvous, Strategy::Jump, Strategy::Maglev, Strategy::Slots];
@@ -180,10 +180,21 @@ fn excess(plan: &MovePlan, allowed: impl Fn(&keyroute::SlotMove) -> bool) -> usi
     plan.moves.iter().filter(|m| !allowed(m)).count()
 }
 
+/// The slots a table gives to a node other than the slot's top weighted-rendezvous node: those
+/// the caps displaced (step 2 of the design). Every other slot is plain rendezvous.
+fn displaced(table: &SlotTable) -> usize {
+    let rendezvous = Rendezvous::new(table.nodes().clone());
+    (0..16384u16).filter(|&s| table.slot_owner(s) != rendezvous.pick_hash(keyroute::hash::mix64(u64::from(s)))).count()
+}
+
 #[test]
 fn slot_tables_move_only_what_a_change_must_move() {
-    // Rendezvous over the slots moves exactly the changed node's slots; the caps may move a few
-    // more. Bound: 1% of the slots (164) for any change, and report the totals.
+    // Rendezvous over the slots moves exactly the changed node's slots; only a slot the caps
+    // displaced, in the table before or the one after, can move otherwise. So the excess of a
+    // change is at most the displaced slots of its two tables, and the caps sit three deviations
+    // out, so they bind rarely and for a handful of slots: most changes are exactly minimal, and
+    // none moves more than a few slots beyond its own (this seed: 3 at most, 23 in all over 450
+    // changes; the bound was 164, 1% of the slots).
     let mut rng = SplitMix64::new(0x30e);
     let (mut changes, mut total_excess, mut worst, mut exact) = (0usize, 0usize, 0usize, 0usize);
     for _ in 0..150 {
@@ -194,25 +205,31 @@ fn slot_tables_move_only_what_a_change_must_move() {
         }
         let set = NodeSet::try_new(nodes).expect("valid");
         let table = SlotTable::new(set.clone());
+        let d_table = displaced(&table);
 
         let newcomer = format!("new-{:x}", rng.next_u64());
         let grown =
             set.with_node(Node::try_new(&newcomer).expect("v").with_weight(1 + rng.below(4) as u32)).expect("v");
-        let join = MovePlan::between(&table, &SlotTable::new(grown.clone()));
+        let grown_table = SlotTable::new(grown.clone());
+        let join = MovePlan::between(&table, &grown_table);
         let e_join = excess(&join, |m| m.to == newcomer);
         assert!(join.len() > e_join, "the newcomer took nothing");
 
         let victim = set.nodes()[rng.below(set.len() as u64) as usize].name().to_owned();
-        let leave = MovePlan::between(&table, &SlotTable::new(set.without(&victim)));
+        let shrunk_table = SlotTable::new(set.without(&victim));
+        let leave = MovePlan::between(&table, &shrunk_table);
         let e_leave = excess(&leave, |m| m.from.as_deref() == Some(victim.as_str()));
 
         let target = set.nodes()[rng.below(set.len() as u64) as usize].clone();
         let w = if rng.below(2) == 0 { target.weight() + 1 + rng.below(4) as u32 } else { target.weight().div_ceil(2) };
-        let reweight = MovePlan::between(&table, &SlotTable::new(set.with_weight(target.name(), w)));
+        let reweighted_table = SlotTable::new(set.with_weight(target.name(), w));
+        let reweight = MovePlan::between(&table, &reweighted_table);
         let e_reweight = excess(&reweight, |m| m.to == target.name() || m.from.as_deref() == Some(target.name()));
 
-        for e in [e_join, e_leave, e_reweight] {
-            assert!(e <= 164, "{e} slots moved beyond the change's own (1% is 164)");
+        for (e, after) in [(e_join, &grown_table), (e_leave, &shrunk_table), (e_reweight, &reweighted_table)] {
+            let allowed = d_table + displaced(after);
+            assert!(e <= allowed, "{e} slots moved beyond the change's own; the caps displaced only {allowed}");
+            assert!(e <= 8, "{e} slots moved beyond the change's own (the caps' handful is at most 8)");
             changes += 1;
             total_excess += e;
             worst = worst.max(e);
@@ -223,5 +240,7 @@ fn slot_tables_move_only_what_a_change_must_move() {
     }
     println!(
         "slot table changes: {changes}, exactly minimal: {exact}, excess slots: {total_excess} in total, {worst} at most"
-    );
+    ); // The caps bind rarely: nearly every change is exactly minimal (this seed: 435 of 450).
+    assert!(exact * 10 >= changes * 9, "only {exact} of {changes} changes were exactly minimal");
+    assert!(total_excess <= changes / 10, "{total_excess} excess slots over {changes} changes");
 }
