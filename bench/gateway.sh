@@ -18,6 +18,9 @@
 #                           haproxy `bind ... ssl crt`; wrk over https
 #         FLOOR=1           also a do-nothing hyper proxy (crates/keyroute-bench/examples/floor_proxy.rs,
 #                           plain HTTP/1.1 only): what tokio and hyper cost by themselves
+#         BASELINE=FILE     also a keyroute binary to compare with in the same run (for example one
+#                           built from the commit before a change), as proxy "baseline" on
+#                           BASELINE_PORT=18040 with the same configuration
 #         H2=1              HTTP/2 over TLS (ALPN h2 on all three); load by h2load (package
 #                           nghttp2-client) over the same 100,000 URIs, STREAMS=10 per connection
 # Ports (override if taken): BACKEND_PORT=18081 (..+7) KEYROUTE_PORT=18000 NGINX_PORT=18010
@@ -46,6 +49,9 @@ PROXIES=(keyroute nginx haproxy)
 FLOOR=${FLOOR:-0}
 FLOOR_PORT=${FLOOR_PORT:-18030}
 [[ "$FLOOR" == 1 ]] && PROXIES+=(floor)
+BASELINE=${BASELINE:-}
+BASELINE_PORT=${BASELINE_PORT:-18040}
+[[ -n "$BASELINE" ]] && PROXIES+=(baseline)
 PROXY_THREADS=${PROXY_THREADS:-1}
 H2=${H2:-0}
 TLS=${TLS:-$H2}
@@ -152,7 +158,9 @@ fi
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 BPORTS=()
 for ((i = 0; i < NBACKENDS; i++)); do BPORTS+=($((BACKEND_PORT + i))); done
-for port in "${BPORTS[@]}" "$KEYROUTE_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$ADMIN_PORT"; do
+EXTRA_PORTS=()
+[[ -n "$BASELINE" ]] && EXTRA_PORTS=("$BASELINE_PORT" $((ADMIN_PORT + 1)))
+for port in "${BPORTS[@]}" "$KEYROUTE_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$ADMIN_PORT" "${EXTRA_PORTS[@]}"; do
     port_taken "$port" && die "port 127.0.0.1:$port is in use; pick other ports (see the header of $0)"
 done
 
@@ -329,7 +337,15 @@ PIDS+=("${PID[haproxy]}")
 "$KEYROUTE" serve --threads "$PROXY_THREADS" --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.out" 2>&1 &
 PID[keyroute]=$!
 PIDS+=("${PID[keyroute]}")
-declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT [floor]=$FLOOR_PORT)
+declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT [floor]=$FLOOR_PORT [baseline]=$BASELINE_PORT)
+if [[ -n "$BASELINE" ]]; then
+    [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
+    sed -e "s/127.0.0.1:$KEYROUTE_PORT\"/127.0.0.1:$BASELINE_PORT\"/" -e "s/127.0.0.1:$ADMIN_PORT\"/127.0.0.1:$((ADMIN_PORT + 1))\"/" \
+        "$TMP/keyroute.toml" >"$TMP/baseline.toml"
+    "$BASELINE" serve --threads "$PROXY_THREADS" --log warn --config "$TMP/baseline.toml" >"$TMP/baseline.out" 2>&1 &
+    PID[baseline]=$!
+    PIDS+=("${PID[baseline]}")
+fi
 if [[ "$FLOOR" == 1 ]]; then
     bargs=()
     for port in "${BPORTS[@]}"; do bargs+=("127.0.0.1:$port"); done
@@ -429,6 +445,7 @@ META=$TMP/meta.md
     echo "- backends: $NBACKENDS listeners of one nginx instance (1 worker, \`return 200 \"ok\\n\"\`) on 127.0.0.1:${BPORTS[0]}-${BPORTS[NBACKENDS - 1]}"
     echo "- mode: $SCHEME, HTTP/$([[ "$H2" == 1 ]] && echo "2 ($STREAMS streams per connection, h2load)" || echo 1.1) ; proxy threads/workers: $PROXY_THREADS"
     echo "- keyroute: \`keyroute serve --threads $PROXY_THREADS --log warn\`, rendezvous on \`{query.k}\`, health checks every 5 s (127.0.0.1:$KEYROUTE_PORT)"
+    [[ -n "$BASELINE" ]] && echo "- baseline: \`$BASELINE serve\` with the same configuration (127.0.0.1:$BASELINE_PORT)"
     echo "- nginx: worker_processes $PROXY_THREADS, \`hash \$arg_k consistent\`, keepalive 64, keepalive_requests 1000000, access_log off (127.0.0.1:$NGINX_PORT)"
     echo "- haproxy: nbthread $PROXY_THREADS, \`balance url_param k\`, \`hash-type consistent\`, http-keep-alive, http-reuse always, no logging (127.0.0.1:$HAPROXY_PORT)"
     echo "- upstream headers (like for like): all three add X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host, Forwarded (for, proto, host), X-Request-Id and Via, and pass the client's Host"

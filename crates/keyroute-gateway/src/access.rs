@@ -81,16 +81,16 @@ pub struct TunnelEnd {
 /// In a 101 response's extensions: the tunnel's end, which its access-log line waits for
 /// (extensions must be `Clone`; the first to take it has it).
 #[derive(Clone, Debug)]
-pub struct TunnelLine(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<TunnelEnd>>>>);
+pub struct TunnelLine(Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<TunnelEnd>>>>);
 
 impl TunnelLine {
     /// A line that waits for `end`.
     pub fn new(end: tokio::sync::oneshot::Receiver<TunnelEnd>) -> TunnelLine {
-        TunnelLine(Arc::new(std::sync::Mutex::new(Some(end))))
+        TunnelLine(Arc::new(parking_lot::Mutex::new(Some(end))))
     }
 
     fn take(&self) -> Option<tokio::sync::oneshot::Receiver<TunnelEnd>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.0.lock().take()
     }
 }
 
@@ -241,19 +241,12 @@ fn rfc3339(t: SystemTime, out: &mut String) {
     );
 }
 
+/// A JSON string (quotes, backslashes and control characters escaped), by serde_json.
 fn json_str(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
+    match serde_json::to_string(s) {
+        Ok(quoted) => out.push_str(&quoted),
+        Err(_) => out.push_str("\"\""),
     }
-    out.push('"');
 }
 
 /// A logfmt value: bare when it needs no quoting, else quoted like JSON.

@@ -97,7 +97,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -321,7 +323,7 @@ impl fmt::Debug for LeaderGuard {
 
 impl Drop for LeaderGuard {
     fn drop(&mut self) {
-        let mut flights = lock(&self.flights);
+        let mut flights = self.flights.lock();
         if flights.map.get(&self.key).is_some_and(|(id, _)| *id == self.id) {
             flights.map.remove(&self.key);
         }
@@ -522,7 +524,7 @@ impl HttpCache {
     pub fn lookup(&self, key: &CacheKey, req: &request::Parts, now: SystemTime) -> Option<Cached> {
         let limits = RequestLimits::of(&req.headers)?;
         let authorized = req.headers.contains_key(header::AUTHORIZATION) && !self.config.cache_authorized;
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         inner.remove_where(key, |v| !v.fresh(now));
         let variant = inner.map.get(key)?.iter().filter(|v| v.matches(&req.headers)).max_by_key(|v| v.id)?;
         // Stricter than RFC 9111 §3.5 (see `request_key`): credentials never get a stored answer
@@ -628,7 +630,7 @@ impl HttpCache {
         if size > self.config.max_bytes {
             return false;
         }
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         let variant = Variant {
             id: inner.next(),
             tick: 0,
@@ -660,7 +662,7 @@ impl HttpCache {
         let Some(key) = key_of(req) else { return 0 };
         // The stored keys carry the scheme the listener served (`with_scheme`), which an
         // origin-form request does not: the target is removed under every scheme.
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         ["", "http", "https"].iter().map(|s| inner.remove_where(&key.clone().with_scheme(s), |_| true)).sum()
     }
 
@@ -674,32 +676,32 @@ impl HttpCache {
     /// Removes every entry that is stale at `now`; returns how many. Optional (lookups remove the
     /// stale entries they meet, and eviction the rest): for a periodic sweep.
     pub fn purge_expired(&self, now: SystemTime) -> usize {
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         let keys: Vec<CacheKey> = inner.map.keys().cloned().collect();
         keys.iter().map(|key| inner.remove_where(key, |v| !v.fresh(now))).sum()
     }
 
     /// The total estimated size of the entries, in bytes.
     pub fn bytes(&self) -> u64 {
-        lock(&self.inner).bytes
+        self.inner.lock().bytes
     }
 
     /// The number of stored responses (variants, over all keys).
     pub fn entries(&self) -> usize {
-        lock(&self.inner).entries
+        self.inner.lock().entries
     }
 
     /// The number of flights (keys with a leader upstream).
     #[cfg(test)]
     pub fn in_flight(&self) -> usize {
-        lock(&self.flights).map.len()
+        self.flights.lock().map.len()
     }
 
     /// Joins the flight for `key`: the first caller becomes its [`Flight::Leader`], later callers,
     /// while the leader's guard lives, [`Flight::Follower`]s. See the
     /// [module documentation](self#coalescing).
     pub fn join(&self, key: &CacheKey) -> Flight {
-        let mut flights = lock(&self.flights);
+        let mut flights = self.flights.lock();
         if let Some((_, done)) = flights.map.get(key) {
             return Flight::Follower(Follower { done: done.clone() });
         }
@@ -709,12 +711,6 @@ impl HttpCache {
         flights.map.insert(key.clone(), (id, rx));
         Flight::Leader(LeaderGuard { key: key.clone(), id, flights: Arc::clone(&self.flights), _done: tx })
     }
-}
-
-/// Locks, recovering from poisoning (no code under these locks panics on input; a panic
-/// elsewhere must not take the cache down).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn len64(len: usize) -> u64 {
@@ -1083,7 +1079,7 @@ mod tests {
 
     /// The byte count and the entry count agree with the entries, and the LRU index with both.
     fn check_accounting(cache: &HttpCache) {
-        let inner = lock(&cache.inner);
+        let inner = cache.inner.lock();
         let variants: Vec<(&CacheKey, &Variant)> =
             inner.map.iter().flat_map(|(k, vs)| vs.iter().map(move |v| (k, v))).collect();
         let recomputed: u64 =

@@ -200,7 +200,7 @@ struct Streams {
     /// Bumped whenever a stream ends.
     ended: tokio::sync::Notify,
     /// The responses being sent, for the send timeout.
-    sending: std::sync::Mutex<Vec<std::sync::Weak<Sending>>>,
+    sending: parking_lot::Mutex<Vec<std::sync::Weak<Sending>>>,
     epoch: tokio::time::Instant,
 }
 
@@ -218,7 +218,7 @@ impl Default for Streams {
 /// A response body being sent on an HTTP/2 stream, and since when it waits for the client.
 struct Sending {
     /// Taken (and so dropped, releasing what it holds upstream) by the send timeout.
-    body: std::sync::Mutex<Option<ProxyBody>>,
+    body: parking_lot::Mutex<Option<ProxyBody>>,
     /// Milliseconds since the connection's epoch at which the body last handed a frame to the
     /// stream, which has not asked for the next yet: the client's flow-control window holds it.
     /// `u64::MAX` while the body waits on its worker, or has ended.
@@ -233,12 +233,12 @@ async fn send_timeouts(streams: &Streams, limit: Duration, metrics: &ListenerMet
     loop {
         tokio::time::sleep(every).await;
         let now = streams.epoch.elapsed().as_millis() as u64;
-        let mut sending = streams.sending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sending = streams.sending.lock();
         sending.retain(|w| {
             let Some(s) = w.upgrade() else { return false };
             let handed = s.handed_ms.load(Relaxed);
             if handed != u64::MAX && now.saturating_sub(handed) > limit.as_millis() as u64 {
-                let cut = s.body.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let cut = s.body.lock().take();
                 if cut.is_some() {
                     metrics.send_timeouts.fetch_add(1, Relaxed);
                 }
@@ -303,9 +303,9 @@ impl OnEnd {
         use hyper::body::Body as _;
         let (end, hint) = (inner.is_end_stream(), inner.size_hint());
         let sending =
-            Arc::new(Sending { body: std::sync::Mutex::new(Some(inner)), handed_ms: AtomicU64::new(u64::MAX) });
+            Arc::new(Sending { body: parking_lot::Mutex::new(Some(inner)), handed_ms: AtomicU64::new(u64::MAX) });
         if !end {
-            open.0.sending.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&sending));
+            open.0.sending.lock().push(Arc::downgrade(&sending));
         }
         OnEnd { sending, open, end, hint }
     }
@@ -321,7 +321,7 @@ impl hyper::body::Body for OnEnd {
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
         use std::task::Poll;
         let this = &mut *self;
-        let mut slot = this.sending.body.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = this.sending.body.lock();
         let Some(inner) = slot.as_mut() else {
             return Poll::Ready(Some(Err("the client read nothing for the send timeout".into())));
         };

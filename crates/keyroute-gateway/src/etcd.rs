@@ -587,44 +587,17 @@ fn parse_kv(kv: &Value) -> Result<Kv, EtcdError> {
     })
 }
 
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
 /// Standard base64 with padding, as the JSON gateway reads and writes bytes.
 pub(crate) fn b64(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
-        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(B64[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 pub(crate) fn unb64(text: &str) -> Result<Vec<u8>, EtcdError> {
-    let bad = || EtcdError::Protocol(format!("'{}' is not base64", text.chars().take(40).collect::<String>()));
-    let t = text.trim_end_matches('=');
-    let mut out = Vec::with_capacity(t.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in t.bytes() {
-        let v = B64.iter().position(|&x| x == c).ok_or_else(bad)? as u32;
-        acc = acc << 6 | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    if bits >= 6 {
-        return Err(bad());
-    }
-    Ok(out)
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|_| EtcdError::Protocol(format!("'{}' is not base64", text.chars().take(40).collect::<String>())))
 }
 
 #[cfg(test)]

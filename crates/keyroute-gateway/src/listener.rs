@@ -41,25 +41,14 @@ use crate::metrics::ListenerMetrics;
 const TIMEOUT_RESPONSE: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
 /// Raises the soft open-file limit to the hard limit; returns (soft before, soft now).
-// `rlim_t` is `u64` on Linux but not everywhere.
-#[allow(clippy::unnecessary_cast)]
 pub fn raise_open_file_limit() -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit writes into the struct we pass, which lives for the call.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-            return None;
+        let (soft, hard) = rlimit::Resource::NOFILE.get().ok()?;
+        if soft < hard && rlimit::Resource::NOFILE.set(hard, hard).is_ok() {
+            return Some((soft, hard));
         }
-        let before = lim.rlim_cur as u64;
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
-            // SAFETY: setrlimit reads the struct we pass, which lives for the call.
-            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-                return Some((before, lim.rlim_max as u64));
-            }
-        }
-        Some((before, before))
+        Some((soft, soft))
     }
     #[cfg(not(unix))]
     {

@@ -14,7 +14,7 @@ use crate::state::Shared;
 /// Starts a prober for every pool that has none.
 pub(crate) fn spawn_probers(shared: &Arc<Shared>) {
     let routing = shared.front.routing.load();
-    let mut running = shared.probers.lock().unwrap_or_else(|e| e.into_inner());
+    let mut running = shared.probers.lock();
     for pool in &routing.pools {
         if running.contains(&pool.name) {
             continue;

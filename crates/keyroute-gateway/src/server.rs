@@ -3,8 +3,10 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -675,7 +677,7 @@ impl GatewayHandle {
         check_no_self_workers(&config, &self.shared.own_addrs())?;
         // One reload at a time (SIGHUP and --watch may coincide), and every pool's new table built
         // before any is published: a reload applies whole or not at all.
-        let _one = self.shared.reload.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.shared.reload.lock();
         let old = self.shared.front.routing.load_full();
         enum Next<'a> {
             Kept(&'a Arc<Pool>, Box<crate::pool::Prepared<'a>>),
@@ -723,7 +725,7 @@ impl GatewayHandle {
         }
         {
             let names: Vec<String> = config.pools.iter().map(|p| p.name.clone()).collect();
-            self.shared.probers.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| names.contains(n));
+            self.shared.probers.lock().retain(|n| names.contains(n));
         }
         crate::prober::spawn_probers(&self.shared);
         crate::membership::source::spawn_sources(&self.shared);

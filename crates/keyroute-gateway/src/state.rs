@@ -2,8 +2,10 @@
 //! counters, the admin token and its throttle, and the shutdown signals.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -47,7 +49,7 @@ const THROTTLE_ENTRIES: usize = 10_000;
 impl AuthThrottle {
     /// Whether `ip` is over its failures now.
     pub(crate) fn blocked(&self, ip: IpAddr, now: Instant) -> bool {
-        let map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.by_ip.lock();
         map.get(&throttle_key(ip))
             .is_some_and(|(n, since)| *n >= AUTH_FAILURES && now.duration_since(*since) < AUTH_WINDOW)
     }
@@ -55,7 +57,7 @@ impl AuthThrottle {
     /// Counts a failure from `ip`.
     pub(crate) fn fail(&self, ip: IpAddr, now: Instant) {
         self.failures.fetch_add(1, Relaxed);
-        let mut map = self.by_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.by_ip.lock();
         if map.len() >= THROTTLE_ENTRIES {
             map.retain(|_, (_, since)| now.duration_since(*since) < AUTH_WINDOW);
             if map.len() >= THROTTLE_ENTRIES {

@@ -10,8 +10,8 @@
 //! and a replayable request that fails on a pooled connection gets one more try on a fresh one to
 //! the same worker (see `proxy::forward`).
 
+use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -143,7 +143,7 @@ impl Upstream {
     }
 
     fn take_idle(&self) -> Option<Conn> {
-        let mut idle = self.idle[slot()].lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle[slot()].lock();
         // The most recently used first; those idle too long (the oldest) are dropped.
         let now = Instant::now();
         while let Some((since, c)) = idle.pop() {
@@ -195,7 +195,7 @@ impl Upstream {
         if conn.is_closed() {
             return;
         }
-        let mut idle = self.idle[slot()].lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle[slot()].lock();
         if idle.len() < MAX_IDLE {
             idle.push((Instant::now(), conn));
         }

@@ -14,7 +14,7 @@
 //! etcd being unreachable is survived: the registrar retries every second, and a record whose
 //! lease expired meanwhile is put again with a new lease.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -56,7 +56,7 @@ impl Registrar {
     }
 
     fn record(&self) -> WorkerRecord {
-        self.record.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.record.lock().clone()
     }
 
     async fn register(&self) -> Result<(), EtcdError> {
@@ -155,7 +155,7 @@ impl Registrar {
     /// etcd is unreachable when the record is marked or revoked (the lease then expires by
     /// itself within its TTL).
     pub async fn leave(&self, requests: impl Fn() -> u64, grace: Duration, limit: Duration) -> Result<(), EtcdError> {
-        self.record.lock().unwrap_or_else(|e| e.into_inner()).state = RecordState::Draining;
+        self.record.lock().state = RecordState::Draining;
         let lease = self.lease.load(Relaxed);
         if lease == 0 {
             return Ok(());

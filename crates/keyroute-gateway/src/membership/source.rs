@@ -37,7 +37,7 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::fro
 /// Starts the source task of every etcd-backed pool that has none.
 pub(crate) fn spawn_sources(shared: &Arc<Shared>) {
     let routing = shared.front.routing.load();
-    let mut running = shared.sources.lock().unwrap_or_else(|e| e.into_inner());
+    let mut running = shared.sources.lock();
     for pool in &routing.pools {
         if running.contains(&pool.name) || !matches!(pool.snapshot().config.membership, MembershipConfig::Etcd(_)) {
             continue;
@@ -110,7 +110,7 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if let Some(s) = self.shared.upgrade() {
-            s.sources.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| *n != self.name);
+            s.sources.lock().retain(|n| *n != self.name);
         }
     }
 }

@@ -2,8 +2,10 @@
 //! snapshot that lists it, so its health, ejection and in-flight count survive membership changes.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -190,7 +192,7 @@ impl WorkerState {
 
     /// Feeds an active probe result; returns the transition.
     pub fn observe_probe(&self, ok: bool) -> Transition {
-        let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.machines.lock();
         let t = m.0.observe(ok);
         match t {
             Transition::Down => {
@@ -214,7 +216,7 @@ impl WorkerState {
             return None;
         }
         let ejection = {
-            let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+            let mut m = self.machines.lock();
             m.1.observe(false)
         }?;
         if !may_eject {
@@ -230,13 +232,13 @@ impl WorkerState {
         if self.truncating.load(Relaxed) {
             self.truncating.store(false, Relaxed);
         }
-        let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.machines.lock();
         m.1.observe(true);
     }
 
     /// Applies a reloaded pool's health, ejection and connect settings, keeping the current state.
     pub(crate) fn retune(&self, pool: &PoolConfig) {
-        let mut m = self.machines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.machines.lock();
         m.0 = m.0.retuned(pool.health.rise, pool.health.fall);
         m.1 =
             Ejector::retuned(pool.passive.consecutive_failures, pool.passive.base_ejection, pool.passive.max_ejection);

@@ -16,8 +16,10 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -134,12 +136,12 @@ impl HotKeysState {
         if !sampled {
             return;
         }
-        if let Ok(mut s) = self.summary.try_lock() {
+        if let Some(mut s) = self.summary.try_lock() {
             s.offer(hash);
         }
         if self.config.show_keys
             && self.replicas(hash) > 0
-            && let Ok(mut names) = self.names.try_lock()
+            && let Some(mut names) = self.names.try_lock()
             && names.len() < 4 * self.config.counters
         {
             names.entry(hash).or_insert_with(|| key.to_owned());
@@ -155,27 +157,27 @@ impl HotKeysState {
     /// Ends the window if it is over at `now`: measures, applies the rule, publishes the set.
     pub(crate) fn tick(&self, now: Instant) {
         {
-            let mut start = self.window_start.lock().unwrap_or_else(|e| e.into_inner());
+            let mut start = self.window_start.lock();
             if now.saturating_duration_since(*start) < self.config.window {
                 return;
             }
             *start = now;
         }
         let window = {
-            let mut summary = self.summary.lock().unwrap_or_else(|e| e.into_inner());
+            let mut summary = self.summary.lock();
             let w = Window::of(&summary, self.config.sample_every);
             summary.clear();
             w
         };
         let (set, entered) = {
-            let mut rule = self.rule.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rule = self.rule.lock();
             let before: Vec<u64> = rule.keys().iter().map(|k| k.hash).collect();
             let set = rule.tick(now.saturating_duration_since(self.created), &window);
             let entered = rule.keys().iter().filter(|k| !before.contains(&k.hash)).count();
             (set, entered)
         };
         self.metrics.became_hot.fetch_add(entered as u64, Relaxed);
-        self.names.lock().unwrap_or_else(|e| e.into_inner()).retain(|h, _| set.replicas(*h) > 0);
+        self.names.lock().retain(|h, _| set.replicas(*h) > 0);
         if let Some(c) = &self.cache {
             c.purge_expired(std::time::SystemTime::now());
         }
@@ -184,8 +186,8 @@ impl HotKeysState {
 
     /// The hot keys now, hottest first, each with its replicas in `snap`'s table.
     pub(crate) fn report(&self, snap: &super::Snapshot) -> Vec<HotKeyInfo> {
-        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        let rule = self.rule.lock().unwrap_or_else(|e| e.into_inner());
+        let names = self.names.lock();
+        let rule = self.rule.lock();
         rule.keys()
             .iter()
             .map(|k| HotKeyInfo {

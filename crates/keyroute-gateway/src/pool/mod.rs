@@ -24,8 +24,10 @@ pub mod endpoint;
 pub(crate) mod hot;
 mod snapshot;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use arc_swap::ArcSwap;
 use keyroute::Policy;
@@ -129,7 +131,7 @@ pub struct Pool {
 /// held meanwhile.
 #[derive(Debug)]
 pub(crate) struct Prepared<'a> {
-    _guard: std::sync::MutexGuard<'a, ()>,
+    _guard: parking_lot::MutexGuard<'a, ()>,
     old: Arc<Snapshot>,
     next: Snapshot,
     kept: Vec<Arc<WorkerState>>,
@@ -189,7 +191,7 @@ impl Pool {
     ///
     /// A set the strategy refuses, or a table too large: the current members stay.
     pub fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
-        let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.change.lock();
         let old = self.snapshot();
         let mut same = incoming.len() == old.workers.len();
         let members: Members = incoming
@@ -357,7 +359,7 @@ impl Pool {
     ///
     /// A set the strategy refuses, or a table too large.
     pub(crate) fn prepare(&self, config: PoolConfig) -> Result<Prepared<'_>, MembershipError> {
-        let guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.change.lock();
         let old = self.snapshot();
         let mut kept = Vec::new();
         if config.membership != MembershipConfig::Static {
@@ -396,7 +398,7 @@ impl Pool {
     }
 
     fn change(&self, edit: impl FnOnce(&Snapshot) -> Result<Members, MembershipError>) -> Result<u64, MembershipError> {
-        let _guard = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.change.lock();
         let old = self.snapshot();
         let members = edit(&old)?;
         let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
