@@ -35,7 +35,7 @@ use crate::metrics::ListenerMetrics;
 /// What the request path learnt about a request: put in the response's extensions by the proxy,
 /// read when the line is written.
 #[derive(Clone, Debug, Default)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// The request id.
     pub request_id: String,
     /// The pool it was routed to.
@@ -54,7 +54,7 @@ pub struct Placed {
 
 /// One request, as the log writes it.
 #[derive(Debug)]
-pub struct Entry {
+pub(crate) struct Entry {
     time: SystemTime,
     client: SocketAddr,
     method: http::Method,
@@ -71,7 +71,7 @@ pub struct Entry {
 
 /// A tunnel's bytes, client to worker (`up`) and worker to client (`down`), sent when it closes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TunnelEnd {
+pub(crate) struct TunnelEnd {
     /// Client to worker.
     pub up: u64,
     /// Worker to client.
@@ -81,11 +81,11 @@ pub struct TunnelEnd {
 /// In a 101 response's extensions: the tunnel's end, which its access-log line waits for
 /// (extensions must be `Clone`; the first to take it has it).
 #[derive(Clone, Debug)]
-pub struct TunnelLine(Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<TunnelEnd>>>>);
+pub(crate) struct TunnelLine(Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<TunnelEnd>>>>);
 
 impl TunnelLine {
     /// A line that waits for `end`.
-    pub fn new(end: tokio::sync::oneshot::Receiver<TunnelEnd>) -> TunnelLine {
+    pub(crate) fn new(end: tokio::sync::oneshot::Receiver<TunnelEnd>) -> TunnelLine {
         TunnelLine(Arc::new(parking_lot::Mutex::new(Some(end))))
     }
 
@@ -104,7 +104,7 @@ enum Msg {
 
 /// A listener's access log: the queue to its writer thread.
 #[derive(Debug)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     tx: mpsc::Sender<Msg>,
     key: bool,
     metrics: Arc<ListenerMetrics>,
@@ -118,7 +118,7 @@ impl AccessLog {
     /// # Errors
     ///
     /// The file cannot be opened.
-    pub fn open(config: &AccessLogConfig, metrics: Arc<ListenerMetrics>) -> std::io::Result<Arc<AccessLog>> {
+    pub(crate) fn open(config: &AccessLogConfig, metrics: Arc<ListenerMetrics>) -> std::io::Result<Arc<AccessLog>> {
         let out = Output::open(&config.path)?;
         let (tx, rx) = mpsc::channel(config.buffer);
         let format = config.format;
@@ -135,14 +135,14 @@ impl AccessLog {
     /// Reopens the file at its path, as NGINX does on `SIGUSR1`: after logrotate has moved the
     /// file away (or deleted it), lines go to a new file at the configured path. Lines already
     /// queued go to the new file; none is lost. Standard output is left as it is.
-    pub fn reopen(&self) {
+    pub(crate) fn reopen(&self) {
         self.reopen.store(true, Relaxed);
         // Wakes an idle writer; a full queue means it is busy and will see the flag anyway.
         let _ = self.tx.try_send(Msg::Reopen);
     }
 
     /// Whether lines carry the key itself.
-    pub fn wants_key(&self) -> bool {
+    pub(crate) fn wants_key(&self) -> bool {
         self.key
     }
 
@@ -339,7 +339,7 @@ fn render(e: &Entry, format: AccessLogFormat, out: &mut String) {
 
 /// What a connection knows of its requests for the log.
 #[derive(Clone, Copy, Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     /// The client.
     pub client: SocketAddr,
     /// HTTP/2.
@@ -350,7 +350,7 @@ pub struct Conn {
 
 /// The request's side of a line, taken before the request is handled.
 #[derive(Debug)]
-pub struct Pending {
+pub(crate) struct Pending {
     time: SystemTime,
     started: Instant,
     method: http::Method,
@@ -360,7 +360,7 @@ pub struct Pending {
 
 impl Pending {
     /// Notes a request as it arrives.
-    pub fn new<B>(req: &http::Request<B>, conn: Conn) -> Pending {
+    pub(crate) fn new<B>(req: &http::Request<B>, conn: Conn) -> Pending {
         Pending {
             time: SystemTime::now(),
             started: Instant::now(),
@@ -373,7 +373,7 @@ impl Pending {
 
 /// Wraps a response so that its line is offered to `log` when its body ends or is dropped; a
 /// tunnel's line (a 101 with a [`TunnelLine`]) when the tunnel closes, with its bytes each way.
-pub fn logged(
+pub(crate) fn logged(
     log: &Arc<AccessLog>,
     pending: Pending,
     mut resp: http::Response<ProxyBody>,

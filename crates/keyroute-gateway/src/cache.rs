@@ -140,13 +140,13 @@ impl CacheKey {
     /// The key with its scheme set (lowercased) to the listener's, e.g. `https`. HTTP/1.1
     /// requests in origin form carry no scheme; without this, an `http` and an `https` listener
     /// in front of the same pool share entries (a cached redirect to `https` would then loop).
-    pub fn with_scheme(mut self, scheme: &str) -> Self {
+    pub(crate) fn with_scheme(mut self, scheme: &str) -> Self {
         self.scheme = scheme.to_ascii_lowercase();
         self
     }
 
     /// The key that also varies on the request's rendered pool key (see [`CacheKey`]).
-    pub fn varying_on(mut self, pool_key: &str) -> Self {
+    pub(crate) fn varying_on(mut self, pool_key: &str) -> Self {
         pool_key.clone_into(&mut self.varies_on);
         self
     }
@@ -255,7 +255,7 @@ pub(crate) enum NotStorable {
 
 impl NotStorable {
     /// A short name, for a metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Method => "method",
             Self::RequestNoStore => "request_no_store",
@@ -339,7 +339,7 @@ pub(crate) struct Follower {
 impl Follower {
     /// Returns once the leader's guard is dropped (at once if it already was). No timeout of its
     /// own: wrap it in one. Cancel safe, and may be called again after a timeout.
-    pub async fn wait(&mut self) {
+    pub(crate) async fn wait(&mut self) {
         // The leader never sends: the only way out is the channel closing.
         while self.done.changed().await.is_ok() {}
     }
@@ -479,12 +479,12 @@ impl fmt::Debug for HttpCache {
 
 impl HttpCache {
     /// An empty cache.
-    pub fn new(config: CacheConfig) -> Self {
+    pub(crate) fn new(config: CacheConfig) -> Self {
         Self { config, inner: Mutex::new(Inner::default()), flights: Arc::new(Mutex::new(Flights::default())) }
     }
 
     /// The configuration the cache was made with.
-    pub fn config(&self) -> &CacheConfig {
+    pub(crate) fn config(&self) -> &CacheConfig {
         &self.config
     }
 
@@ -492,7 +492,7 @@ impl HttpCache {
     /// other than `GET` or `HEAD` (`HEAD` gets `GET`'s key), `Cache-Control: no-store`, or no
     /// authority (neither in the target nor in one `Host` header), or `Authorization` unless
     /// [`CacheConfig::cache_authorized`] (stricter than RFC 9111 §3.5).
-    pub fn request_key(&self, req: &request::Parts) -> Option<CacheKey> {
+    pub(crate) fn request_key(&self, req: &request::Parts) -> Option<CacheKey> {
         if req.method != Method::GET && req.method != Method::HEAD {
             return None;
         }
@@ -510,7 +510,7 @@ impl HttpCache {
 
     /// Whether the request has `Cache-Control: only-if-cached` (RFC 9111 §5.2.1.7): on a miss the
     /// proxy answers 504 instead of going upstream.
-    pub fn only_if_cached(req: &request::Parts) -> bool {
+    pub(crate) fn only_if_cached(req: &request::Parts) -> bool {
         Directives::parse(&req.headers).has(b"only-if-cached")
     }
 
@@ -521,7 +521,7 @@ impl HttpCache {
     /// more. A request with `Authorization` is never served, unless
     /// [`CacheConfig::cache_authorized`]. Stale variants of the key are removed. A hit counts as
     /// a use for eviction, and carries `Age` (RFC 9111 §4.2.3); for `HEAD` its body is empty.
-    pub fn lookup(&self, key: &CacheKey, req: &request::Parts, now: SystemTime) -> Option<Cached> {
+    pub(crate) fn lookup(&self, key: &CacheKey, req: &request::Parts, now: SystemTime) -> Option<Cached> {
         let limits = RequestLimits::of(&req.headers)?;
         let authorized = req.headers.contains_key(header::AUTHORIZATION) && !self.config.cache_authorized;
         let mut inner = self.inner.lock();
@@ -550,7 +550,7 @@ impl HttpCache {
     /// Whether the response (its head: before its body is read) may be stored, as the answer to
     /// `req`, `now` being when the head arrived. See the [module documentation](self) for the
     /// rules; the first that fails is the reason returned.
-    pub fn storable(
+    pub(crate) fn storable(
         &self,
         req: &request::Parts,
         resp: &response::Parts,
@@ -606,7 +606,7 @@ impl HttpCache {
     /// response was stored: not if its body is larger than `max_object_bytes`, its estimated size
     /// larger than `max_bytes`, its body shorter or longer than its `Content-Length` (cut short),
     /// or it is stale by `now`.
-    pub fn store(
+    pub(crate) fn store(
         &self,
         key: CacheKey,
         token: Storable,
@@ -655,7 +655,7 @@ impl HttpCache {
     /// RFC 9111 §4.4: after a non-error (2xx or 3xx) response to a request with an unsafe method
     /// (`POST`, `PUT`, `DELETE`, ...), removes every variant stored for the request's target.
     /// Returns how many. Call it for every such request, hot key or not (it is one hash lookup).
-    pub fn invalidate(&self, req: &request::Parts, status: StatusCode) -> usize {
+    pub(crate) fn invalidate(&self, req: &request::Parts, status: StatusCode) -> usize {
         if req.method.is_safe() || !(status.is_success() || status.is_redirection()) {
             return 0;
         }
@@ -669,25 +669,25 @@ impl HttpCache {
     /// Whether the request accepts a stored answer at all: not with `no-cache`, `max-age=0` or
     /// (without `Cache-Control`) `Pragma: no-cache`. A request that does not should not wait for
     /// another's miss either.
-    pub fn may_serve(req: &request::Parts) -> bool {
+    pub(crate) fn may_serve(req: &request::Parts) -> bool {
         RequestLimits::of(&req.headers).is_some()
     }
 
     /// Removes every entry that is stale at `now`; returns how many. Optional (lookups remove the
     /// stale entries they meet, and eviction the rest): for a periodic sweep.
-    pub fn purge_expired(&self, now: SystemTime) -> usize {
+    pub(crate) fn purge_expired(&self, now: SystemTime) -> usize {
         let mut inner = self.inner.lock();
         let keys: Vec<CacheKey> = inner.map.keys().cloned().collect();
         keys.iter().map(|key| inner.remove_where(key, |v| !v.fresh(now))).sum()
     }
 
     /// The total estimated size of the entries, in bytes.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.inner.lock().bytes
     }
 
     /// The number of stored responses (variants, over all keys).
-    pub fn entries(&self) -> usize {
+    pub(crate) fn entries(&self) -> usize {
         self.inner.lock().entries
     }
 
@@ -700,7 +700,7 @@ impl HttpCache {
     /// Joins the flight for `key`: the first caller becomes its [`Flight::Leader`], later callers,
     /// while the leader's guard lives, [`Flight::Follower`]s. See the
     /// [module documentation](self#coalescing).
-    pub fn join(&self, key: &CacheKey) -> Flight {
+    pub(crate) fn join(&self, key: &CacheKey) -> Flight {
         let mut flights = self.flights.lock();
         if let Some((_, done)) = flights.map.get(key) {
             return Flight::Follower(Follower { done: done.clone() });

@@ -70,6 +70,7 @@
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, the hot-key ticker, reload, shutdown |
 
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 // Alphabetical; the order of their imports is the layout table above.
 mod access;

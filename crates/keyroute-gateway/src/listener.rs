@@ -41,7 +41,7 @@ use crate::metrics::ListenerMetrics;
 const TIMEOUT_RESPONSE: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
 /// Raises the soft open-file limit to the hard limit; returns (soft before, soft now).
-pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+pub(crate) fn raise_open_file_limit() -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
         let (soft, hard) = rlimit::Resource::NOFILE.get().ok()?;
@@ -57,7 +57,7 @@ pub fn raise_open_file_limit() -> Option<(u64, u64)> {
 }
 
 /// Whether an accept error means the process is out of a resource (and should back off).
-pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
     #[cfg(unix)]
     {
         matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
@@ -71,13 +71,13 @@ pub fn is_resource_exhaustion(e: &io::Error) -> bool {
 
 /// The back-off after accept errors: 10 ms, doubling to 1 s; reset by a successful accept.
 #[derive(Debug, Default)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     next: Option<Duration>,
 }
 
 impl Backoff {
     /// The next wait, and whether it is the first of an episode (worth a log line).
-    pub fn fail(&mut self) -> (Duration, bool) {
+    pub(crate) fn fail(&mut self) -> (Duration, bool) {
         let first = self.next.is_none();
         let d = self.next.unwrap_or(Duration::from_millis(10));
         self.next = Some((d * 2).min(Duration::from_secs(1)));
@@ -85,7 +85,7 @@ impl Backoff {
     }
 
     /// A connection was accepted.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = None;
     }
 }
@@ -95,7 +95,7 @@ impl Backoff {
 /// request's body has been read (or dropped) until the next head has been parsed, so bytes of a
 /// body still arriving after an early response are never taken for a slow head.
 #[derive(Debug)]
-pub struct HeadClock {
+pub(crate) struct HeadClock {
     /// The connection was upgraded (a 101): it is a tunnel now, never timed again.
     upgraded: AtomicBool,
     waiting: AtomicBool,
@@ -116,14 +116,14 @@ impl HeadClock {
     }
 
     /// A head has been parsed (with a body to come, or not): the clock stops.
-    pub fn head_received(&self, body_open: bool) {
+    pub(crate) fn head_received(&self, body_open: bool) {
         self.waiting.store(false, SeqCst);
         self.response_done.store(false, SeqCst);
         self.body_open.store(body_open, SeqCst);
     }
 
     /// The response has been sent: the clock restarts, once the request body is done too.
-    pub fn response_sent(&self) {
+    pub(crate) fn response_sent(&self) {
         self.response_done.store(true, SeqCst);
         if !self.body_open.load(SeqCst) {
             self.start();
@@ -131,7 +131,7 @@ impl HeadClock {
     }
 
     /// The request body has been read to its end, or dropped.
-    pub fn body_finished(&self) {
+    pub(crate) fn body_finished(&self) {
         self.body_open.store(false, SeqCst);
         if self.response_done.load(SeqCst) {
             self.start();
@@ -139,7 +139,7 @@ impl HeadClock {
     }
 
     /// The response switched protocols: from now on the connection is a tunnel.
-    pub fn upgraded(&self) {
+    pub(crate) fn upgraded(&self) {
         self.upgraded.store(true, SeqCst);
         self.waiting.store(false, SeqCst);
     }
@@ -154,7 +154,7 @@ impl HeadClock {
 }
 
 /// A request body that tells its connection's [`HeadClock`] when it is done.
-pub struct ClockedRequest<B> {
+pub(crate) struct ClockedRequest<B> {
     inner: B,
     clock: Arc<HeadClock>,
     finished: bool,
@@ -162,7 +162,7 @@ pub struct ClockedRequest<B> {
 
 impl<B> ClockedRequest<B> {
     /// Wraps a request body.
-    pub fn new(inner: B, clock: Arc<HeadClock>) -> Self {
+    pub(crate) fn new(inner: B, clock: Arc<HeadClock>) -> Self {
         ClockedRequest { inner, clock, finished: false }
     }
 
@@ -203,7 +203,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ClockedRequest<B> {
 
 /// A client connection's IO (TCP, or TLS over it) with the head timeout and the send timeout. See
 /// the [module documentation](self).
-pub struct TimedIo<S = TcpStream> {
+pub(crate) struct TimedIo<S = TcpStream> {
     io: S,
     clock: Arc<HeadClock>,
     timeout: Duration,
@@ -226,7 +226,7 @@ impl<S> TimedIo<S> {
     /// Wraps an accepted connection whose first head is due by `first_head` (the moment it was
     /// accepted plus the head timeout: a TLS handshake or an h2c preface check spends from the
     /// same budget); returns it and its clock.
-    pub fn new(
+    pub(crate) fn new(
         io: S,
         timeout: Duration,
         first_head: Instant,
@@ -350,14 +350,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
 
 /// A response body that restarts its connection's head clock when it is done (sent, or
 /// dropped).
-pub struct ClockedBody {
+pub(crate) struct ClockedBody {
     inner: ProxyBody,
     clock: Arc<HeadClock>,
 }
 
 impl ClockedBody {
     /// Wraps a response body.
-    pub fn new(inner: ProxyBody, clock: Arc<HeadClock>) -> Self {
+    pub(crate) fn new(inner: ProxyBody, clock: Arc<HeadClock>) -> Self {
         ClockedBody { inner, clock }
     }
 }
@@ -387,11 +387,11 @@ impl Body for ClockedBody {
 
 /// Counts an open connection on its listener until dropped.
 #[derive(Debug)]
-pub struct OpenConn(Arc<ListenerMetrics>);
+pub(crate) struct OpenConn(Arc<ListenerMetrics>);
 
 impl OpenConn {
     /// Counts one more.
-    pub fn new(metrics: &Arc<ListenerMetrics>) -> Self {
+    pub(crate) fn new(metrics: &Arc<ListenerMetrics>) -> Self {
         metrics.open.fetch_add(1, Relaxed);
         metrics.accepted.fetch_add(1, Relaxed);
         OpenConn(Arc::clone(metrics))

@@ -34,7 +34,7 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Why a request could not be sent.
 #[derive(Debug)]
-pub enum SendError {
+pub(crate) enum SendError {
     /// No connection could be made (refused, unreachable, connect timeout): the worker never saw
     /// the request.
     Connect(String),
@@ -80,7 +80,7 @@ thread_local! {
 }
 
 /// Sets the calling thread's idle list (each runtime thread of the gateway has its own).
-pub fn set_thread_slot(i: usize) {
+pub(crate) fn set_thread_slot(i: usize) {
     SLOT.with(|s| s.set(i % SLOTS));
 }
 
@@ -92,7 +92,7 @@ type Idle = Mutex<Vec<(Instant, SendRequest<ProxyBody>)>>;
 
 /// A worker's connection pool.
 #[derive(Debug)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     addr: SocketAddr,
     /// Milliseconds; changed by a configuration reload.
     connect_timeout_ms: AtomicU64,
@@ -100,11 +100,11 @@ pub struct Upstream {
 }
 
 /// A connection on loan to one request; give it back with [`Upstream::checkin`].
-pub type Conn = SendRequest<ProxyBody>;
+pub(crate) type Conn = SendRequest<ProxyBody>;
 
 impl Upstream {
     /// An empty pool for `addr`.
-    pub fn new(addr: SocketAddr, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(addr: SocketAddr, connect_timeout: Duration) -> Self {
         Upstream {
             addr,
             connect_timeout_ms: AtomicU64::new(connect_timeout.as_millis() as u64),
@@ -113,7 +113,7 @@ impl Upstream {
     }
 
     /// Sets the connect timeout for new connections.
-    pub fn set_connect_timeout(&self, timeout: Duration) {
+    pub(crate) fn set_connect_timeout(&self, timeout: Duration) {
         self.connect_timeout_ms.store(timeout.as_millis() as u64, Relaxed);
     }
 
@@ -168,7 +168,7 @@ impl Upstream {
     ///
     /// [`SendError::Connect`] when no connection could be made, [`SendError::Local`] when the
     /// gateway itself is out of descriptors or memory, [`SendError::Request`] otherwise.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         mut req: Request<ProxyBody>,
         reuse: bool,
@@ -191,7 +191,7 @@ impl Upstream {
     }
 
     /// Returns a connection whose response has been read to the end.
-    pub fn checkin(&self, conn: Conn) {
+    pub(crate) fn checkin(&self, conn: Conn) {
         if conn.is_closed() {
             return;
         }

@@ -723,7 +723,7 @@ mod tests {
 /// Entry points for the fuzz targets (`fuzz/`): the admin API's body parsing and worker
 /// validation, without a socket. Not part of the public API.
 #[doc(hidden)]
-pub mod fuzzing {
+pub(crate) mod fuzzing {
     use super::{AddWorker, PatchWorker};
     use crate::config::validate_worker_with;
 

@@ -4,7 +4,7 @@
 
 /// Active-check health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Health {
+pub(super) enum Health {
     /// Taking traffic.
     Healthy,
     /// Failed its checks.
@@ -13,7 +13,7 @@ pub enum Health {
 
 /// What an observation changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     /// Nothing.
     None,
     /// Unhealthy to healthy.
@@ -24,7 +24,7 @@ pub enum Transition {
 
 /// The rise/fall state machine. See the [module documentation](self).
 #[derive(Clone, Debug)]
-pub struct HealthMachine {
+pub(crate) struct HealthMachine {
     rise: u32,
     fall: u32,
     state: Health,
@@ -33,18 +33,18 @@ pub struct HealthMachine {
 
 impl HealthMachine {
     /// Starts healthy (a new worker takes traffic until its checks say otherwise).
-    pub fn new(rise: u32, fall: u32) -> Self {
+    pub(crate) fn new(rise: u32, fall: u32) -> Self {
         HealthMachine { rise: rise.max(1), fall: fall.max(1), state: Health::Healthy, streak: 0 }
     }
 
     /// The same machine with new thresholds (a configuration reload); the state is kept and the
     /// current streak starts over.
-    pub fn retuned(&self, rise: u32, fall: u32) -> Self {
+    pub(crate) fn retuned(&self, rise: u32, fall: u32) -> Self {
         HealthMachine { rise: rise.max(1), fall: fall.max(1), state: self.state, streak: 0 }
     }
 
     /// Feeds one probe result.
-    pub fn observe(&mut self, ok: bool) -> Transition {
+    pub(crate) fn observe(&mut self, ok: bool) -> Transition {
         match (self.state, ok) {
             (Health::Healthy, true) | (Health::Unhealthy, false) => {
                 self.streak = 0;

@@ -17,7 +17,7 @@ use crate::metrics::WorkerMetrics;
 /// A worker's state for routing, as reported by the admin API and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum State {
+pub(crate) enum State {
     /// Taking traffic.
     Healthy,
     /// Failing its active health checks.
@@ -36,7 +36,7 @@ pub enum State {
 
 impl State {
     /// The state's name, as in metrics and the admin API.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             State::Healthy => "healthy",
             State::Unhealthy => "unhealthy",
@@ -60,7 +60,7 @@ const LOOP: u8 = 4;
 /// Its weight is not here: a weight is part of the member set, so it lives in the snapshot's
 /// node set (one owner per fact), and a weight change is a new snapshot.
 #[derive(Debug)]
-pub struct WorkerState {
+pub(crate) struct WorkerState {
     /// The worker's name: its identity for placement.
     pub name: String,
     /// Where it listens.
@@ -100,7 +100,7 @@ pub struct WorkerState {
 
 impl WorkerState {
     /// A new worker, healthy.
-    pub fn new(config: &WorkerConfig, pool: &PoolConfig, epoch: Instant) -> Self {
+    pub(crate) fn new(config: &WorkerConfig, pool: &PoolConfig, epoch: Instant) -> Self {
         WorkerState {
             name: config.name.clone(),
             address: config.address,
@@ -128,7 +128,7 @@ impl WorkerState {
     }
 
     /// Requests in flight (sent and not yet answered to the end of the body).
-    pub fn in_flight(&self) -> u64 {
+    pub(crate) fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed)
     }
 
@@ -137,12 +137,12 @@ impl WorkerState {
     }
 
     /// The routing state at `now`, with no stall window (see [`WorkerState::state_with`]).
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.state_with(Instant::now(), Duration::ZERO)
     }
 
     /// The routing state at `now`; `stall` is the pool's stall window (zero: never stalled).
-    pub fn state_with(&self, now: Instant, stall: Duration) -> State {
+    pub(crate) fn state_with(&self, now: Instant, stall: Duration) -> State {
         match self.state.load(Relaxed) {
             DRAINING => State::Draining,
             UNHEALTHY => State::Unhealthy,
@@ -158,7 +158,7 @@ impl WorkerState {
 
     /// Whether the worker holds tries waiting for headers and has answered none for `stall`
     /// (zero disables).
-    pub fn stalled(&self, now: Instant, stall: Duration) -> bool {
+    pub(crate) fn stalled(&self, now: Instant, stall: Duration) -> bool {
         !stall.is_zero()
             && self.awaiting.load(Relaxed) > 0
             && self.ms(now).saturating_sub(self.progress_ms.load(Relaxed)) > stall.as_millis() as u64
@@ -166,12 +166,12 @@ impl WorkerState {
 
     /// When the worker will count as stalled if nothing arrives from it meanwhile (1 ms past the
     /// window, as [`WorkerState::stalled`] needs more than the window).
-    pub fn stall_deadline(&self, stall: Duration) -> Instant {
+    pub(crate) fn stall_deadline(&self, stall: Duration) -> Instant {
         self.epoch + Duration::from_millis(self.progress_ms.load(Relaxed)) + stall + Duration::from_millis(1)
     }
 
     /// Counts a try waiting for headers until the returned guard drops.
-    pub fn await_headers(self: &Arc<Self>, now: Instant) -> Awaiting {
+    pub(crate) fn await_headers(self: &Arc<Self>, now: Instant) -> Awaiting {
         if self.awaiting.fetch_add(1, Relaxed) == 0 {
             // An idle worker's stall clock starts with its first waiting try.
             self.progress_ms.store(self.ms(now), Relaxed);
@@ -180,7 +180,7 @@ impl WorkerState {
     }
 
     /// The worker sent response headers: a sign of life.
-    pub fn headers_arrived(&self, now: Instant) {
+    pub(crate) fn headers_arrived(&self, now: Instant) {
         self.progress_ms.store(self.ms(now), Relaxed);
     }
 
@@ -191,7 +191,7 @@ impl WorkerState {
     }
 
     /// Feeds an active probe result; returns the transition.
-    pub fn observe_probe(&self, ok: bool) -> Transition {
+    pub(crate) fn observe_probe(&self, ok: bool) -> Transition {
         let mut m = self.machines.lock();
         let t = m.0.observe(ok);
         match t {
@@ -211,7 +211,7 @@ impl WorkerState {
     /// flight while the worker is ejected are ignored, and `may_eject = false` (the pool's
     /// ejection cap is reached) keeps counting without ejecting. Successes go to
     /// [`WorkerState::observe_success`].
-    pub fn observe_failure(&self, may_eject: bool, now: Instant) -> Option<Duration> {
+    pub(crate) fn observe_failure(&self, may_eject: bool, now: Instant) -> Option<Duration> {
         if self.state_with(now, Duration::ZERO) == State::Ejected {
             return None;
         }
@@ -228,7 +228,7 @@ impl WorkerState {
     }
 
     /// A complete response that is not a 5xx: the failure streak starts over (no clock needed).
-    pub fn observe_success(&self) {
+    pub(crate) fn observe_success(&self) {
         if self.truncating.load(Relaxed) {
             self.truncating.store(false, Relaxed);
         }
@@ -247,14 +247,14 @@ impl WorkerState {
 
     /// Starts the worker's warm-up at `now` (it joined, or recovered): slow start ramps its share
     /// from here, and its hit rate counts from here.
-    pub fn start_warming(&self, now: Instant) {
+    pub(crate) fn start_warming(&self, now: Instant) {
         self.warm_hits.store(0, Relaxed);
         self.warm_reports.store(0, Relaxed);
         self.warm_since_ms.store(self.ms(now) + 1, Relaxed);
     }
 
     /// How long ago the worker started warming up, if it ever did.
-    pub fn warming_for(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn warming_for(&self, now: Instant) -> Option<Duration> {
         match self.warm_since_ms.load(Relaxed) {
             0 => None,
             since => Some(Duration::from_millis(self.ms(now).saturating_sub(since - 1))),
@@ -262,7 +262,7 @@ impl WorkerState {
     }
 
     /// Notes the worker's own cache result for a response (its `X-Cache: HIT` or `MISS`).
-    pub fn note_cache(&self, hit: bool) {
+    pub(crate) fn note_cache(&self, hit: bool) {
         self.cache_reports.fetch_add(1, Relaxed);
         self.warm_reports.fetch_add(1, Relaxed);
         if hit {
@@ -272,29 +272,29 @@ impl WorkerState {
     }
 
     /// `X-Cache` (hits, reports) since the warm-up started.
-    pub fn warm_reports(&self) -> (u64, u64) {
+    pub(crate) fn warm_reports(&self) -> (u64, u64) {
         (self.warm_hits.load(Relaxed), self.warm_reports.load(Relaxed))
     }
 
     /// `X-Cache` (hits, reports) over the worker's life.
-    pub fn cache_reports(&self) -> (u64, u64) {
+    pub(crate) fn cache_reports(&self) -> (u64, u64) {
         (self.cache_hits.load(Relaxed), self.cache_reports.load(Relaxed))
     }
 
     /// Marks the worker as draining (irreversible for this worker object).
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         self.state.store(DRAINING, Relaxed);
     }
 
     /// Marks a worker whose address is this gateway's own ([`State::Loop`]).
-    pub fn mark_loop(&self) {
+    pub(crate) fn mark_loop(&self) {
         self.state.store(LOOP, Relaxed);
     }
 }
 
 /// A try waiting for a worker's response headers; see [`WorkerState::await_headers`].
 #[derive(Debug)]
-pub struct Awaiting(Arc<WorkerState>);
+pub(crate) struct Awaiting(Arc<WorkerState>);
 
 impl Drop for Awaiting {
     fn drop(&mut self) {
@@ -305,11 +305,11 @@ impl Drop for Awaiting {
 /// Counts a request in flight on a worker until dropped: held by the response body, so it is
 /// released when the body ends (or the client goes away), not when the headers arrive.
 #[derive(Debug)]
-pub struct InFlight(Arc<WorkerState>);
+pub(crate) struct InFlight(Arc<WorkerState>);
 
 impl InFlight {
     /// Starts counting.
-    pub fn new(worker: Arc<WorkerState>) -> Self {
+    pub(crate) fn new(worker: Arc<WorkerState>) -> Self {
         worker.in_flight.fetch_add(1, Relaxed);
         InFlight(worker)
     }

@@ -20,7 +20,7 @@
 //! - here: [`Pool`], which applies a change by building a whole new snapshot (off the request
 //!   path) and only then swapping it in; nothing shared is edited before a build that can fail.
 
-pub mod endpoint;
+pub(crate) mod endpoint;
 pub(crate) mod hot;
 mod snapshot;
 
@@ -33,8 +33,8 @@ use arc_swap::ArcSwap;
 use keyroute::Policy;
 use tokio::time::Instant;
 
-pub use self::endpoint::{InFlight, State, WorkerState};
-pub use self::snapshot::Snapshot;
+pub(crate) use self::endpoint::{InFlight, State, WorkerState};
+pub(crate) use self::snapshot::Snapshot;
 use crate::config::{MembershipConfig, PoolConfig, WorkerConfig};
 use crate::metrics::{PoolMetrics, SourceMetrics};
 use crate::table::{check_table_size, node_set};
@@ -111,7 +111,7 @@ pub enum MembershipError {
 /// takes hundreds of milliseconds to build): call them off the request path, as the admin API
 /// and reloads do (`spawn_blocking`). Readers never wait for them.
 #[derive(Debug)]
-pub struct Pool {
+pub(crate) struct Pool {
     /// The pool's name.
     pub name: String,
     snapshot: ArcSwap<Snapshot>,
@@ -160,7 +160,7 @@ impl Pool {
     ///
     /// The placement library refuses the workers, or the table is too large (validated
     /// configurations never fail here).
-    pub fn new(config: PoolConfig, epoch: Instant) -> Result<Self, MembershipError> {
+    pub(crate) fn new(config: PoolConfig, epoch: Instant) -> Result<Self, MembershipError> {
         let members: Members =
             config.workers.iter().map(|w| (Arc::new(WorkerState::new(w, &config, epoch)), w.weight)).collect();
         let name = config.name.clone();
@@ -190,7 +190,7 @@ impl Pool {
     /// # Errors
     ///
     /// A set the strategy refuses, or a table too large: the current members stay.
-    pub fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
+    pub(crate) fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
         let _guard = self.change.lock();
         let old = self.snapshot();
         let mut same = incoming.len() == old.workers.len();
@@ -238,7 +238,7 @@ impl Pool {
     /// members are added one at a time in the given order (canonical name order from
     /// `membership::record::members_of`), and each that would break the table is refused.
     /// A function of the set alone, so every gateway refuses the same records.
-    pub fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<(String, String)>) {
+    pub(crate) fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<(String, String)>) {
         let config = Arc::clone(&self.snapshot().config);
         let fits = |ms: &[&Member]| -> Result<(), String> {
             let nodes = node_set(ms.iter().map(|m| {
@@ -276,12 +276,12 @@ impl Pool {
     }
 
     /// The current snapshot.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
     }
 
     /// Notes a key hash in the recent sample.
-    pub fn record_key(&self, hash: u64) {
+    pub(crate) fn record_key(&self, hash: u64) {
         self.recent.record(hash);
     }
 
@@ -290,7 +290,7 @@ impl Pool {
     /// # Errors
     ///
     /// A duplicate name, or a set the strategy refuses.
-    pub fn add_worker(&self, config: WorkerConfig) -> Result<u64, MembershipError> {
+    pub(crate) fn add_worker(&self, config: WorkerConfig) -> Result<u64, MembershipError> {
         self.change(|snap| {
             if snap.worker(&config.name).is_some() {
                 return Err(MembershipError::Duplicate { worker: config.name.clone(), pool: self.name.clone() });
@@ -306,7 +306,7 @@ impl Pool {
     /// # Errors
     ///
     /// No such worker.
-    pub fn remove_worker(&self, name: &str) -> Result<u64, MembershipError> {
+    pub(crate) fn remove_worker(&self, name: &str) -> Result<u64, MembershipError> {
         self.remove_where(name, |w| w.name == name)
     }
 
@@ -316,7 +316,7 @@ impl Pool {
     /// # Errors
     ///
     /// It is no longer a member.
-    pub fn remove_exact(&self, worker: &Arc<WorkerState>) -> Result<u64, MembershipError> {
+    pub(crate) fn remove_exact(&self, worker: &Arc<WorkerState>) -> Result<u64, MembershipError> {
         self.remove_where(&worker.name, |w| Arc::ptr_eq(w, worker))
     }
 
@@ -338,7 +338,7 @@ impl Pool {
     /// # Errors
     ///
     /// No such worker, or a weight the strategy refuses, or a table too large.
-    pub fn set_weight(&self, name: &str, weight: u32) -> Result<u64, MembershipError> {
+    pub(crate) fn set_weight(&self, name: &str, weight: u32) -> Result<u64, MembershipError> {
         self.change(|snap| {
             let Some((i, _)) = snap.worker(name) else {
                 return Err(MembershipError::UnknownWorker { worker: name.to_owned(), pool: self.name.clone() });

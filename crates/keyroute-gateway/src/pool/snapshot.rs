@@ -15,7 +15,7 @@ use crate::config::PoolConfig;
 
 /// Why no worker could take a request: the true reason of a 503.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unavailable {
+pub(crate) enum Unavailable {
     /// The pool has no members.
     NoWorkers,
     /// Every member has weight 0.
@@ -46,7 +46,7 @@ impl fmt::Display for Unavailable {
 
 impl Unavailable {
     /// The public reason class of a 503.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Unavailable::NoWorkers => "pool_empty",
             Unavailable::AllDrained => "all_weights_zero",
@@ -65,7 +65,7 @@ impl Unavailable {
 
 /// Everything a request needs from its pool, swapped atomically.
 #[derive(Debug)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// Incremented by every change.
     pub generation: u64,
     /// The pool's configuration (its worker list is the configured one; `workers` is current).
@@ -101,17 +101,17 @@ impl Warm {
 
 impl Snapshot {
     /// The member named `name`.
-    pub fn worker(&self, name: &str) -> Option<(usize, &Arc<WorkerState>)> {
+    pub(crate) fn worker(&self, name: &str) -> Option<(usize, &Arc<WorkerState>)> {
         self.workers.iter().enumerate().find(|(_, w)| w.name == name)
     }
 
     /// Member `i`'s weight.
-    pub fn weight(&self, i: usize) -> u32 {
+    pub(crate) fn weight(&self, i: usize) -> u32 {
         self.policy.nodes().get(i).map_or(0, Node::weight)
     }
 
     /// Member `i`'s routing state at `now`, with the pool's stall window.
-    pub fn state(&self, i: usize, now: Instant) -> State {
+    pub(crate) fn state(&self, i: usize, now: Instant) -> State {
         self.workers.get(i).map_or(State::Draining, |w| w.state_with(now, self.config.passive.stall))
     }
 
@@ -121,7 +121,7 @@ impl Snapshot {
     ///
     /// The moment's steering for `hash` is the core's one rule ([`keyroute::steer`]): hot replicas,
     /// then the handoff, then slow start, then the strategy, over the workers in state `want`.
-    pub fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
+    pub(crate) fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
         let loads = |i: usize| self.workers.get(i).map_or(0, |w| w.in_flight());
         let replicas = match (hash, &self.hot) {
             (Some(h), Some(hot)) => hot.replicas(h),
@@ -167,7 +167,7 @@ impl Snapshot {
 
     /// Member `i`'s warm-up progress at `now` (1 when it is not warming), for reports: the handoff's
     /// and slow start's, whichever holds it back more.
-    pub fn warm_progress(&self, i: usize, now: Instant) -> f64 {
+    pub(crate) fn warm_progress(&self, i: usize, now: Instant) -> f64 {
         let mut p: f64 = 1.0;
         if let Some(w) = &self.warm {
             p = p.min(w.progress(i, now));
@@ -181,21 +181,21 @@ impl Snapshot {
     }
 
     /// Whether a worker other than `node` (and those in `tried`) could take a request now.
-    pub fn has_other(&self, tried: &[usize], node: usize, now: Instant) -> bool {
+    pub(crate) fn has_other(&self, tried: &[usize], node: usize, now: Instant) -> bool {
         (0..self.workers.len())
             .any(|i| i != node && !tried.contains(&i) && self.weight(i) > 0 && self.state(i, now) == State::Healthy)
     }
 
     /// Whether passive ejection may take out one more worker: at most half the pool, since past
     /// that a failure is more likely the request's (or the network's) than every worker's.
-    pub fn may_eject(&self) -> bool {
+    pub(crate) fn may_eject(&self) -> bool {
         let now = Instant::now();
         let ejected = (0..self.workers.len()).filter(|&i| self.state(i, now) == State::Ejected).count();
         ejected < self.workers.len() / 2
     }
 
     /// Why [`Snapshot::decide`] found nothing, with no worker tried.
-    pub fn why_unavailable(&self, now: Instant) -> Unavailable {
+    pub(crate) fn why_unavailable(&self, now: Instant) -> Unavailable {
         if self.workers.is_empty() {
             return Unavailable::NoWorkers;
         }

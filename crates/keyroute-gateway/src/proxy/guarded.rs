@@ -22,7 +22,7 @@ use crate::upstream::Conn;
 
 /// What the proxy learns of the client's upload.
 #[derive(Debug, Default)]
-pub struct Upload {
+pub(crate) struct Upload {
     failed: AtomicBool,
     done: AtomicBool,
     /// The last poll of the client's body found no data yet: the upload waits on the client
@@ -32,31 +32,31 @@ pub struct Upload {
 
 impl Upload {
     /// Whether the upload, when last polled, was waiting for the client's bytes.
-    pub fn waiting_on_client(&self) -> bool {
+    pub(crate) fn waiting_on_client(&self) -> bool {
         self.waiting_on_client.load(Relaxed)
     }
 
     /// The client's body failed: its error, not the worker's.
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         self.failed.load(Relaxed)
     }
 
     /// The client's body was read to its end.
-    pub fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.done.load(Relaxed)
     }
 }
 
 /// The client's request body on its way upstream. See the [module documentation](self).
 #[derive(Debug)]
-pub struct ClientBody<B> {
+pub(crate) struct ClientBody<B> {
     inner: B,
     upload: Arc<Upload>,
 }
 
 impl<B> ClientBody<B> {
     /// Wraps a body; `upload` records how it ends.
-    pub fn new(inner: B, upload: Arc<Upload>) -> Self
+    pub(crate) fn new(inner: B, upload: Arc<Upload>) -> Self
     where
         B: Body,
     {
@@ -108,7 +108,7 @@ where
 }
 
 /// The worker's response body on its way to the client. See the [module documentation](self).
-pub struct Guarded {
+pub(crate) struct Guarded {
     inner: Incoming,
     state: Option<Finish>,
 }
@@ -132,7 +132,7 @@ struct Finish {
 impl Guarded {
     /// Wraps a response body; a body that is already complete (HEAD, 204, 304, an empty 200) is
     /// settled at once, since nothing will poll it.
-    pub fn new(
+    pub(crate) fn new(
         inner: Incoming,
         guard: InFlight,
         conn: Conn,

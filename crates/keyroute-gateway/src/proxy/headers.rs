@@ -30,7 +30,7 @@ pub(crate) use crate::hop::HOP_BY_HOP;
 /// Removes the hop-by-hop headers and those `Connection` lists; a message that came with
 /// `Transfer-Encoding` also loses `Content-Length` (the length is the chunked body's, and hyper
 /// re-frames what it forwards).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the (few) headers, instead of a hash lookup per hop-by-hop name.
     let mut drop: Vec<HeaderName> = Vec::new();
     for (name, value) in headers.iter() {
@@ -63,7 +63,7 @@ const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 /// the client's order, read before the hop-by-hop headers are stripped. `None` when nothing
 /// allowed is offered: the request is then served as plain HTTP/1.1 (its `Upgrade` and, for h2c,
 /// `HTTP2-Settings` never reach the worker).
-pub fn upgrade_of(version: http::Version, headers: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
+pub(crate) fn upgrade_of(version: http::Version, headers: &HeaderMap, allowed: &[String]) -> Option<HeaderValue> {
     if version != http::Version::HTTP_11 {
         return None;
     }
@@ -83,14 +83,14 @@ pub fn upgrade_of(version: http::Version, headers: &HeaderMap, allowed: &[String
 }
 
 /// Whether an offered protocol (`name` or `name/version`) is one of `allowed`. `h2c` never is.
-pub fn upgrade_allowed(protocol: &[u8], allowed: &[String]) -> bool {
+pub(crate) fn upgrade_allowed(protocol: &[u8], allowed: &[String]) -> bool {
     let name = protocol.split(|&b| b == b'/').next().unwrap_or_default();
     !name.eq_ignore_ascii_case(b"h2c") && allowed.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Whether the request's `Content-Length` values (if any) are one valid number that agrees with
 /// the body's exact length, when that is known.
-pub fn framing_ok(headers: &HeaderMap, exact: Option<u64>) -> bool {
+pub(crate) fn framing_ok(headers: &HeaderMap, exact: Option<u64>) -> bool {
     let mut length = None;
     for v in headers.get_all(header::CONTENT_LENGTH) {
         let Some(n) = v.to_str().ok().and_then(|t| t.trim().parse::<u64>().ok()) else { return false };
@@ -107,7 +107,7 @@ pub fn framing_ok(headers: &HeaderMap, exact: Option<u64>) -> bool {
 
 /// Why a request's head was refused before routing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BadHead {
+pub(crate) enum BadHead {
     /// More than one Host header.
     DuplicateHost,
     /// An HTTP/1.1 request without Host.
@@ -123,7 +123,7 @@ pub enum BadHead {
 
 impl BadHead {
     /// The public reason class.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             BadHead::DuplicateHost => "duplicate_host",
             BadHead::MissingHost => "missing_host",
@@ -134,7 +134,7 @@ impl BadHead {
     }
 
     /// The public message.
-    pub fn message(self) -> &'static str {
+    pub(crate) fn message(self) -> &'static str {
         match self {
             BadHead::DuplicateHost => "more than one Host header",
             BadHead::MissingHost => "the request names no host (Host, or :authority in HTTP/2)",
@@ -154,7 +154,7 @@ impl BadHead {
 /// # Errors
 ///
 /// The head is ambiguous or invalid; nothing is forwarded.
-pub fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) -> Result<(), BadHead> {
+pub(crate) fn canonicalize(version: Version, uri: &mut Uri, headers: &mut HeaderMap) -> Result<(), BadHead> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let first = hosts.next();
     if hosts.next().is_some() {
@@ -229,7 +229,7 @@ fn valid_authority(text: &str) -> bool {
 }
 
 /// The request's host without its port, lowercased by the caller as needed.
-pub fn host_of(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn host_of(headers: &HeaderMap) -> Option<&str> {
     let h = headers.get(header::HOST)?.to_str().ok()?;
     if h.starts_with('[') {
         return Some(h.split_once(']').map_or(h, |(v6, _)| &h[..v6.len() + 1]));
@@ -266,7 +266,7 @@ fn dots(segment: &str) -> usize {
 
 /// Removes dot segments (RFC 3986 section 5.2.4), treating `%2e`/`%2E` as `.`. Borrowed (and
 /// nothing allocated) when there are none.
-pub fn normalize_path(path: &str) -> Cow<'_, str> {
+pub(crate) fn normalize_path(path: &str) -> Cow<'_, str> {
     if !path.split('/').any(|s| dots(s) > 0) {
         return Cow::Borrowed(path);
     }
@@ -302,7 +302,7 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
 /// What a connection's requests share: the client's address, whether it came over TLS, and the
 /// forwarding headers' values for it, rendered once per connection.
 #[derive(Debug)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// The client's address.
     pub addr: SocketAddr,
     /// The connection is TLS.
@@ -315,12 +315,12 @@ pub struct Peer {
 
 impl Peer {
     /// The forwarding values for a plain HTTP/1 client.
-    pub fn new(addr: SocketAddr) -> Self {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
         Peer::with(addr, false, false)
     }
 
     /// The forwarding values for a client, over TLS or not, HTTP/2 or not.
-    pub fn with(addr: SocketAddr, tls: bool, h2: bool) -> Self {
+    pub(crate) fn with(addr: SocketAddr, tls: bool, h2: bool) -> Self {
         let ip = addr.ip().to_string();
         let node = if addr.is_ipv6() { format!("\"[{ip}]\"") } else { ip.clone() };
         let proto = if tls { "https" } else { "http" };
@@ -340,7 +340,7 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Adds `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Forwarded`.
-pub fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
+pub(crate) fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
     match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prev) => {
             if let Ok(v) = HeaderValue::try_from(format!("{prev}, {}", peer.addr.ip())) {
@@ -375,7 +375,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
 
 /// This gateway's `Via` entry.
 #[derive(Clone, Debug)]
-pub struct Via {
+pub(crate) struct Via {
     entry: String,
     /// The entry as a header value, for the common case of a request without `Via`.
     value: HeaderValue,
@@ -383,14 +383,14 @@ pub struct Via {
 
 impl Via {
     /// An entry with a fresh random id (loops are detected per process).
-    pub fn random() -> Self {
+    pub(crate) fn random() -> Self {
         let entry = format!("1.1 keyroute-{:012x}", random_u64() & 0xffff_ffff_ffff);
         let value = HeaderValue::try_from(entry.as_str()).unwrap_or_else(|_| HeaderValue::from_static("1.1 keyroute"));
         Via { entry, value }
     }
 
     /// Whether `headers` already passed through this gateway.
-    pub fn looped(&self, headers: &HeaderMap) -> bool {
+    pub(crate) fn looped(&self, headers: &HeaderMap) -> bool {
         headers
             .get_all(header::VIA)
             .iter()
@@ -400,7 +400,7 @@ impl Via {
     }
 
     /// Appends the entry.
-    pub fn append(&self, headers: &mut HeaderMap) {
+    pub(crate) fn append(&self, headers: &mut HeaderMap) {
         if !headers.contains_key(header::VIA) {
             headers.insert(header::VIA, self.value.clone());
             return;
@@ -416,18 +416,18 @@ impl Via {
 }
 
 /// A random number from the OS (through the standard hasher's keys): for ids, never placement.
-pub fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0x6b65_7972_6f75_7465);
     h.finish()
 }
 
-pub use crate::body::REQUEST_ID;
+pub(crate) use crate::body::REQUEST_ID;
 
 /// The request's id: its `X-Request-Id` when that is 1 to 128 visible ASCII characters, else a
 /// new one (`next` is a process-wide counter, started at a random value, mixed into 16 hex digits).
-pub fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> String {
+pub(crate) fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> String {
     if let Some(v) = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok())
         && (1..=128).contains(&v.len())
         && v.bytes().all(|b| b.is_ascii_graphic())

@@ -17,8 +17,8 @@
 //! 6. **respond**: the worker's response, its body guarded ([`guarded`]), or an error response
 //!    carrying a reason class and the request id (the detail goes to the log).
 
-pub mod guarded;
-pub mod headers;
+pub(crate) mod guarded;
+pub(crate) mod headers;
 pub(crate) mod tunnel;
 
 use std::net::SocketAddr;
@@ -37,7 +37,7 @@ use keyroute::Spill;
 use tokio::time::Instant;
 
 use self::guarded::{ClientBody, Guarded, Upload};
-pub use self::headers::{Peer, REQUEST_ID};
+pub(crate) use self::headers::{Peer, REQUEST_ID};
 use crate::access::{AccessLog, Placed};
 use crate::body::{self, BoxError, ProxyBody};
 use crate::config::MissingKey;
