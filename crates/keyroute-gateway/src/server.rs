@@ -478,20 +478,11 @@ async fn accept_loop(
     let mut backoff = Backoff::default();
     let mut at_limit = false;
     loop {
-        let permit = match Arc::clone(&permits).try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                metrics.limited.fetch_add(1, Relaxed);
-                if !at_limit {
-                    at_limit = true;
-                    tracing::warn!(listener = %name, limit, "connection limit reached; accepting again when one closes");
-                }
-                tokio::select! {
-                    p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-                    _ = rx.wait_for(|stop| *stop) => return,
-                }
-            }
-        };
+        // Accept first, then wait for a place: the listener's permits are shared by every thread
+        // accepting on it, and a permit taken before `accept` would sit idle on a thread whose
+        // socket gets no connection while another thread's clients wait. At the limit, each
+        // thread holds at most the one connection it accepted; the kernel's backlog holds the
+        // rest.
         // `wait_for` sees a shutdown that happened before this loop subscribed.
         let accepted = tokio::select! {
             a = sock.accept() => a,
@@ -500,9 +491,6 @@ async fn accept_loop(
         let (stream, remote) = match accepted {
             Ok(x) => {
                 backoff.reset();
-                if at_limit && permits.available_permits() > limit / 10 {
-                    at_limit = false;
-                }
                 x
             }
             Err(e) => {
@@ -520,6 +508,25 @@ async fn accept_loop(
                     tracing::debug!(listener = %name, error = %e, "accept failed");
                 }
                 continue;
+            }
+        };
+        let permit = match Arc::clone(&permits).try_acquire_owned() {
+            Ok(p) => {
+                if at_limit && permits.available_permits() > limit / 10 {
+                    at_limit = false;
+                }
+                p
+            }
+            Err(_) => {
+                metrics.limited.fetch_add(1, Relaxed);
+                if !at_limit {
+                    at_limit = true;
+                    tracing::warn!(listener = %name, limit, "connection limit reached; serving the next connection when one closes");
+                }
+                tokio::select! {
+                    p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                    _ = rx.wait_for(|stop| *stop) => return,
+                }
             }
         };
         let held = (OpenConn::new(&metrics), permit);
