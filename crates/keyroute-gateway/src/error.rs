@@ -61,6 +61,12 @@ pub enum GatewayError {
     /// A reload cannot apply this change.
     #[error("reload refused: {0}")]
     Reload(ReloadError),
+    /// A runtime thread of [`crate::Gateway::run_threads`] ended while it started.
+    #[error("runtime thread {index} ended while it started")]
+    Thread {
+        /// The thread's index (1 is the first extra thread).
+        index: usize,
+    },
     /// The shutdown grace period ended with requests still in flight; they were cut.
     #[error("the shutdown grace period ended with {connections} connection(s) still open")]
     GraceExpired {

@@ -278,7 +278,8 @@ impl Gateway {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err((addr, source))) => return Err(GatewayError::Bind { addr, source }),
-                Err(_) => return Err(GatewayError::Reload(ReloadError::Interrupted)),
+                // The thread ended before it said whether its sockets bound: it panicked.
+                Err(_) => return Err(GatewayError::Thread { index: i }),
             }
             extra.push(handle);
         }
