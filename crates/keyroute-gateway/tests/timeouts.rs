@@ -20,6 +20,16 @@ fn with_listener(text: &str, extra: &str) -> String {
     )
 }
 
+/// A worker that answers every request with a body of `len` bytes.
+async fn big_backend(len: usize) -> RawBackend {
+    let big = Arc::new({
+        let mut r = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n").into_bytes();
+        r.resize(r.len() + len, b'x');
+        r
+    });
+    RawBackend::start(Arc::new(move |_: &str, _: &[u8]| Some(big.as_ref().clone()))).await
+}
+
 /// Reads until the server closes the connection (or `limit`); how long that took.
 async fn until_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
     let start = Instant::now();
@@ -40,12 +50,7 @@ async fn until_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_cut_at_the_send_timeout() {
     // 50 MB: far more than the socket buffers on both sides hold.
-    let big = Arc::new({
-        let mut r = b"HTTP/1.1 200 OK\r\ncontent-length: 50000000\r\nconnection: close\r\n\r\n".to_vec();
-        r.resize(r.len() + 50_000_000, b'x');
-        r
-    });
-    let b = RawBackend::start(Arc::new(move |_: &str, _: &[u8]| Some(big.as_ref().clone()))).await;
+    let b = big_backend(50_000_000).await;
     let gw = start_gateway(&with_listener(&config_for(&[b.addr], "", ""), "send_timeout_ms = 600")).await;
     let mut s = TcpStream::connect(gw.addr).await.expect("connect");
     s.write_all(b"GET /big?k=1 HTTP/1.1\r\nHost: a\r\n\r\n").await.expect("write");
@@ -119,12 +124,7 @@ async fn a_silent_client_of_an_h2c_listener_gets_one_head_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_held_at_window_zero_is_cut_at_the_send_timeout() {
-    let big = Arc::new({
-        let mut r = b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\nconnection: close\r\n\r\n".to_vec();
-        r.resize(r.len() + 1_000_000, b'x');
-        r
-    });
-    let b = RawBackend::start(Arc::new(move |_: &str, _: &[u8]| Some(big.as_ref().clone()))).await;
+    let b = big_backend(1_000_000).await;
     let gw = start_gateway(&with_listener(&config_for(&[b.addr], "", ""), "h2c = true\nsend_timeout_ms = 600")).await;
     let tcp = TcpStream::connect(gw.addr).await.expect("connect");
     // A client whose streams never open their flow-control window: no byte of a body can come.
