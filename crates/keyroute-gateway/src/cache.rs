@@ -153,19 +153,19 @@ impl CacheKey {
 
     /// The scheme, lowercased, or `""` when the request did not carry one.
     #[cfg(test)]
-    pub fn scheme(&self) -> &str {
+    pub(crate) fn scheme(&self) -> &str {
         &self.scheme
     }
 
     /// The authority, lowercased (the request target's, else the `Host` header's).
     #[cfg(test)]
-    pub fn authority(&self) -> &str {
+    pub(crate) fn authority(&self) -> &str {
         &self.authority
     }
 
     /// The path and query, as the request carried them (`/` when empty).
     #[cfg(test)]
-    pub fn path_and_query(&self) -> &str {
+    pub(crate) fn path_and_query(&self) -> &str {
         &self.path_and_query
     }
 
@@ -198,13 +198,13 @@ pub(crate) struct Storable {
 impl Storable {
     /// The freshness lifetime, in seconds (RFC 9111 §4.2.1).
     #[cfg(test)]
-    pub fn freshness_lifetime(&self) -> u64 {
+    pub(crate) fn freshness_lifetime(&self) -> u64 {
         self.lifetime
     }
 
     /// The corrected initial age, in seconds (RFC 9111 §4.2.3).
     #[cfg(test)]
-    pub fn initial_age(&self) -> u64 {
+    pub(crate) fn initial_age(&self) -> u64 {
         self.initial_age
     }
 }
@@ -310,7 +310,7 @@ pub(crate) struct LeaderGuard {
 impl LeaderGuard {
     /// The key this flight is for.
     #[cfg(test)]
-    pub fn key(&self) -> &CacheKey {
+    pub(crate) fn key(&self) -> &CacheKey {
         &self.key
     }
 }
@@ -693,7 +693,7 @@ impl HttpCache {
 
     /// The number of flights (keys with a leader upstream).
     #[cfg(test)]
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.flights.lock().map.len()
     }
 

@@ -341,7 +341,7 @@ impl hyper::body::Body for OnEnd {
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.hint.clone()
+        self.hint
     }
 }
 

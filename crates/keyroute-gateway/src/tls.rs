@@ -105,16 +105,14 @@ impl Certificate {
     /// What to warn about at `now`: an expired certificate, one not valid yet, or one that
     /// expires within [`EXPIRY_WARNING`].
     pub fn warning(&self, now: SystemTime) -> Option<String> {
-        let left = self.valid.1.duration_since(now).ok();
         if now > self.valid.1 {
-            Some(format!("{} has expired", self.cert.display()))
-        } else if now < self.valid.0 {
-            Some(format!("{} is not valid yet", self.cert.display()))
-        } else if let Some(left) = left.filter(|l| *l < EXPIRY_WARNING) {
-            Some(format!("{} expires in {:.1} days", self.cert.display(), left.as_secs_f64() / 86_400.0))
-        } else {
-            None
+            return Some(format!("{} has expired", self.cert.display()));
         }
+        if now < self.valid.0 {
+            return Some(format!("{} is not valid yet", self.cert.display()));
+        }
+        let left = self.valid.1.duration_since(now).ok().filter(|l| *l < EXPIRY_WARNING)?;
+        Some(format!("{} expires in {:.1} days", self.cert.display(), left.as_secs_f64() / 86_400.0))
     }
 
     fn valid_for(&self, name: &ServerName<'_>) -> bool {

@@ -445,9 +445,7 @@ async fn the_cache_varies_on_the_pool_key_skips_bodies_and_bounds_followers() {
     // A GET with a body: never looked up, never stored.
     let before = served();
     for _ in 0..2 {
-        let req = format!(
-            "GET /thumb?cc=1&b=1 HTTP/1.1\r\nHost: a\r\nCookie: user=alice\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
-        );
+        let req = "GET /thumb?cc=1&b=1 HTTP/1.1\r\nHost: a\r\nCookie: user=alice\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
         let answer = raw(gw.addr, req.as_bytes()).await.to_ascii_lowercase();
         assert!(answer.starts_with("http/1.1 200") && !answer.contains("x-keyroute-cache: hit"), "{answer}");
     }
