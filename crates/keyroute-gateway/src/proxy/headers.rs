@@ -82,6 +82,38 @@ pub(crate) fn upgrade_of(version: http::Version, headers: &HeaderMap, allowed: &
     HeaderValue::from_bytes(&kept.join(&b", "[..])).ok()
 }
 
+/// Rewrites a routed request's head into the upstream request's: hop-by-hop headers removed (an
+/// allowed upgrade kept, with `Connection: upgrade`), a body of unknown length sent on chunked,
+/// `Forwarded` and `X-Forwarded-*` added, this gateway's `Via` entry appended, the request id set.
+/// Returns the client's side of an upgrade, if one was allowed (HTTP/1.1 only).
+pub(crate) fn upstream_head(
+    parts: &mut http::request::Parts,
+    upgrades: &[String],
+    body_end: bool,
+    peer: &Peer,
+    via: &Via,
+    id: &str,
+) -> Option<hyper::upgrade::OnUpgrade> {
+    let upgrade = upgrade_of(parts.version, &parts.headers, upgrades);
+    let client_side = upgrade.as_ref().and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(u) = upgrade {
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, u);
+    }
+    // A body whose length is not known (it came chunked) goes on chunked: hyper would otherwise
+    // send a GET or HEAD without it.
+    if !body_end && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+        parts.headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    }
+    add_forwarded(&mut parts.headers, peer);
+    via.append(&mut parts.headers);
+    if let Ok(v) = HeaderValue::try_from(id) {
+        parts.headers.insert(REQUEST_ID.clone(), v);
+    }
+    client_side
+}
+
 /// Whether an offered protocol (`name` or `name/version`) is one of `allowed`. `h2c` never is.
 pub(crate) fn upgrade_allowed(protocol: &[u8], allowed: &[String]) -> bool {
     let name = protocol.split(|&b| b == b'/').next().unwrap_or_default();

@@ -1,0 +1,253 @@
+//! The attempt stage: one try of a request on one worker, and whose failure it was.
+//!
+//! A try is bounded by the per-try timeout and the deadline, and abandoned early when its worker
+//! has stalled (see [`crate::pool::WorkerState::stalled`]) and another can take the request. A
+//! pooled connection that fails under a replayable, idempotent request is tried once more on a
+//! fresh one. Then the result is classified: a client's broken or slow upload is the client's
+//! (400/408, never counted against the worker, never retried); the gateway running out of
+//! descriptors is its own (503); connect errors, timeouts, stalls and 5xx are the worker's and feed
+//! passive ejection. The worker's response head loses its hop-by-hop headers and gains the
+//! worker header ([`super::respond::worker_head`]); its body is guarded ([`super::guarded`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use super::guarded::{Guarded, Upload};
+use super::respond::worker_head;
+use crate::body::{self, ProxyBody};
+use crate::pool::{InFlight, Snapshot, WorkerState};
+use crate::upstream::SendError;
+
+pub(super) fn idempotent(m: &Method) -> bool {
+    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+}
+
+/// Why a try failed, with the detail for the log.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// No connection: the worker never saw the request.
+    Connect(String),
+    /// No response headers within the try's time.
+    Timeout,
+    /// The worker answered nothing at all for the stall window; the try was abandoned.
+    Stalled,
+    /// The connection failed after the request may have been sent.
+    Upstream(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Connect(why) => write!(f, "connect: {why}"),
+            Failure::Timeout => f.write_str("no response headers in time"),
+            Failure::Stalled => f.write_str("the worker stalled; try abandoned"),
+            Failure::Upstream(why) => write!(f, "upstream: {why}"),
+        }
+    }
+}
+
+impl Failure {
+    pub(super) fn may_have_reached_worker(&self) -> bool {
+        !matches!(self, Failure::Connect(_))
+    }
+}
+
+/// One try's result.
+pub(super) enum Try {
+    Answered(Response<ProxyBody>),
+    /// The worker switched protocols (101): the response to send, and the worker's side of the
+    /// tunnel with the in-flight count that lasts as long as it does.
+    Upgraded(Response<ProxyBody>, hyper::upgrade::OnUpgrade, InFlight),
+    Failed(Failure),
+    /// Not the worker's fault (the client's upload failed or stalled, or the gateway ran out of
+    /// resources): answered without blaming the worker, and not retried.
+    ClientFault(Response<ProxyBody>),
+}
+
+/// One try's inputs.
+pub(super) struct TryCtx<'a> {
+    pub(super) snap: &'a Arc<Snapshot>,
+    pub(super) worker: &'a Arc<WorkerState>,
+    pub(super) parts: &'a Parts,
+    pub(super) per_try: Duration,
+    pub(super) replayable: bool,
+    pub(super) upload: &'a Arc<Upload>,
+    pub(super) id: &'a str,
+    pub(super) may_abandon: bool,
+    pub(super) elsewhere: &'a (dyn Fn() -> bool + Sync),
+}
+
+/// One try on one worker: send, wait (bounded by the try's time, abandoned when the worker
+/// stalls), then classify whose failure it was.
+pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
+    let TryCtx { snap, worker, parts, per_try, replayable, upload, id, may_abandon, elsewhere } = ctx;
+    let guard = InFlight::new(Arc::clone(worker));
+    // Only a request without a body waits on the worker alone from the start; one with a body may
+    // be waiting on its client's upload, which must never make the worker look stalled.
+    let sent = Instant::now();
+    let waiting = replayable.then(|| worker.await_headers(sent));
+    let stall = if may_abandon { snap.config.passive.stall } else { Duration::ZERO };
+    // One more try on a fresh connection to the same worker when a pooled connection failed
+    // under a replayable, idempotent request: the worker may just have closed it as idle.
+    let mut fresh_retry = replayable && idempotent(&parts.method);
+    let mut fresh = false;
+    let until = sent + per_try;
+    let result = loop {
+        let mut upstream = Request::new(body.take().unwrap_or_else(body::empty));
+        *upstream.method_mut() = parts.method.clone();
+        *upstream.uri_mut() = parts.uri.clone();
+        *upstream.headers_mut() = parts.headers.clone();
+        if !upstream.headers().contains_key(header::HOST)
+            && let Ok(v) = HeaderValue::try_from(worker.address.to_string())
+        {
+            upstream.headers_mut().insert(header::HOST, v);
+        }
+        let send = worker.upstream.send(upstream, !fresh);
+        tokio::pin!(send);
+        let r = loop {
+            // Wake at the try's deadline, or when the worker would have stalled (re-read after
+            // each wake: any response from it moves that moment on).
+            let wake = if stall.is_zero() { until } else { worker.stall_deadline(stall).min(until) };
+            tokio::select! {
+                r = &mut send => break Ok(r),
+                _ = tokio::time::sleep_until(wake) => {
+                    let now = Instant::now();
+                    if now >= until {
+                        break Err(Failure::Timeout);
+                    }
+                    if worker.stalled(now, stall) && elsewhere() {
+                        break Err(Failure::Stalled);
+                    }
+                }
+            }
+        };
+        match r {
+            Ok(Err(SendError::Request { reused: true, .. })) if fresh_retry => {
+                fresh_retry = false;
+                fresh = true;
+            }
+            r => break r,
+        }
+    };
+    drop(waiting);
+    let arrived = Instant::now();
+    let latency = arrived.saturating_duration_since(sent);
+    let failure = match result {
+        Ok(Ok((mut resp, conn)))
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS && parts.headers.contains_key(header::UPGRADE) =>
+        {
+            worker.headers_arrived(arrived);
+            worker.metrics.record_latency(latency);
+            worker.metrics.record_class(Some(101));
+            let asked = parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
+            let chosen = resp.headers().get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
+            let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
+            if !offered(chosen.trim_ascii()) {
+                // RFC 9110 §7.8: a server switches only to a protocol the client offered.
+                drop(conn);
+                return Try::Failed(Failure::Upstream("switched to a protocol that was not offered".into()));
+            }
+            worker.observe_success();
+            let worker_side = hyper::upgrade::on(&mut resp);
+            // The connection is the tunnel's now: never back to the pool.
+            drop(conn);
+            let (mut head, _) = resp.into_parts();
+            let protocol = head.headers.get(header::UPGRADE).cloned();
+            worker_head(&mut head, snap, worker);
+            head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            if let Some(p) = protocol {
+                head.headers.insert(header::UPGRADE, p);
+            }
+            return Try::Upgraded(Response::from_parts(head, body::empty()), worker_side, guard);
+        }
+        Ok(Ok((resp, conn))) => {
+            worker.headers_arrived(arrived);
+            let status = resp.status();
+            // The worker's own cache result, when it reports one: slow start reads it.
+            if let Some(v) = resp.headers().get("x-cache").map(HeaderValue::as_bytes) {
+                let word = |w: &[u8]| v.len() >= w.len() && v[..w.len()].eq_ignore_ascii_case(w);
+                if word(b"hit") {
+                    worker.note_cache(true);
+                } else if word(b"miss") {
+                    worker.note_cache(false);
+                }
+            }
+            worker.metrics.record_latency(latency);
+            if status.is_server_error() {
+                // A 5xx is complete as a failure now; a success is settled when its body ends.
+                if worker.observe_failure(snap.may_eject(), arrived).is_some() {
+                    tracing::warn!(worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive failures (5xx)");
+                }
+            }
+            let (mut head, incoming) = resp.into_parts();
+            worker_head(&mut head, snap, worker);
+            let guarded = Guarded::new(
+                incoming,
+                guard,
+                conn,
+                Arc::clone(worker),
+                Arc::clone(snap),
+                status.as_u16(),
+                Arc::clone(upload),
+            );
+            return Try::Answered(Response::from_parts(head, guarded.boxed_unsync()));
+        }
+        // The client's upload broke: its fault, whatever the connection then reported.
+        _ if upload.failed() => {
+            tracing::debug!(request_id = %id, worker = %worker.name, "the client's request body failed");
+            return Try::ClientFault(body::error(
+                StatusCode::BAD_REQUEST,
+                "the request body is invalid or incomplete",
+                "bad_request_body",
+                id,
+            ));
+        }
+        // Still uploading at the timeout, because the client was slow to send (not because the
+        // worker stopped reading): the client's fault.
+        Err(Failure::Timeout) if !replayable && !upload.done() && upload.waiting_on_client() => {
+            tracing::debug!(request_id = %id, worker = %worker.name, "the client's upload was still incomplete at the timeout");
+            return Try::ClientFault(body::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+                "request_body_timeout",
+                id,
+            ));
+        }
+        // The gateway is out of descriptors or memory: nobody's fault but its own.
+        Ok(Err(SendError::Local(why))) => {
+            tracing::error!(request_id = %id, worker = %worker.name, error = %why, "cannot open an upstream connection");
+            return Try::ClientFault(body::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the gateway is out of resources",
+                "gateway_overloaded",
+                id,
+            ));
+        }
+        Ok(Err(e)) => {
+            worker.metrics.record_class(None);
+            match e {
+                SendError::Connect(why) => {
+                    worker.metrics.connect_errors.fetch_add(1, Relaxed);
+                    Failure::Connect(why)
+                }
+                e => Failure::Upstream(e.to_string()),
+            }
+        }
+        Err(f) => {
+            worker.metrics.record_class(None);
+            f
+        }
+    };
+    worker.metrics.record_latency(latency);
+    if let Some(ejection) = worker.observe_failure(snap.may_eject(), arrived) {
+        tracing::warn!(worker = %worker.name, ejection_ms = ejection.as_millis() as u64, failure = %failure, "worker ejected after consecutive failures");
+    }
+    Try::Failed(failure)
+}

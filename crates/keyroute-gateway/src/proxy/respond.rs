@@ -1,0 +1,121 @@
+//! The respond stage: what the client gets. The worker's response (its head without hop-by-hop
+//! headers and with the worker header; stored in the cache when this request led a hot key's
+//! miss); a tunnel, after a 101; or, when no try succeeded, an error with a reason class and the
+//! request id only (the detail is in the log under the same id).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use http::request::Parts;
+use http::response;
+use http::{Response, StatusCode};
+use tokio::time::Instant;
+
+use super::attempt::Failure;
+use super::cache::{Caching, X_CACHE};
+use super::{Route, headers, tunnel};
+use crate::body::{self, ProxyBody};
+use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
+
+/// A worker's response head as the client gets it: no hop-by-hop headers, and the pool's worker
+/// header naming who served.
+pub(super) fn worker_head(head: &mut response::Parts, snap: &Snapshot, worker: &WorkerState) {
+    headers::strip_hop_by_hop(&mut head.headers);
+    if let Some(h) = &snap.config.worker_header
+        && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
+    {
+        head.headers.insert(h.clone(), v);
+    }
+}
+
+/// The request lacks a part of its key, and the pool rejects such requests.
+pub(super) fn missing_key(pool: &Pool, missing: &str, id: &str) -> Response<ProxyBody> {
+    tracing::debug!(request_id = %id, pool = %pool.name, part = %missing, "key part missing");
+    body::error(StatusCode::BAD_REQUEST, "the request lacks a part of its key", "missing_key", id)
+}
+
+/// A worker answered: an unsafe method's success invalidates what the cache holds for its URL
+/// (RFC 9111 §4.4); a request that leads a hot key's miss stores the answer; one that waited for
+/// another's miss in vain says so.
+pub(super) async fn answered(
+    snap: &Snapshot,
+    parts: &Parts,
+    mut resp: Response<ProxyBody>,
+    caching: Option<Caching>,
+    waited: bool,
+) -> Response<ProxyBody> {
+    if !parts.method.is_safe()
+        && let Some(c) = snap.hot.as_ref().and_then(|h| h.cache.as_ref())
+    {
+        c.invalidate(parts, resp.status());
+    }
+    match caching {
+        Some(c) => c.store(resp).await,
+        None => {
+            if waited {
+                resp.headers_mut().insert(X_CACHE, HeaderValue::from_static("miss"));
+            }
+            resp
+        }
+    }
+}
+
+/// The worker switched protocols: the 101 goes back, and the two sides are joined in a tunnel
+/// that holds the worker's in-flight count until it closes. With an access log, the request's
+/// line waits for the tunnel's end.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn upgraded(
+    mut resp: Response<ProxyBody>,
+    client_side: Option<hyper::upgrade::OnUpgrade>,
+    worker_side: hyper::upgrade::OnUpgrade,
+    in_flight: InFlight,
+    worker: &Arc<WorkerState>,
+    route: &Route<'_>,
+    id: &str,
+    logged: bool,
+) -> Response<ProxyBody> {
+    // Only a caller without a connection (`ProxyService::call`) has no client side to join: the
+    // worker's side closes.
+    let Some(client) = client_side else { return resp };
+    let end = logged.then(|| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        resp.extensions_mut().insert(crate::access::TunnelLine::new(rx));
+        tx
+    });
+    let t = tunnel::Tunnel {
+        request_id: id.to_owned(),
+        worker: worker.name.clone(),
+        idle: route.tunnel.map_or(Duration::from_secs(60), |t| t.0),
+        in_flight,
+        end,
+        metrics: route.tunnel.map(|t| Arc::clone(&t.1)),
+    };
+    tunnel::spawn(client, worker_side, t);
+    resp
+}
+
+/// No try succeeded: why, as the client may know it.
+pub(super) fn failed(pool: &Pool, snap: &Snapshot, last: Option<Failure>, id: &str) -> Response<ProxyBody> {
+    match last {
+        None => {
+            pool.metrics.no_worker.fetch_add(1, Relaxed);
+            let why = snap.why_unavailable(Instant::now());
+            tracing::warn!(request_id = %id, pool = %pool.name, workers = snap.workers.len(), reason = why.reason(), detail = %why, "no available worker");
+            body::error(StatusCode::SERVICE_UNAVAILABLE, "no worker is available", why.reason(), id)
+        }
+        Some(Failure::Timeout) => {
+            body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_timeout", id)
+        }
+        Some(Failure::Stalled) => {
+            body::error(StatusCode::GATEWAY_TIMEOUT, "the worker did not answer in time", "upstream_stalled", id)
+        }
+        Some(Failure::Connect(_)) => {
+            body::error(StatusCode::BAD_GATEWAY, "no worker could be reached", "upstream_connect", id)
+        }
+        Some(Failure::Upstream(_)) => {
+            body::error(StatusCode::BAD_GATEWAY, "the worker's response failed", "upstream_failed", id)
+        }
+    }
+}

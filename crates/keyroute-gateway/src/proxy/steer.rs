@@ -1,0 +1,50 @@
+//! The steer stage: the worker for one try, by the core's one steering rule
+//! ([`keyroute::steer`], through [`crate::pool::Snapshot::decide`]: hot replicas, handoff, slow
+//! start, the strategy), skipping the workers already tried; and how the try was placed, for the
+//! pool's metrics and the access log.
+
+use std::sync::Arc;
+
+use keyroute::{Decision, Spill};
+use tokio::time::Instant;
+
+use crate::access::Placed;
+use crate::metrics::{OUTCOMES, Outcome};
+use crate::pool::{Pool, Snapshot};
+
+/// The decision for try `attempt` (0 is the first) of a request for `hash`, counted in the
+/// pool's outcomes and noted in `placed`; `None` when no worker is left to try.
+pub(super) fn place(
+    pool: &Pool,
+    snap: &Snapshot,
+    hash: Option<u64>,
+    tried: &[usize],
+    now: Instant,
+    attempt: u32,
+    placed: Option<&mut Placed>,
+) -> Option<Decision> {
+    let decision = snap.decide(hash, tried, now)?;
+    let outcome = outcome_of(attempt, hash.is_some() && decision.owner.is_some(), decision.spill);
+    pool.metrics.outcome(outcome);
+    if let Some(p) = placed {
+        p.attempts = attempt + 1;
+        p.worker = snap.workers.get(decision.node).map(|w| Arc::from(w.name.as_str()));
+        if attempt == 0 {
+            p.decision = OUTCOMES[outcome as usize];
+        }
+    }
+    Some(decision)
+}
+
+/// How a try was placed: a retry, a request without a key, the key's owner, or why it spilled.
+fn outcome_of(attempt: u32, keyed: bool, spill: Option<Spill>) -> Outcome {
+    match (attempt, keyed, spill) {
+        (a, _, _) if a > 0 => Outcome::Retry,
+        (_, false, _) => Outcome::Unkeyed,
+        (_, true, None) => Outcome::Owner,
+        (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
+        (_, true, Some(Spill::Replica)) => Outcome::Replica,
+        (_, true, Some(Spill::Warming)) => Outcome::Warming,
+        (_, true, Some(_)) => Outcome::Overloaded,
+    }
+}
