@@ -10,7 +10,6 @@
 //! and a replayable request that fails on a pooled connection gets one more try on a fresh one to
 //! the same worker (see `proxy::forward`).
 
-use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -19,6 +18,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -37,10 +37,20 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 pub(crate) enum SendError {
     /// No connection could be made (refused, unreachable, connect timeout): the worker never saw
     /// the request.
-    Connect(String),
+    Connect {
+        /// The worker's address.
+        addr: SocketAddr,
+        /// Why.
+        cause: ConnectError,
+    },
     /// The gateway itself is out of file descriptors or memory: nobody's fault but its own, and
     /// never counted against the worker.
-    Local(String),
+    Local {
+        /// The worker's address.
+        addr: SocketAddr,
+        /// The error (`EMFILE`, `ENOMEM`...).
+        error: std::io::Error,
+    },
     /// The request may have reached the worker (the connection failed while sending or before the
     /// response headers). `reused` says it was a pooled connection, which the worker may have
     /// closed as idle just then: worth one more try on a fresh connection, for a replayable request.
@@ -52,11 +62,32 @@ pub(crate) enum SendError {
     },
 }
 
+/// Why a connection to a worker could not be made.
+#[derive(Debug)]
+pub(crate) enum ConnectError {
+    /// The socket's error (refused, unreachable...).
+    Io(std::io::Error),
+    /// No connection within the pool's connect timeout.
+    TimedOut(Duration),
+    /// The HTTP/1.1 handshake over the new connection failed.
+    Handshake(hyper::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Io(e) => write!(f, "{e}"),
+            ConnectError::TimedOut(t) => write!(f, "timed out after {t:?}"),
+            ConnectError::Handshake(e) => write!(f, "handshake: {e}"),
+        }
+    }
+}
+
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SendError::Connect(why) => write!(f, "connect: {why}"),
-            SendError::Local(why) => write!(f, "local: {why}"),
+            SendError::Connect { addr, cause } => write!(f, "connect to {addr}: {cause}"),
+            SendError::Local { addr, error } => write!(f, "local, connecting to {addr}: {error}"),
             SendError::Request { error: e, .. } => {
                 write!(f, "{e}")?;
                 let mut cur = std::error::Error::source(e);
@@ -122,17 +153,17 @@ impl Upstream {
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) if crate::listener::is_resource_exhaustion(&e) => {
-                return Err(SendError::Local(format!("connecting to {}: {e}", self.addr)));
+                return Err(SendError::Local { addr: self.addr, error: e });
             }
-            Ok(Err(e)) => return Err(SendError::Connect(format!("{}: {e}", self.addr))),
-            Err(_) => return Err(SendError::Connect(format!("{}: timed out after {timeout:?}", self.addr))),
+            Ok(Err(e)) => return Err(SendError::Connect { addr: self.addr, cause: ConnectError::Io(e) }),
+            Err(_) => return Err(SendError::Connect { addr: self.addr, cause: ConnectError::TimedOut(timeout) }),
         };
         let _ = stream.set_nodelay(true);
         let (sender, conn) = http1::Builder::new()
             .writev(false)
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| SendError::Connect(format!("{}: {e}", self.addr)))?;
+            .map_err(|e| SendError::Connect { addr: self.addr, cause: ConnectError::Handshake(e) })?;
         tokio::spawn(async move {
             // With upgrades: a 101 hands the connection to the tunnel (see `proxy::forward`).
             if let Err(e) = conn.with_upgrades().await {

@@ -33,13 +33,15 @@ pub(super) fn idempotent(m: &Method) -> bool {
 #[derive(Debug)]
 pub(super) enum Failure {
     /// No connection: the worker never saw the request.
-    Connect(String),
+    Connect(SendError),
     /// No response headers within the try's time.
     Timeout,
     /// The worker answered nothing at all for the stall window; the try was abandoned.
     Stalled,
     /// The connection failed after the request may have been sent.
-    Upstream(String),
+    Upstream(SendError),
+    /// The worker switched to a protocol the request did not offer (RFC 9110 §7.8).
+    Unoffered,
 }
 
 impl std::fmt::Display for Failure {
@@ -49,6 +51,7 @@ impl std::fmt::Display for Failure {
             Failure::Timeout => f.write_str("no response headers in time"),
             Failure::Stalled => f.write_str("the worker stalled; try abandoned"),
             Failure::Upstream(why) => write!(f, "upstream: {why}"),
+            Failure::Unoffered => f.write_str("the worker switched to a protocol that was not offered"),
         }
     }
 }
@@ -152,7 +155,7 @@ pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> T
             if !offered(chosen.trim_ascii()) {
                 // RFC 9110 §7.8: a server switches only to a protocol the client offered.
                 drop(conn);
-                return Try::Failed(Failure::Upstream("switched to a protocol that was not offered".into()));
+                return Try::Failed(Failure::Unoffered);
             }
             worker.observe_success();
             let worker_side = hyper::upgrade::on(&mut resp);
@@ -221,7 +224,7 @@ pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> T
             ));
         }
         // The gateway is out of descriptors or memory: nobody's fault but its own.
-        Ok(Err(SendError::Local(why))) => {
+        Ok(Err(why @ SendError::Local { .. })) => {
             tracing::error!(request_id = %id, worker = %worker.name, error = %why, "cannot open an upstream connection");
             return Try::ClientFault(body::error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -233,11 +236,11 @@ pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> T
         Ok(Err(e)) => {
             worker.metrics.record_class(None);
             match e {
-                SendError::Connect(why) => {
+                e @ SendError::Connect { .. } => {
                     worker.metrics.connect_errors.fetch_add(1, Relaxed);
-                    Failure::Connect(why)
+                    Failure::Connect(e)
                 }
-                e => Failure::Upstream(e.to_string()),
+                e => Failure::Upstream(e),
             }
         }
         Err(f) => {

@@ -114,7 +114,7 @@ pub(super) fn failed(pool: &Pool, snap: &Snapshot, last: Option<Failure>, id: &s
         Some(Failure::Connect(_)) => {
             body::error(StatusCode::BAD_GATEWAY, "no worker could be reached", "upstream_connect", id)
         }
-        Some(Failure::Upstream(_)) => {
+        Some(Failure::Upstream(_) | Failure::Unoffered) => {
             body::error(StatusCode::BAD_GATEWAY, "the worker's response failed", "upstream_failed", id)
         }
     }
