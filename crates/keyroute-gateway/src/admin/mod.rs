@@ -137,37 +137,79 @@ struct PatchWorker {
     weight: u32,
 }
 
-/// Handles one admin request.
+/// Handles one admin request: [`gate`], then the endpoint's function.
 pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote: SocketAddr) -> Response<ProxyBody> {
     let path = req.uri().path().to_owned();
-    let Some(endpoint) = Endpoint::of(&path) else { return fail(StatusCode::NOT_FOUND, "no such admin endpoint") };
+    let endpoint = match gate(shared, &req, &path, remote) {
+        Ok(e) => e,
+        Err(answer) => return answer,
+    };
+    let routing = shared.front.routing.load_full();
+    let pool_name = param(&req, "pool");
+    if matches!(endpoint, Endpoint::Metrics) {
+        return metrics(shared, &routing);
+    }
+    if matches!(endpoint, Endpoint::HotKeys) || (endpoint == Endpoint::Workers && req.method() == Method::GET) {
+        let pools: Vec<Arc<Pool>> = match &pool_name {
+            Some(_) => match routing.pool(pool_name.as_deref()) {
+                Ok(p) => vec![Arc::clone(p)],
+                Err(e) => return fail(StatusCode::NOT_FOUND, e),
+            },
+            None => routing.pools.clone(),
+        };
+        let one: fn(&Pool) -> serde_json::Value = if endpoint == Endpoint::HotKeys { hot_keys } else { describe };
+        return json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| one(p)).collect::<Vec<_>>() }));
+    }
+    let pool = match routing.pool(pool_name.as_deref()) {
+        Ok(p) => Arc::clone(p),
+        Err(e) => return fail(StatusCode::NOT_FOUND, e),
+    };
+    let worker_name = path.strip_prefix("/workers/").map(|v| percent_decode(v).into_owned()).unwrap_or_default();
+    match (endpoint, req.method().clone()) {
+        (Endpoint::Workers | Endpoint::Worker, _) if etcd_of(&pool).is_some() => {
+            etcd_change(shared, pool, endpoint, req, worker_name).await
+        }
+        (Endpoint::Placement, Method::POST) => place_batch(&pool, req).await,
+        (Endpoint::Placement, _) => match param(&req, "key") {
+            Some(key) => placement(&pool, &key),
+            None => fail(StatusCode::BAD_REQUEST, "?key= is required"),
+        },
+        (Endpoint::Workers, _) => add_worker(shared, pool, req).await,
+        (Endpoint::Worker, Method::DELETE) if param(&req, "drain").as_deref() == Some("true") => {
+            drain(pool, &worker_name)
+        }
+        (Endpoint::Worker, Method::DELETE) => remove_worker(pool, worker_name).await,
+        (Endpoint::Worker, _) => patch_worker(pool, worker_name, req).await,
+        (Endpoint::Healthz | Endpoint::Readyz | Endpoint::Metrics | Endpoint::HotKeys, _) => {
+            fail(StatusCode::NOT_FOUND, "no such admin endpoint")
+        }
+    }
+}
+
+/// Who may ask what, before any endpoint runs: the path and method (404, 405), the
+/// [`guard`]'s origin and Host rules, the probes that need no token, then the token and its
+/// throttle. `Err` is the answer to send instead.
+fn gate(
+    shared: &Shared,
+    req: &Request<Incoming>,
+    path: &str,
+    remote: SocketAddr,
+) -> Result<Endpoint, Response<ProxyBody>> {
+    let Some(endpoint) = Endpoint::of(path) else { return Err(fail(StatusCode::NOT_FOUND, "no such admin endpoint")) };
     if !endpoint.allows(req.method()) {
         let mut resp = fail(StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes {}", endpoint.allow()));
         resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static(endpoint.allow()));
-        return resp;
+        return Err(resp);
     }
     if let Err(refused) =
         guard::check(&Hosts::new(shared.admin_listen, &shared.admin_hosts), req.method(), req.headers())
     {
         tracing::warn!(%remote, %path, reason = refused.message(), "admin request refused");
-        return fail(refused.status(), refused.message());
+        return Err(fail(refused.status(), refused.message()));
     }
     match endpoint {
-        Endpoint::Healthz => return body::text(StatusCode::OK, "text/plain", "ok\n"),
-        Endpoint::Readyz => {
-            let detail = sources_detail(shared);
-            return if crate::state::ready(shared) {
-                body::text(StatusCode::OK, "text/plain", format!("ready\n{detail}"))
-            } else if shared.not_ready.load(Relaxed) {
-                body::text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: shutting down\n{detail}"))
-            } else {
-                body::text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!("not ready: a pool has no available worker\n{detail}"),
-                )
-            };
-        }
+        Endpoint::Healthz => return Err(body::text(StatusCode::OK, "text/plain", "ok\n")),
+        Endpoint::Readyz => return Err(readyz(shared)),
         _ => {}
     }
     let now = Instant::now();
@@ -176,155 +218,123 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
     if !authorized && shared.auth.blocked(remote.ip(), now) {
         let mut resp = fail(StatusCode::TOO_MANY_REQUESTS, "too many failed token attempts; try again later");
         resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(AUTH_WINDOW.as_secs()));
-        return resp;
+        return Err(resp);
     }
     if !authorized {
         shared.auth.fail(remote.ip(), now);
         tracing::warn!(%remote, %path, "admin request without a valid token");
         let mut resp = fail(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return resp;
+        return Err(resp);
     }
-    let routing = shared.front.routing.load_full();
-    let pool_name = param(&req, "pool");
-    let pool = || routing.pool(pool_name.as_deref()).map(Arc::clone).map_err(|e| fail(StatusCode::NOT_FOUND, e));
-    let worker_name = path.strip_prefix("/workers/").map(|v| percent_decode(v).into_owned()).unwrap_or_default();
-    match (endpoint, req.method().clone()) {
-        (Endpoint::Metrics, _) => {
-            let scrape = Scrape {
-                pools: routing.pools.clone(),
-                listeners: shared
-                    .listeners
-                    .iter()
-                    .zip(&shared.listener_metrics)
-                    .zip(&shared.connection_limits)
-                    .map(|((l, m), n)| (l.name.clone(), *n as u64, Arc::clone(m)))
-                    .collect(),
-                admin_auth_failures: shared.auth.failures.load(Relaxed),
-                certificates: shared
-                    .listeners
-                    .iter()
-                    .zip(&shared.certificates)
-                    .filter_map(|(l, c)| c.as_ref().map(|c| (l, c)))
-                    .flat_map(|(l, c)| {
-                        c.expiry(std::time::SystemTime::now())
-                            .into_iter()
-                            .map(|(file, secs)| (l.name.clone(), file.display().to_string(), secs))
-                    })
-                    .collect(),
-            };
-            body::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", crate::exposition::render(scrape))
-        }
-        (Endpoint::HotKeys, _) | (Endpoint::Workers, Method::GET) => {
-            let pools: Vec<Arc<Pool>> = match &pool_name {
-                Some(_) => match pool() {
-                    Ok(p) => vec![p],
-                    Err(r) => return r,
-                },
-                None => routing.pools.clone(),
-            };
-            let one: fn(&Pool) -> serde_json::Value = if endpoint == Endpoint::HotKeys { hot_keys } else { describe };
-            json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| one(p)).collect::<Vec<_>>() }))
-        }
-        (Endpoint::Workers | Endpoint::Worker, _) if pool().is_ok_and(|p| etcd_of(&p).is_some()) => {
-            let Ok(pool) = pool() else { return fail(StatusCode::NOT_FOUND, "no such pool") };
-            etcd_change(shared, pool, endpoint, req, worker_name).await
-        }
-        (Endpoint::Placement, Method::POST) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(r) => return r,
-            };
-            let batch: PlaceBatch = match read_json_limited(req, 1 << 20).await {
-                Ok(v) => v,
-                Err(r) => return r,
-            };
-            let snap = pool.snapshot();
-            let owners: Vec<Option<&str>> = batch
-                .keys
-                .iter()
-                .map(|k| {
-                    let h = snap.policy.key_hash(k.as_bytes());
-                    snap.policy.owner(h).map(|i| snap.workers[i].name.as_str())
-                })
-                .collect();
-            json(
-                StatusCode::OK,
-                serde_json::json!({ "pool": pool.name, "generation": snap.generation, "owners": owners }),
-            )
-        }
-        (Endpoint::Workers, _) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(r) => return r,
-            };
-            let add: AddWorker = match read_json(req).await {
-                Ok(v) => v,
-                Err(r) => return r,
-            };
-            let own = shared.own_addrs();
-            off_thread(move || {
-                let mut config = validate_worker(&add.name, &add.address, add.weight, add.zone.as_deref(), &own)
-                    .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("\"{}\": {}", e.field, e.message)))?;
-                if add.id == Some(0) {
-                    return Err(fail(StatusCode::BAD_REQUEST, "\"id\": must be at least 1"));
-                }
-                config.id = add.id;
-                let name = config.name.clone();
-                let generation = pool.add_worker(config).map_err(membership_error)?;
-                Ok(json(
-                    StatusCode::CREATED,
-                    serde_json::json!({ "added": name, "pool": pool.name, "generation": generation }),
-                ))
-            })
-            .await
-        }
-        (Endpoint::Worker, Method::DELETE) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(r) => return r,
-            };
-            if param(&req, "drain").as_deref() == Some("true") {
-                drain(pool, &worker_name)
-            } else {
-                off_thread(move || {
-                    let generation = pool.remove_worker(&worker_name).map_err(membership_error)?;
-                    Ok(json(
-                        StatusCode::OK,
-                        serde_json::json!({ "removed": worker_name, "pool": pool.name, "generation": generation }),
-                    ))
-                })
-                .await
-            }
-        }
-        (Endpoint::Worker, _) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(r) => return r,
-            };
-            let patch: PatchWorker = match read_json(req).await {
-                Ok(v) => v,
-                Err(r) => return r,
-            };
-            off_thread(move || {
-                let generation = pool.set_weight(&worker_name, patch.weight).map_err(membership_error)?;
-                Ok(json(
-                    StatusCode::OK,
-                    serde_json::json!({ "worker": worker_name, "weight": patch.weight, "generation": generation }),
-                ))
-            })
-            .await
-        }
-        (Endpoint::Placement, _) => {
-            let pool = match pool() {
-                Ok(p) => p,
-                Err(r) => return r,
-            };
-            let Some(key) = param(&req, "key") else { return fail(StatusCode::BAD_REQUEST, "?key= is required") };
-            placement(&pool, &key)
-        }
-        (Endpoint::Healthz | Endpoint::Readyz, _) => fail(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    Ok(endpoint)
+}
+
+/// `GET /readyz`.
+fn readyz(shared: &Shared) -> Response<ProxyBody> {
+    let detail = sources_detail(shared);
+    if crate::state::ready(shared) {
+        body::text(StatusCode::OK, "text/plain", format!("ready\n{detail}"))
+    } else if shared.not_ready.load(Relaxed) {
+        body::text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: shutting down\n{detail}"))
+    } else {
+        body::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("not ready: a pool has no available worker\n{detail}"),
+        )
     }
+}
+
+/// `GET /metrics`.
+fn metrics(shared: &Shared, routing: &crate::routing::Routing) -> Response<ProxyBody> {
+    let scrape = Scrape {
+        pools: routing.pools.clone(),
+        listeners: shared
+            .listeners
+            .iter()
+            .zip(&shared.listener_metrics)
+            .zip(&shared.connection_limits)
+            .map(|((l, m), n)| (l.name.clone(), *n as u64, Arc::clone(m)))
+            .collect(),
+        admin_auth_failures: shared.auth.failures.load(Relaxed),
+        certificates: shared
+            .listeners
+            .iter()
+            .zip(&shared.certificates)
+            .filter_map(|(l, c)| c.as_ref().map(|c| (l, c)))
+            .flat_map(|(l, c)| {
+                c.expiry(std::time::SystemTime::now())
+                    .into_iter()
+                    .map(|(file, secs)| (l.name.clone(), file.display().to_string(), secs))
+            })
+            .collect(),
+    };
+    body::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", crate::exposition::render(scrape))
+}
+
+/// `POST /placement`: each key's owner.
+async fn place_batch(pool: &Pool, req: Request<Incoming>) -> Response<ProxyBody> {
+    let batch: PlaceBatch = match read_json_limited(req, 1 << 20).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let snap = pool.snapshot();
+    let owners: Vec<Option<&str>> = batch
+        .keys
+        .iter()
+        .map(|k| {
+            let h = snap.policy.key_hash(k.as_bytes());
+            snap.policy.owner(h).map(|i| snap.workers[i].name.as_str())
+        })
+        .collect();
+    json(StatusCode::OK, serde_json::json!({ "pool": pool.name, "generation": snap.generation, "owners": owners }))
+}
+
+/// `POST /workers` on a static pool.
+async fn add_worker(shared: &Shared, pool: Arc<Pool>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let add: AddWorker = match read_json(req).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let own = shared.own_addrs();
+    off_thread(move || {
+        let mut config = validate_worker(&add.name, &add.address, add.weight, add.zone.as_deref(), &own)
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("\"{}\": {}", e.field, e.message)))?;
+        if add.id == Some(0) {
+            return Err(fail(StatusCode::BAD_REQUEST, "\"id\": must be at least 1"));
+        }
+        config.id = add.id;
+        let name = config.name.clone();
+        let generation = pool.add_worker(config).map_err(membership_error)?;
+        Ok(json(StatusCode::CREATED, serde_json::json!({ "added": name, "pool": pool.name, "generation": generation })))
+    })
+    .await
+}
+
+/// `DELETE /workers/NAME` on a static pool, now.
+async fn remove_worker(pool: Arc<Pool>, name: String) -> Response<ProxyBody> {
+    off_thread(move || {
+        let generation = pool.remove_worker(&name).map_err(membership_error)?;
+        Ok(json(StatusCode::OK, serde_json::json!({ "removed": name, "pool": pool.name, "generation": generation })))
+    })
+    .await
+}
+
+/// `PATCH /workers/NAME` on a static pool.
+async fn patch_worker(pool: Arc<Pool>, name: String, req: Request<Incoming>) -> Response<ProxyBody> {
+    let patch: PatchWorker = match read_json(req).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    off_thread(move || {
+        let generation = pool.set_weight(&name, patch.weight).map_err(membership_error)?;
+        Ok(json(
+            StatusCode::OK,
+            serde_json::json!({ "worker": name, "weight": patch.weight, "generation": generation }),
+        ))
+    })
+    .await
 }
 
 fn membership_error(e: MembershipError) -> Response<ProxyBody> {
@@ -509,17 +519,22 @@ fn sources_detail(shared: &Shared) -> String {
     out
 }
 
-/// Waits (up to 2 s) until this gateway has applied the source's `revision`.
+/// Waits (up to 2 s) until this gateway has applied the source's `revision`: woken by each apply,
+/// not by polling.
 async fn applied(pool: &Pool, revision: i64) -> bool {
     let until = Instant::now() + Duration::from_secs(2);
     loop {
+        // Registered before the check, so that an apply between the two is not missed.
+        let next = pool.applied.notified();
+        tokio::pin!(next);
+        next.as_mut().enable();
         if pool.source.revision.load(Relaxed) as i64 >= revision {
             return true;
         }
-        if Instant::now() >= until {
-            return false;
+        tokio::select! {
+            () = next => {}
+            () = tokio::time::sleep_until(until) => return pool.source.revision.load(Relaxed) as i64 >= revision,
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

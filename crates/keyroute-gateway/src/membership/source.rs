@@ -326,6 +326,7 @@ async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, record
     match applied {
         Ok(generation) => {
             pool.source.revision.store(revision.max(0) as u64, Relaxed);
+            pool.applied.notify_waiters();
             pool.source.applied.fetch_add(1, Relaxed);
             tracing::debug!(pool = %pool.name, revision, generation, workers = count, "membership applied");
         }

@@ -124,6 +124,8 @@ pub(crate) struct Pool {
     pub source: SourceMetrics,
     /// Notified when a reload changes the pool's membership source, so that its task restarts.
     pub(crate) reconfigured: tokio::sync::Notify,
+    /// Woken whenever the membership source has applied a revision (`source.revision`).
+    pub(crate) applied: tokio::sync::Notify,
     epoch: Instant,
 }
 
@@ -173,6 +175,7 @@ impl Pool {
             metrics: PoolMetrics::default(),
             source: SourceMetrics::default(),
             reconfigured: tokio::sync::Notify::new(),
+            applied: tokio::sync::Notify::new(),
             epoch,
         })
     }
