@@ -75,6 +75,20 @@
 //! - No `Range` requests, no partial content, no storing of statuses outside the default list
 //!   even with explicit freshness.
 //!
+//! ## Why not `http-cache-semantics`
+//!
+//! The `http-cache-semantics` crate (2.x, RFC 7234) was evaluated for this policy and not taken:
+//!
+//! - its rules are a shared cache's by the letter of RFC 7234, and this cache is stricter on
+//!   purpose: a response to a request with `Authorization` is never stored unless the pool says
+//!   so (RFC 7234 allows it with `public` or `s-maxage`), `Set-Cookie` is stripped or the response
+//!   refused, and freshness is never heuristic (the crate computes heuristic lifetimes);
+//! - coalescing, the implicit `Vary` on the pool key and the size bounds are this module's either
+//!   way, and the crate's per-entry `CachePolicy` (serialisable, with the whole request and
+//!   response heads) is larger than what an entry keeps here;
+//! - the tests of this module and `tests/hotkeys.rs` pin each rule to RFC 9111's text, which a
+//!   swap would have to re-establish.
+//!
 //! ## Cost and bounds
 //!
 //! One mutex over the entries (this cache holds hot keys only: hundreds of entries, not

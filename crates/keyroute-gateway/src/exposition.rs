@@ -71,6 +71,67 @@ fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, Cow::Owned((*v).to_owned()))).collect()
 }
 
+/// The listener families that are one counter (or gauge) of [`ListenerMetrics`] each: name, help,
+/// type, and the value.
+#[allow(clippy::type_complexity)]
+const LISTENER_FAMILIES: [(&str, &str, MetricType, fn(&ListenerMetrics) -> u64); 12] = [
+    ("keyroute_listener_connections", "Client connections open now.", MetricType::Gauge, |m| m.open.load(Relaxed)),
+    ("keyroute_listener_connections_accepted", "Client connections accepted.", MetricType::Counter, |m| {
+        m.accepted.load(Relaxed)
+    }),
+    (
+        "keyroute_listener_connection_limit_reached",
+        "Times the listener stopped accepting because it held its connection limit.",
+        MetricType::Counter,
+        |m| m.limited.load(Relaxed),
+    ),
+    (
+        "keyroute_listener_accept_errors",
+        "Failed accept calls (for example, out of file descriptors).",
+        MetricType::Counter,
+        |m| m.accept_errors.load(Relaxed),
+    ),
+    (
+        "keyroute_listener_header_timeouts",
+        "Connections whose request head did not arrive within the header timeout (answered 408).",
+        MetricType::Counter,
+        |m| m.header_timeouts.load(Relaxed),
+    ),
+    ("keyroute_listener_tls_handshake_errors", "TLS handshakes that failed or timed out.", MetricType::Counter, |m| {
+        m.tls_errors.load(Relaxed)
+    }),
+    ("keyroute_listener_h2_connections", "Connections that spoke HTTP/2.", MetricType::Counter, |m| {
+        m.h2_connections.load(Relaxed)
+    }),
+    (
+        "keyroute_listener_upgrades",
+        "Upgraded connections (WebSocket and others) tunnelled to a worker.",
+        MetricType::Counter,
+        |m| m.upgrades.load(Relaxed),
+    ),
+    (
+        "keyroute_listener_tunnel_idle_timeouts",
+        "Tunnels closed because nothing moved either way for tunnel_idle_timeout_ms.",
+        MetricType::Counter,
+        |m| m.tunnel_idle_closed.load(Relaxed),
+    ),
+    (
+        "keyroute_listener_send_timeouts",
+        "Responses cut because the client read nothing of them for send_timeout_ms.",
+        MetricType::Counter,
+        |m| m.send_timeouts.load(Relaxed),
+    ),
+    ("keyroute_listener_access_log_lines", "Access log lines written.", MetricType::Counter, |m| {
+        m.log_written.load(Relaxed)
+    }),
+    (
+        "keyroute_listener_access_log_dropped",
+        "Access log lines dropped because the writer's queue was full (requests never wait for it).",
+        MetricType::Counter,
+        |m| m.log_dropped.load(Relaxed),
+    ),
+];
+
 impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let snaps: Vec<_> = self.pools.iter().map(|p| (p, p.snapshot())).collect();
@@ -424,101 +485,16 @@ impl Collector for Scrape {
             }
         }
 
-        let listener =
-            |encoder: &mut DescriptorEncoder<'_>, name, help, kind, get: &dyn Fn(&ListenerMetrics) -> u64| {
-                let samples = self.listeners.iter().map(|(n, _, m)| (labels(&[("listener", n)]), Value::Int(get(m))));
-                family(encoder, name, help, kind, samples)
-            };
-        listener(
-            &mut encoder,
-            "keyroute_listener_connections",
-            "Client connections open now.",
-            MetricType::Gauge,
-            &|m| m.open.load(Relaxed),
-        )?;
+        for (name, help, kind, get) in LISTENER_FAMILIES {
+            let samples = self.listeners.iter().map(|(n, _, m)| (labels(&[("listener", n)]), Value::Int(get(m))));
+            family(&mut encoder, name, help, kind, samples)?;
+        }
         family(
             &mut encoder,
             "keyroute_listener_connection_limit",
             "The most client connections the listener holds at once.",
             MetricType::Gauge,
             self.listeners.iter().map(|(n, limit, _)| (labels(&[("listener", n)]), Value::Int(*limit))),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_connections_accepted",
-            "Client connections accepted.",
-            MetricType::Counter,
-            &|m| m.accepted.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_connection_limit_reached",
-            "Times the listener stopped accepting because it held its connection limit.",
-            MetricType::Counter,
-            &|m| m.limited.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_accept_errors",
-            "Failed accept calls (for example, out of file descriptors).",
-            MetricType::Counter,
-            &|m| m.accept_errors.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_header_timeouts",
-            "Connections whose request head did not arrive within the header timeout (answered 408).",
-            MetricType::Counter,
-            &|m| m.header_timeouts.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_tls_handshake_errors",
-            "TLS handshakes that failed or timed out.",
-            MetricType::Counter,
-            &|m| m.tls_errors.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_h2_connections",
-            "Connections that spoke HTTP/2.",
-            MetricType::Counter,
-            &|m| m.h2_connections.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_upgrades",
-            "Upgraded connections (WebSocket and others) tunnelled to a worker.",
-            MetricType::Counter,
-            &|m| m.upgrades.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_tunnel_idle_timeouts",
-            "Tunnels closed because nothing moved either way for tunnel_idle_timeout_ms.",
-            MetricType::Counter,
-            &|m| m.tunnel_idle_closed.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_send_timeouts",
-            "Responses cut because the client read nothing of them for send_timeout_ms.",
-            MetricType::Counter,
-            &|m| m.send_timeouts.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_access_log_lines",
-            "Access log lines written.",
-            MetricType::Counter,
-            &|m| m.log_written.load(Relaxed),
-        )?;
-        listener(
-            &mut encoder,
-            "keyroute_listener_access_log_dropped",
-            "Access log lines dropped because the writer's queue was full (requests never wait for it).",
-            MetricType::Counter,
-            &|m| m.log_dropped.load(Relaxed),
         )?;
         family(
             &mut encoder,
