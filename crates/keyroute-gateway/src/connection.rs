@@ -215,6 +215,10 @@ impl Default for Streams {
     }
 }
 
+/// How long the list of an HTTP/2 connection's sending responses grows before its dead entries
+/// are pruned.
+const PRUNE_AT: usize = 256;
+
 /// A response body being sent on an HTTP/2 stream, and since when it waits for the client.
 struct Sending {
     /// Taken (and so dropped, releasing what it holds upstream) by the send timeout.
@@ -305,7 +309,14 @@ impl OnEnd {
         let sending =
             Arc::new(Sending { body: parking_lot::Mutex::new(Some(inner)), handed_ms: AtomicU64::new(u64::MAX) });
         if !end {
-            open.0.sending.lock().push(Arc::downgrade(&sending));
+            let mut list = open.0.sending.lock();
+            // Ended streams leave dead entries until the next scan: prune them as the list grows
+            // (live ones are at most the connection's stream limit), so a busy connection's list
+            // stays small between scans.
+            if list.len() >= PRUNE_AT {
+                list.retain(|w| w.strong_count() > 0);
+            }
+            list.push(Arc::downgrade(&sending));
         }
         OnEnd { sending, open, end, hint }
     }

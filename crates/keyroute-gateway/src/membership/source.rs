@@ -25,7 +25,7 @@ use super::record::{Rejected, members_of};
 use super::saved;
 use crate::config::{EtcdConfig, MembershipConfig, resolve};
 use crate::etcd::{Client, EtcdError, Event, WatchMessage};
-use crate::pool::Pool;
+use crate::pool::{MembershipError, Pool};
 use crate::state::Shared;
 use crate::state::stopped;
 
@@ -299,20 +299,36 @@ async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, record
         (Arc::clone(pool), cfg.prefix.clone(), cfg.state_file.clone(), records.revision);
     let done = tokio::task::spawn_blocking(move || {
         let (members, mut rejected) = members_of(prefix.as_bytes(), &kvs, &own, resolve);
-        // A record the table cannot take is refused alone; the rest applies.
-        let (members, refused) = p.admissible(members);
-        rejected.extend(refused.into_iter().map(|(name, reason)| Rejected { key: format!("{prefix}{name}"), reason }));
-        rejected.sort_by(|a, b| a.key.cmp(&b.key));
         // Before the swap: whoever sees the new members sees their rejections too.
         p.source.rejected.store(rejected.len() as u64, Relaxed);
-        let applied = p.set_members(&members);
-        if applied.is_ok()
-            && let Some(path) = &state_file
-            && let Err(e) = saved::save(path, &p.name, &prefix, revision, &members)
-        {
-            tracing::warn!(pool = %p.name, file = %path.display(), error = %e, "could not save the membership");
-        }
-        (applied, rejected, members.len())
+        let mut count = members.len();
+        let applied = match p.set_members(&members) {
+            // A record the table cannot take is refused alone, and the rest applies (the set is
+            // built whole first: the common case builds one table).
+            Err(MembershipError::TooLarge { .. } | MembershipError::Placement { .. }) => {
+                let (members, refused) = p.admissible(members);
+                rejected.extend(
+                    refused.into_iter().map(|(name, reason)| Rejected { key: format!("{prefix}{name}"), reason }),
+                );
+                rejected.sort_by(|a, b| a.key.cmp(&b.key));
+                p.source.rejected.store(rejected.len() as u64, Relaxed);
+                count = members.len();
+                p.set_members(&members).map(|g| (g, members))
+            }
+            r => r.map(|g| (g, members)),
+        };
+        let applied = match applied {
+            Ok((generation, members)) => {
+                if let Some(path) = &state_file
+                    && let Err(e) = saved::save(path, &p.name, &prefix, revision, &members)
+                {
+                    tracing::warn!(pool = %p.name, file = %path.display(), error = %e, "could not save the membership");
+                }
+                Ok(generation)
+            }
+            Err(e) => Err(e),
+        };
+        (applied, rejected, count)
     })
     .await;
     let Ok((applied, rejected, count)) = done else { return };
