@@ -17,13 +17,14 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::guarded::{Guarded, Upload};
 use super::respond::worker_head;
 use crate::body::{self, ProxyBody};
 use crate::pool::{InFlight, Snapshot, WorkerState};
-use crate::upstream::SendError;
+use crate::upstream::{Conn, SendError};
 
 pub(super) fn idempotent(m: &Method) -> bool {
     matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
@@ -87,22 +88,33 @@ pub(super) struct TryCtx<'a> {
     pub(super) elsewhere: &'a (dyn Fn() -> bool + Sync),
 }
 
-/// One try on one worker: send, wait (bounded by the try's time, abandoned when the worker
-/// stalls), then classify whose failure it was.
+/// One try on one worker: [`send`] it (bounded by the try's time, abandoned when the worker
+/// stalls), then [`classify`] what came back: whose failure it was, or the response to pass on.
 pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> Try {
-    let TryCtx { snap, worker, parts, per_try, replayable, upload, id, may_abandon, elsewhere } = ctx;
-    let guard = InFlight::new(Arc::clone(worker));
+    let guard = InFlight::new(Arc::clone(ctx.worker));
+    let sent = Instant::now();
+    let result = send(&ctx, body, sent).await;
+    classify(&ctx, result, sent, guard)
+}
+
+/// What a send gave: the worker's response head and its connection, the transport's error, or
+/// the try's own end (timeout, stall).
+type Sent = Result<Result<(Response<Incoming>, Conn), SendError>, Failure>;
+
+/// Sends the request to the worker and waits for its response head, until the try's deadline or
+/// (for a try that may be abandoned) the worker stalls while another could take the request. A
+/// pooled connection that fails under a replayable, idempotent request is tried once more on a
+/// fresh one: the worker may just have closed it as idle.
+async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> Sent {
+    let TryCtx { snap, worker, parts, per_try, replayable, may_abandon, elsewhere, .. } = *ctx;
     // Only a request without a body waits on the worker alone from the start; one with a body may
     // be waiting on its client's upload, which must never make the worker look stalled.
-    let sent = Instant::now();
-    let waiting = replayable.then(|| worker.await_headers(sent));
+    let _waiting = replayable.then(|| worker.await_headers(sent));
     let stall = if may_abandon { snap.config.passive.stall } else { Duration::ZERO };
-    // One more try on a fresh connection to the same worker when a pooled connection failed
-    // under a replayable, idempotent request: the worker may just have closed it as idle.
     let mut fresh_retry = replayable && idempotent(&parts.method);
     let mut fresh = false;
     let until = sent + per_try;
-    let result = loop {
+    loop {
         let mut upstream = Request::new(body.take().unwrap_or_else(body::empty));
         *upstream.method_mut() = parts.method.clone();
         *upstream.uri_mut() = parts.uri.clone();
@@ -138,37 +150,21 @@ pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> T
             }
             r => break r,
         }
-    };
-    drop(waiting);
+    }
+}
+
+/// Whose failure a send's result was, or the response to pass on: a client's broken or slow
+/// upload is the client's, the gateway out of descriptors its own, anything else the worker's
+/// (and feeds passive ejection); a 5xx is a failure now, a success is settled when its body ends.
+fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> Try {
+    let TryCtx { snap, worker, parts, replayable, upload, id, .. } = *ctx;
     let arrived = Instant::now();
     let latency = arrived.saturating_duration_since(sent);
     let failure = match result {
-        Ok(Ok((mut resp, conn)))
+        Ok(Ok((resp, conn)))
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS && parts.headers.contains_key(header::UPGRADE) =>
         {
-            worker.headers_arrived(arrived);
-            worker.metrics.record_latency(latency);
-            worker.metrics.record_class(Some(101));
-            let asked = parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
-            let chosen = resp.headers().get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
-            let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
-            if !offered(chosen.trim_ascii()) {
-                // RFC 9110 §7.8: a server switches only to a protocol the client offered.
-                drop(conn);
-                return Try::Failed(Failure::Unoffered);
-            }
-            worker.observe_success();
-            let worker_side = hyper::upgrade::on(&mut resp);
-            // The connection is the tunnel's now: never back to the pool.
-            drop(conn);
-            let (mut head, _) = resp.into_parts();
-            let protocol = head.headers.get(header::UPGRADE).cloned();
-            worker_head(&mut head, snap, worker);
-            head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            if let Some(p) = protocol {
-                head.headers.insert(header::UPGRADE, p);
-            }
-            return Try::Upgraded(Response::from_parts(head, body::empty()), worker_side, guard);
+            return switched(ctx, resp, conn, arrived, latency, guard);
         }
         Ok(Ok((resp, conn))) => {
             worker.headers_arrived(arrived);
@@ -253,4 +249,40 @@ pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> T
         tracing::warn!(worker = %worker.name, ejection_ms = ejection.as_millis() as u64, failure = %failure, "worker ejected after consecutive failures");
     }
     Try::Failed(failure)
+}
+
+/// The worker switched protocols for an upgrade the request offered: the 101 to pass back, and
+/// the worker's side of the tunnel (its connection is the tunnel's now, never back to the pool).
+fn switched(
+    ctx: &TryCtx<'_>,
+    mut resp: Response<Incoming>,
+    conn: Conn,
+    arrived: Instant,
+    latency: Duration,
+    guard: InFlight,
+) -> Try {
+    let TryCtx { snap, worker, parts, .. } = *ctx;
+    worker.headers_arrived(arrived);
+    worker.metrics.record_latency(latency);
+    worker.metrics.record_class(Some(101));
+    let asked = parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
+    let chosen = resp.headers().get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
+    let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
+    if !offered(chosen.trim_ascii()) {
+        // RFC 9110 §7.8: a server switches only to a protocol the client offered.
+        drop(conn);
+        return Try::Failed(Failure::Unoffered);
+    }
+    worker.observe_success();
+    let worker_side = hyper::upgrade::on(&mut resp);
+    // The connection is the tunnel's now: never back to the pool.
+    drop(conn);
+    let (mut head, _) = resp.into_parts();
+    let protocol = head.headers.get(header::UPGRADE).cloned();
+    worker_head(&mut head, snap, worker);
+    head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    if let Some(p) = protocol {
+        head.headers.insert(header::UPGRADE, p);
+    }
+    Try::Upgraded(Response::from_parts(head, body::empty()), worker_side, guard)
 }
