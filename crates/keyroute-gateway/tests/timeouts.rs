@@ -20,6 +20,13 @@ fn with_listener(text: &str, extra: &str) -> String {
     )
 }
 
+/// The listener counted exactly one send timeout.
+async fn assert_one_send_timeout(gw: &Gw) {
+    let (_, metrics) = admin(gw, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().unwrap_or_default();
+    assert!(text.contains("keyroute_listener_send_timeouts_total{listener=\"listener-1\"} 1"), "{metrics}");
+}
+
 /// A worker that answers every request with a body of `len` bytes.
 async fn big_backend(len: usize) -> RawBackend {
     let big = Arc::new({
@@ -66,13 +73,7 @@ async fn a_client_that_never_reads_is_cut_at_the_send_timeout() {
     .await;
     let held = stalled.elapsed();
     assert!(held >= Duration::from_millis(500), "released after {held:?}, before the send timeout");
-    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
-    assert!(
-        metrics
-            .as_str()
-            .is_some_and(|m| m.contains("keyroute_listener_send_timeouts_total{listener=\"listener-1\"} 1")),
-        "{metrics}"
-    );
+    assert_one_send_timeout(&gw).await;
     // What the client reads now ends: the connection was closed.
     assert!(until_closed(&mut s, Duration::from_secs(30)).await.is_some(), "the connection is closed");
     gw.task.abort();
@@ -144,13 +145,7 @@ async fn an_http2_stream_held_at_window_zero_is_cut_at_the_send_timeout() {
     })
     .await;
     assert!(held.elapsed() >= Duration::from_millis(400), "released after {:?}", held.elapsed());
-    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
-    assert!(
-        metrics
-            .as_str()
-            .is_some_and(|m| m.contains("keyroute_listener_send_timeouts_total{listener=\"listener-1\"} 1")),
-        "{metrics}"
-    );
+    assert_one_send_timeout(&gw).await;
     drop(resp);
     gw.task.abort();
 }
