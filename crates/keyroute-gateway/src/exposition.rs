@@ -185,7 +185,7 @@ impl Collector for Scrape {
         // The membership source of each etcd-backed pool.
         let sourced: Vec<&Arc<Pool>> = snaps
             .iter()
-            .filter(|(_, s)| matches!(s.config.membership, crate::config::MembershipConfig::Etcd(_)))
+            .filter(|(_, s)| matches!(s.config().membership, crate::config::MembershipConfig::Etcd(_)))
             .map(|(p, _)| *p)
             .collect();
         let source_family = |encoder: &mut DescriptorEncoder<'_>, name, help, kind, get: &dyn Fn(&Pool) -> Value| {
@@ -248,7 +248,7 @@ impl Collector for Scrape {
         )?;
         // Hot keys and the gateway cache, for pools that have them.
         let hot: Vec<(&Arc<Pool>, &Arc<crate::pool::hot::HotKeysState>)> =
-            snaps.iter().filter_map(|(p, s)| s.hot.as_ref().map(|h| (*p, h))).collect();
+            snaps.iter().filter_map(|(p, s)| s.hot().map(|h| (*p, h))).collect();
         if !hot.is_empty() {
             let sets: Vec<_> = hot.iter().map(|(p, h)| (*p, h.set())).collect();
             family(
@@ -353,7 +353,7 @@ impl Collector for Scrape {
         // Workers warming up (handoff or slow start): their progress, 0 to 1.
         let warming: Vec<_> = snaps
             .iter()
-            .flat_map(|(p, s)| (0..s.workers.len()).map(move |i| (p, s, i)))
+            .flat_map(|(p, s)| (0..s.workers().len()).map(move |i| (p, s, i)))
             .filter(|(_, s, i)| s.warm_progress(*i, now) < 1.0)
             .collect();
         if !warming.is_empty() {
@@ -364,7 +364,7 @@ impl Collector for Scrape {
                 MetricType::Gauge,
                 warming.iter().map(|(p, s, i)| {
                     (
-                        labels(&[("pool", &p.name), ("worker", &s.workers[*i].name)]),
+                        labels(&[("pool", &p.name), ("worker", &s.workers()[*i].name)]),
                         Value::Float(s.warm_progress(*i, now)),
                     )
                 }),
@@ -375,13 +375,13 @@ impl Collector for Scrape {
             "keyroute_pool_generation",
             "The pool snapshot's generation.",
             MetricType::Gauge,
-            snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation))),
+            snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation()))),
         )?;
 
         // Per worker: (pool, worker, index) for every member of every pool.
-        let members: Vec<_> = snaps.iter().flat_map(|(p, s)| (0..s.workers.len()).map(move |i| (p, s, i))).collect();
+        let members: Vec<_> = snaps.iter().flat_map(|(p, s)| (0..s.workers().len()).map(move |i| (p, s, i))).collect();
         let wl = |p: &Pool, s: &crate::pool::Snapshot, i: usize| {
-            labels(&[("pool", &p.name), ("worker", &s.workers[i].name)])
+            labels(&[("pool", &p.name), ("worker", &s.workers()[i].name)])
         };
         family(
             &mut encoder,
@@ -392,7 +392,7 @@ impl Collector for Scrape {
                 CLASSES.iter().enumerate().map(move |(c, class)| {
                     let mut l = wl(p, s, i);
                     l.push(("class", Cow::Borrowed(class)));
-                    (l, Value::Int(s.workers[i].metrics.responses[c].load(Relaxed)))
+                    (l, Value::Int(s.workers()[i].metrics.responses[c].load(Relaxed)))
                 })
             }),
         )?;
@@ -408,7 +408,7 @@ impl Collector for Scrape {
             "keyroute_worker_in_flight",
             "Requests in flight, until their response bodies end.",
             MetricType::Gauge,
-            &|s, i| s.workers[i].in_flight(),
+            &|s, i| s.workers()[i].in_flight(),
         )?;
         worker_family(&mut encoder, "keyroute_worker_weight", "The weight in use.", MetricType::Gauge, &|s, i| {
             u64::from(s.weight(i))
@@ -441,28 +441,28 @@ impl Collector for Scrape {
             "keyroute_worker_retries",
             "Failed tries that were retried on another worker.",
             MetricType::Counter,
-            &|s, i| s.workers[i].metrics.retries.load(Relaxed),
+            &|s, i| s.workers()[i].metrics.retries.load(Relaxed),
         )?;
         worker_family(
             &mut encoder,
             "keyroute_worker_ejections",
             "Passive ejections.",
             MetricType::Counter,
-            &|s, i| s.workers[i].metrics.ejections.load(Relaxed),
+            &|s, i| s.workers()[i].metrics.ejections.load(Relaxed),
         )?;
         worker_family(
             &mut encoder,
             "keyroute_worker_connect_errors",
             "Connection failures.",
             MetricType::Counter,
-            &|s, i| s.workers[i].metrics.connect_errors.load(Relaxed),
+            &|s, i| s.workers()[i].metrics.connect_errors.load(Relaxed),
         )?;
         worker_family(
             &mut encoder,
             "keyroute_worker_truncated_responses",
             "Responses whose body ended before its length or its last chunk.",
             MetricType::Counter,
-            &|s, i| s.workers[i].metrics.truncated.load(Relaxed),
+            &|s, i| s.workers()[i].metrics.truncated.load(Relaxed),
         )?;
         {
             let mut metric = encoder.encode_descriptor(
@@ -472,7 +472,7 @@ impl Collector for Scrape {
                 MetricType::Histogram,
             )?;
             for &(p, s, i) in &members {
-                let m = &s.workers[i].metrics;
+                let m = &s.workers()[i].metrics;
                 let mut cumulative = 0;
                 let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
                 for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {

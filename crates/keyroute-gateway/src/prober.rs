@@ -31,7 +31,7 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
     loop {
         let Some(p) = pool.upgrade() else { return };
         let snap = p.snapshot();
-        let health = snap.config.health.clone();
+        let health = snap.config().health.clone();
         let Some(path) = health.path.clone() else {
             drop((p, snap));
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -39,7 +39,7 @@ async fn probe_loop(pool: Weak<Pool>, shared: Weak<Shared>) {
         };
         // A worker at this gateway's own address is never sent to, nor probed (a probe would come
         // back through this gateway's own listener).
-        let probes = snap.workers.iter().filter(|w| w.state() != crate::pool::State::Loop).map(|w| {
+        let probes = snap.workers().iter().filter(|w| w.state() != crate::pool::State::Loop).map(|w| {
             let w = Arc::clone(w);
             let path = path.clone();
             let pool_name = p.name.clone();

@@ -422,7 +422,7 @@ async fn hot_key_ticks(shared: std::sync::Weak<Shared>) {
             let Some(s) = shared.upgrade() else { return };
             let now = Instant::now();
             for pool in &s.front.routing.load().pools {
-                if let Some(hot) = &pool.snapshot().hot {
+                if let Some(hot) = pool.snapshot().hot() {
                     hot.tick(now);
                 }
             }
@@ -582,11 +582,7 @@ impl GatewayHandle {
     ///
     /// No such pool.
     pub fn owner(&self, pool: &str, key: &str) -> Result<Option<String>, GatewayError> {
-        let snap = self.pool(pool)?.snapshot();
-        if !snap.policy.strategy().hashes_key(key.as_bytes()) {
-            return Ok(None);
-        }
-        Ok(snap.policy.owner(snap.policy.key_hash(key.as_bytes())).map(|i| snap.workers[i].name.clone()))
+        Ok(self.pool(pool)?.snapshot().owner_of(key.as_bytes()).map(|w| w.name.clone()))
     }
 
     /// A pool's membership: its workers by name (in table order) and, for an etcd-backed pool,
@@ -599,8 +595,8 @@ impl GatewayHandle {
         let p = self.pool(pool)?;
         let snap = p.snapshot();
         Ok(Membership {
-            workers: snap.workers.iter().map(|w| w.name.clone()).collect(),
-            generation: snap.generation,
+            workers: snap.workers().iter().map(|w| w.name.clone()).collect(),
+            generation: snap.generation(),
             source_up: p.source.up.load(Relaxed) == 1,
             revision: p.source.revision.load(Relaxed) as i64,
             rejected: p.source.rejected.load(Relaxed),
@@ -616,7 +612,7 @@ impl GatewayHandle {
     pub fn hot_keys(&self, pool: &str) -> Result<Vec<crate::pool::hot::HotKeyInfo>, GatewayError> {
         let p = self.pool(pool)?;
         let snap = p.snapshot();
-        Ok(snap.hot.as_ref().map_or_else(Vec::new, |hot| hot.report(&snap)))
+        Ok(snap.hot().as_ref().map_or_else(Vec::new, |hot| hot.report(&snap)))
     }
 
     /// How a pool's requests were placed so far.
@@ -697,7 +693,7 @@ impl GatewayHandle {
         for pc in &config.pools {
             next.push(match old.pools.iter().find(|p| p.name == pc.name) {
                 Some(p) => {
-                    if p.snapshot().config.membership != pc.membership {
+                    if p.snapshot().config().membership != pc.membership {
                         // Its source task starts over with the new settings (or stops).
                         reconfigured.push(Arc::clone(p));
                     }

@@ -142,7 +142,8 @@ pub(crate) fn ready(shared: &Shared) -> bool {
     !shared.not_ready.load(Relaxed)
         && shared.front.routing.load().pools.iter().all(|p| {
             let s = p.snapshot();
-            (0..s.workers.len()).any(|i| s.weight(i) > 0 && matches!(s.state(i, now), State::Healthy | State::Stalled))
+            (0..s.workers().len())
+                .any(|i| s.weight(i) > 0 && matches!(s.state(i, now), State::Healthy | State::Stalled))
         })
 }
 

@@ -280,15 +280,9 @@ async fn place_batch(pool: &Pool, req: Request<Incoming>) -> Response<ProxyBody>
         Err(r) => return r,
     };
     let snap = pool.snapshot();
-    let owners: Vec<Option<&str>> = batch
-        .keys
-        .iter()
-        .map(|k| {
-            let h = snap.policy.key_hash(k.as_bytes());
-            snap.policy.owner(h).map(|i| snap.workers[i].name.as_str())
-        })
-        .collect();
-    json(StatusCode::OK, serde_json::json!({ "pool": pool.name, "generation": snap.generation, "owners": owners }))
+    let owners: Vec<Option<&str>> =
+        batch.keys.iter().map(|k| snap.owner_of(k.as_bytes()).map(|w| w.name.as_str())).collect();
+    json(StatusCode::OK, serde_json::json!({ "pool": pool.name, "generation": snap.generation(), "owners": owners }))
 }
 
 /// `POST /workers` on a static pool.
@@ -386,7 +380,7 @@ fn drain(pool: Arc<Pool>, name: &str) -> Response<ProxyBody> {
 /// replica count and replicas (the first of its ranking), plus the cache's figures.
 fn hot_keys(pool: &Pool) -> serde_json::Value {
     let snap = pool.snapshot();
-    let Some(hot) = &snap.hot else {
+    let Some(hot) = snap.hot() else {
         return serde_json::json!({ "pool": pool.name, "enabled": false, "keys": [] });
     };
     let keys: Vec<serde_json::Value> = hot
@@ -431,18 +425,18 @@ fn hot_keys(pool: &Pool) -> serde_json::Value {
 fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
     let snap = pool.snapshot();
     let now = Instant::now();
-    let hash = snap.policy.key_hash(key.as_bytes());
+    let hash = snap.policy().key_hash(key.as_bytes());
     // As the proxy decides: nginx and HAProxy do not hash an empty key, nor do their modes.
-    let keyed = snap.policy.strategy().hashes_key(key.as_bytes());
+    let keyed = snap.policy().strategy().hashes_key(key.as_bytes());
     let ranking: Vec<serde_json::Value> = snap
-        .policy
+        .policy()
         .ranked(hash)
         .filter(|_| keyed)
         .map(|i| {
             serde_json::json!({
-                "name": snap.workers[i].name,
+                "name": snap.workers()[i].name,
                 "state": snap.state(i, now),
-                "in_flight": snap.workers[i].in_flight(),
+                "in_flight": snap.workers()[i].in_flight(),
                 "weight": snap.weight(i),
             })
         })
@@ -452,13 +446,13 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
         StatusCode::OK,
         serde_json::json!({
             "pool": pool.name,
-            "strategy": snap.policy.strategy().name(),
-            "generation": snap.generation,
+            "strategy": snap.policy().strategy().name(),
+            "generation": snap.generation(),
             "key": key,
             "hash": format!("{hash:016x}"),
-            "owner": snap.policy.owner(hash).filter(|_| keyed).map(|i| snap.workers[i].name.clone()),
+            "owner": snap.owner_of(key.as_bytes()).map(|w| w.name.clone()),
             "ranking": ranking,
-            "would_go_to": decision.map(|d| snap.workers[d.node].name.clone()),
+            "would_go_to": decision.map(|d| snap.workers()[d.node].name.clone()),
             "unavailable": decision.is_none().then(|| snap.why_unavailable(now).to_string()),
         }),
     )
@@ -487,7 +481,7 @@ struct PlaceBatch {
 
 /// The pool's etcd source, if its members come from etcd.
 fn etcd_of(pool: &Pool) -> Option<EtcdConfig> {
-    match &pool.snapshot().config.membership {
+    match &pool.snapshot().config().membership {
         MembershipConfig::Etcd(c) => Some(c.clone()),
         MembershipConfig::Static => None,
     }
@@ -503,7 +497,7 @@ fn sources_detail(shared: &Shared) -> String {
         let at = Duration::from_millis(p.source.current_at_ms.load(Relaxed));
         let age = p.epoch().elapsed().saturating_sub(at).as_secs_f64();
         let revision = p.source.revision.load(Relaxed);
-        let workers = p.snapshot().workers.len();
+        let workers = p.snapshot().workers().len();
         if p.source.up.load(Relaxed) == 1 {
             out.push_str(&format!(
                 "pool {}: membership from etcd, up, revision {revision}, {workers} workers\n",
@@ -627,7 +621,7 @@ async fn etcd_change(
     body["pool"] = pool.name.clone().into();
     body["revision"] = revision.into();
     body["applied"] = done.into();
-    body["generation"] = pool.snapshot().generation.into();
+    body["generation"] = pool.snapshot().generation().into();
     json(status, body)
 }
 
@@ -674,7 +668,7 @@ fn describe(p: &Pool) -> serde_json::Value {
     let snap = p.snapshot();
     let now = Instant::now();
     let workers: Vec<serde_json::Value> = snap
-        .workers
+        .workers()
         .iter()
         .enumerate()
         .map(|(i, w)| {
@@ -701,9 +695,9 @@ fn describe(p: &Pool) -> serde_json::Value {
         .collect();
     serde_json::json!({
         "pool": p.name,
-        "strategy": snap.policy.strategy().name(),
-        "key": snap.config.key.as_str(),
-        "generation": snap.generation,
+        "strategy": snap.policy().strategy().name(),
+        "key": snap.config().key.as_str(),
+        "generation": snap.generation(),
         "workers": workers,
     })
 }

@@ -22,11 +22,6 @@ impl Ejector {
         Ejector { threshold, base, max, failures: 0, in_a_row: 0 }
     }
 
-    /// The same ejector with new thresholds (a configuration reload); the streaks start over.
-    pub(crate) fn retuned(threshold: u32, base: Duration, max: Duration) -> Self {
-        Ejector::new(threshold, base, max)
-    }
-
     /// Feeds one request outcome (`ok` = neither a connect error nor a 5xx). Returns how long to
     /// eject the worker for, if this outcome ejects it.
     pub(crate) fn observe(&mut self, ok: bool) -> Option<Duration> {

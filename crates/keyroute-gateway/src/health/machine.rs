@@ -2,15 +2,6 @@
 //! unhealthy after `fall` consecutive failed probes, and healthy again after `rise` consecutive
 //! successes. Pure: fed probe results, it returns transitions; no socket, no clock.
 
-/// Active-check health.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Health {
-    /// Taking traffic.
-    Healthy,
-    /// Failed its checks.
-    Unhealthy,
-}
-
 /// What an observation changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Transition {
@@ -23,53 +14,40 @@ pub(crate) enum Transition {
 }
 
 /// The rise/fall state machine. See the [module documentation](self).
+///
+/// It keeps the streak only: whether the worker is healthy now is the worker's own state (one
+/// owner), passed in with each observation.
 #[derive(Clone, Debug)]
 pub(crate) struct HealthMachine {
     rise: u32,
     fall: u32,
-    state: Health,
     streak: u32,
 }
 
 impl HealthMachine {
-    /// Starts healthy (a new worker takes traffic until its checks say otherwise).
+    /// A machine with these thresholds (at least 1 each).
     pub(crate) fn new(rise: u32, fall: u32) -> Self {
-        HealthMachine { rise: rise.max(1), fall: fall.max(1), state: Health::Healthy, streak: 0 }
+        HealthMachine { rise: rise.max(1), fall: fall.max(1), streak: 0 }
     }
 
-    /// The same machine with new thresholds (a configuration reload); the state is kept and the
-    /// current streak starts over.
-    pub(crate) fn retuned(&self, rise: u32, fall: u32) -> Self {
-        HealthMachine { rise: rise.max(1), fall: fall.max(1), state: self.state, streak: 0 }
-    }
-
-    /// Feeds one probe result.
-    pub(crate) fn observe(&mut self, ok: bool) -> Transition {
-        match (self.state, ok) {
-            (Health::Healthy, true) | (Health::Unhealthy, false) => {
+    /// Feeds one probe result of a worker that is `healthy` now.
+    pub(crate) fn observe(&mut self, healthy: bool, ok: bool) -> Transition {
+        if healthy == ok {
+            // A healthy worker passing, or an unhealthy one failing: the streak starts over.
+            self.streak = 0;
+            return Transition::None;
+        }
+        self.streak += 1;
+        match healthy {
+            true if self.streak >= self.fall => {
                 self.streak = 0;
-                Transition::None
+                Transition::Down
             }
-            (Health::Healthy, false) => {
-                self.streak += 1;
-                if self.streak >= self.fall {
-                    self.state = Health::Unhealthy;
-                    self.streak = 0;
-                    Transition::Down
-                } else {
-                    Transition::None
-                }
+            false if self.streak >= self.rise => {
+                self.streak = 0;
+                Transition::Up
             }
-            (Health::Unhealthy, true) => {
-                self.streak += 1;
-                if self.streak >= self.rise {
-                    self.state = Health::Healthy;
-                    self.streak = 0;
-                    Transition::Up
-                } else {
-                    Transition::None
-                }
-            }
+            _ => Transition::None,
         }
     }
 }
@@ -103,12 +81,23 @@ mod tests {
         ];
         for (obs, expected) in cases {
             let mut m = HealthMachine::new(2, 3);
-            let got: Vec<Transition> = obs.iter().map(|&ok| m.observe(ok)).collect();
+            let mut healthy = true;
+            let got: Vec<Transition> = obs
+                .iter()
+                .map(|&ok| {
+                    let t = m.observe(healthy, ok);
+                    healthy = match t {
+                        Transition::Down => false,
+                        Transition::Up => true,
+                        Transition::None => healthy,
+                    };
+                    t
+                })
+                .collect();
             assert_eq!(&got[..], *expected, "{obs:?}");
             let downs = got.iter().filter(|t| **t == Transition::Down).count();
             let ups = got.iter().filter(|t| **t == Transition::Up).count();
-            let want = if downs > ups { Health::Unhealthy } else { Health::Healthy };
-            assert_eq!(m.state, want, "{obs:?}");
+            assert_eq!(healthy, downs <= ups, "{obs:?}");
         }
     }
 }

@@ -39,7 +39,7 @@ pub(crate) fn spawn_sources(shared: &Arc<Shared>) {
     let routing = shared.front.routing.load();
     let mut running = shared.sources.lock();
     for pool in &routing.pools {
-        if running.contains(&pool.name) || !matches!(pool.snapshot().config.membership, MembershipConfig::Etcd(_)) {
+        if running.contains(&pool.name) || !matches!(pool.snapshot().config().membership, MembershipConfig::Etcd(_)) {
             continue;
         }
         running.push(pool.name.clone());
@@ -50,7 +50,8 @@ pub(crate) fn spawn_sources(shared: &Arc<Shared>) {
 /// Applies a pool's saved membership, if it has a state file: what a gateway serves until its
 /// first read of etcd, and all it has while etcd is down at start-up.
 pub(crate) fn start_from_saved(pool: &Pool, own: &[std::net::SocketAddr]) {
-    let MembershipConfig::Etcd(cfg) = &pool.snapshot().config.membership else { return };
+    let snap = pool.snapshot();
+    let MembershipConfig::Etcd(cfg) = &snap.config().membership else { return };
     let Some(path) = &cfg.state_file else { return };
     match saved::load(path, &cfg.prefix) {
         Ok(None) => {}
@@ -127,7 +128,7 @@ async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
         let Some(p) = pool.upgrade() else { return };
         let in_service =
             shared.upgrade().is_some_and(|s| s.front.routing.load().pools.iter().any(|q| Arc::ptr_eq(q, &p)));
-        let source = if in_service { p.snapshot().config.membership.clone() } else { MembershipConfig::Static };
+        let source = if in_service { p.snapshot().config().membership.clone() } else { MembershipConfig::Static };
         let MembershipConfig::Etcd(cfg) = source else { return };
         if current.as_ref().is_none_or(|c| c.prefix != cfg.prefix) {
             // A new prefix: nothing read so far counts.
@@ -160,7 +161,7 @@ async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
                     tracing::warn!(
                         pool = %name,
                         error = %e,
-                        workers = p.snapshot().workers.len(),
+                        workers = p.snapshot().workers().len(),
                         revision = records.revision,
                         "membership source lost: serving the last known members; reconnecting"
                     );

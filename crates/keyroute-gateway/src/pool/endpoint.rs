@@ -55,7 +55,8 @@ const DRAINING: u8 = 3;
 /// between healthy and unhealthy only).
 const LOOP: u8 = 4;
 
-/// One worker: its identity, health, load and counters. Shared by every snapshot that lists it.
+/// One worker: its identity, and its state by concern (health, progress, warm-up, load),
+/// shared by every snapshot that lists it.
 ///
 /// Its weight is not here: a weight is part of the member set, so it lives in the snapshot's
 /// node set (one owner per fact), and a weight change is a new snapshot.
@@ -69,33 +70,56 @@ pub(crate) struct WorkerState {
     pub zone: Option<String>,
     /// Its numeric id (the `haproxy` placement's server id).
     pub id: Option<u32>,
-    in_flight: AtomicU64,
     /// Pooled keep-alive connections to this worker.
     pub upstream: crate::upstream::Upstream,
-    /// `HEALTHY`, `UNHEALTHY` or `DRAINING` (ejection is separate, by time).
-    state: AtomicU8,
-    /// Milliseconds since the gateway's epoch until which the worker is ejected; 0 if not.
-    ejected_until_ms: AtomicU64,
-    machines: Mutex<(HealthMachine, Ejector)>,
+    /// Requests in flight (sent and not yet answered to the end of the body).
+    in_flight: AtomicU64,
+    health: Health,
+    progress: Progress,
+    warmup: Warmup,
+    /// What the millisecond clocks above count from.
     epoch: Instant,
+    /// Counters.
+    pub metrics: WorkerMetrics,
+}
+
+/// Whether the worker may be sent to: the one owner of healthy, unhealthy, draining and loop,
+/// and of the ejection, with the machines that move them.
+#[derive(Debug)]
+struct Health {
+    /// `HEALTHY`, `UNHEALTHY`, `DRAINING` or `LOOP` (ejection is separate, by time).
+    state: AtomicU8,
+    /// Milliseconds since the epoch until which the worker is ejected; 0 if never ejected.
+    ejected_until_ms: AtomicU64,
+    /// The active checks' streak and the passive ejection's.
+    machines: Mutex<(HealthMachine, Ejector)>,
+}
+
+/// Whether the worker is answering: the stall window's clock, and cut-short responses.
+#[derive(Debug, Default)]
+struct Progress {
     /// Tries waiting for this worker's response headers.
     awaiting: AtomicU64,
     /// Milliseconds since the epoch of the worker's last sign of life: response headers, or the
     /// moment a try started waiting on an idle worker.
-    progress_ms: AtomicU64,
+    at_ms: AtomicU64,
     /// Set by a response cut short, cleared by a complete one (to log a change once).
     truncating: AtomicBool,
-    /// Milliseconds since the epoch, plus 1, at which the worker started warming up (it joined, or
-    /// recovered); 0 if it never did.
-    warm_since_ms: AtomicU64,
-    /// `X-Cache` reports (hits, all) since the worker started warming up.
-    warm_hits: AtomicU64,
-    warm_reports: AtomicU64,
-    /// `X-Cache` reports (hits, all) over the worker's life.
-    cache_hits: AtomicU64,
-    cache_reports: AtomicU64,
-    /// Counters.
-    pub metrics: WorkerMetrics,
+}
+
+/// The worker's own cache, as its `X-Cache` reports tell: since it started warming up (slow
+/// start by hit rate) and over its life.
+#[derive(Debug, Default)]
+struct Warmup {
+    /// Milliseconds since the epoch, plus 1, at which the worker started warming up (it joined,
+    /// or recovered); 0 if it never did.
+    since_ms: AtomicU64,
+    /// (hits, reports) since the warm-up started.
+    hits: AtomicU64,
+    reports: AtomicU64,
+    /// (hits, reports) over the worker's life.
+    life_hits: AtomicU64,
+    life_reports: AtomicU64,
 }
 
 impl WorkerState {
@@ -108,21 +132,14 @@ impl WorkerState {
             id: config.id,
             upstream: crate::upstream::Upstream::new(config.address, pool.connect_timeout),
             in_flight: AtomicU64::new(0),
-            state: AtomicU8::new(HEALTHY),
-            ejected_until_ms: AtomicU64::new(0),
-            machines: Mutex::new((
-                HealthMachine::new(pool.health.rise, pool.health.fall),
-                Ejector::new(pool.passive.consecutive_failures, pool.passive.base_ejection, pool.passive.max_ejection),
-            )),
+            health: Health {
+                state: AtomicU8::new(HEALTHY),
+                ejected_until_ms: AtomicU64::new(0),
+                machines: Mutex::new(machines(pool)),
+            },
+            progress: Progress::default(),
+            warmup: Warmup::default(),
             epoch,
-            awaiting: AtomicU64::new(0),
-            progress_ms: AtomicU64::new(0),
-            truncating: AtomicBool::new(false),
-            warm_since_ms: AtomicU64::new(0),
-            warm_hits: AtomicU64::new(0),
-            warm_reports: AtomicU64::new(0),
-            cache_hits: AtomicU64::new(0),
-            cache_reports: AtomicU64::new(0),
             metrics: WorkerMetrics::default(),
         }
     }
@@ -143,14 +160,13 @@ impl WorkerState {
 
     /// The routing state at `now`; `stall` is the pool's stall window (zero: never stalled).
     pub(crate) fn state_with(&self, now: Instant, stall: Duration) -> State {
-        match self.state.load(Relaxed) {
+        let ejected_until = self.health.ejected_until_ms.load(Relaxed);
+        match self.health.state.load(Relaxed) {
             DRAINING => State::Draining,
             UNHEALTHY => State::Unhealthy,
             LOOP => State::Loop,
             // Read the clock only for a worker that has been ejected at some point.
-            _ if self.ejected_until_ms.load(Relaxed) != 0 && self.ejected_until_ms.load(Relaxed) > self.ms(now) => {
-                State::Ejected
-            }
+            _ if ejected_until != 0 && ejected_until > self.ms(now) => State::Ejected,
             _ if self.stalled(now, stall) => State::Stalled,
             _ => State::Healthy,
         }
@@ -160,46 +176,48 @@ impl WorkerState {
     /// (zero disables).
     pub(crate) fn stalled(&self, now: Instant, stall: Duration) -> bool {
         !stall.is_zero()
-            && self.awaiting.load(Relaxed) > 0
-            && self.ms(now).saturating_sub(self.progress_ms.load(Relaxed)) > stall.as_millis() as u64
+            && self.progress.awaiting.load(Relaxed) > 0
+            && self.ms(now).saturating_sub(self.progress.at_ms.load(Relaxed)) > stall.as_millis() as u64
     }
 
     /// When the worker will count as stalled if nothing arrives from it meanwhile (1 ms past the
     /// window, as [`WorkerState::stalled`] needs more than the window).
     pub(crate) fn stall_deadline(&self, stall: Duration) -> Instant {
-        self.epoch + Duration::from_millis(self.progress_ms.load(Relaxed)) + stall + Duration::from_millis(1)
+        self.epoch + Duration::from_millis(self.progress.at_ms.load(Relaxed)) + stall + Duration::from_millis(1)
     }
 
     /// Counts a try waiting for headers until the returned guard drops.
     pub(crate) fn await_headers(self: &Arc<Self>, now: Instant) -> Awaiting {
-        if self.awaiting.fetch_add(1, Relaxed) == 0 {
+        if self.progress.awaiting.fetch_add(1, Relaxed) == 0 {
             // An idle worker's stall clock starts with its first waiting try.
-            self.progress_ms.store(self.ms(now), Relaxed);
+            self.progress.at_ms.store(self.ms(now), Relaxed);
         }
         Awaiting(Arc::clone(self))
     }
 
     /// The worker sent response headers: a sign of life.
     pub(crate) fn headers_arrived(&self, now: Instant) {
-        self.progress_ms.store(self.ms(now), Relaxed);
+        self.progress.at_ms.store(self.ms(now), Relaxed);
     }
 
     /// Notes a response cut short; true if the previous complete response was not (the first of
     /// a run, worth a log line).
     pub(crate) fn note_truncation(&self) -> bool {
-        !self.truncating.swap(true, Relaxed)
+        !self.progress.truncating.swap(true, Relaxed)
     }
 
     /// Feeds an active probe result; returns the transition.
     pub(crate) fn observe_probe(&self, ok: bool) -> Transition {
-        let mut m = self.machines.lock();
-        let t = m.0.observe(ok);
+        let mut m = self.health.machines.lock();
+        let healthy = self.health.state.load(Relaxed) != UNHEALTHY;
+        let t = m.0.observe(healthy, ok);
+        let state = &self.health.state;
         match t {
             Transition::Down => {
-                let _ = self.state.compare_exchange(HEALTHY, UNHEALTHY, Relaxed, Relaxed);
+                let _ = state.compare_exchange(HEALTHY, UNHEALTHY, Relaxed, Relaxed);
             }
             Transition::Up => {
-                let _ = self.state.compare_exchange(UNHEALTHY, HEALTHY, Relaxed, Relaxed);
+                let _ = state.compare_exchange(UNHEALTHY, HEALTHY, Relaxed, Relaxed);
             }
             Transition::None => {}
         }
@@ -215,47 +233,41 @@ impl WorkerState {
         if self.state_with(now, Duration::ZERO) == State::Ejected {
             return None;
         }
-        let ejection = {
-            let mut m = self.machines.lock();
-            m.1.observe(false)
-        }?;
+        let ejection = self.health.machines.lock().1.observe(false)?;
         if !may_eject {
             return None;
         }
-        self.ejected_until_ms.store(self.ms(now).saturating_add(ejection.as_millis() as u64), Relaxed);
+        self.health.ejected_until_ms.store(self.ms(now).saturating_add(ejection.as_millis() as u64), Relaxed);
         self.metrics.ejections.fetch_add(1, Relaxed);
         Some(ejection)
     }
 
     /// A complete response that is not a 5xx: the failure streak starts over (no clock needed).
     pub(crate) fn observe_success(&self) {
-        if self.truncating.load(Relaxed) {
-            self.truncating.store(false, Relaxed);
+        if self.progress.truncating.load(Relaxed) {
+            self.progress.truncating.store(false, Relaxed);
         }
-        let mut m = self.machines.lock();
-        m.1.observe(true);
+        self.health.machines.lock().1.observe(true);
     }
 
-    /// Applies a reloaded pool's health, ejection and connect settings, keeping the current state.
+    /// Applies a reloaded pool's health, ejection and connect settings, keeping the current state
+    /// (the streaks start over).
     pub(crate) fn retune(&self, pool: &PoolConfig) {
-        let mut m = self.machines.lock();
-        m.0 = m.0.retuned(pool.health.rise, pool.health.fall);
-        m.1 =
-            Ejector::retuned(pool.passive.consecutive_failures, pool.passive.base_ejection, pool.passive.max_ejection);
+        *self.health.machines.lock() = machines(pool);
         self.upstream.set_connect_timeout(pool.connect_timeout);
     }
 
     /// Starts the worker's warm-up at `now` (it joined, or recovered): slow start ramps its share
     /// from here, and its hit rate counts from here.
     pub(crate) fn start_warming(&self, now: Instant) {
-        self.warm_hits.store(0, Relaxed);
-        self.warm_reports.store(0, Relaxed);
-        self.warm_since_ms.store(self.ms(now) + 1, Relaxed);
+        self.warmup.hits.store(0, Relaxed);
+        self.warmup.reports.store(0, Relaxed);
+        self.warmup.since_ms.store(self.ms(now) + 1, Relaxed);
     }
 
     /// How long ago the worker started warming up, if it ever did.
     pub(crate) fn warming_for(&self, now: Instant) -> Option<Duration> {
-        match self.warm_since_ms.load(Relaxed) {
+        match self.warmup.since_ms.load(Relaxed) {
             0 => None,
             since => Some(Duration::from_millis(self.ms(now).saturating_sub(since - 1))),
         }
@@ -263,33 +275,43 @@ impl WorkerState {
 
     /// Notes the worker's own cache result for a response (its `X-Cache: HIT` or `MISS`).
     pub(crate) fn note_cache(&self, hit: bool) {
-        self.cache_reports.fetch_add(1, Relaxed);
-        self.warm_reports.fetch_add(1, Relaxed);
+        let w = &self.warmup;
+        w.life_reports.fetch_add(1, Relaxed);
+        w.reports.fetch_add(1, Relaxed);
         if hit {
-            self.cache_hits.fetch_add(1, Relaxed);
-            self.warm_hits.fetch_add(1, Relaxed);
+            w.life_hits.fetch_add(1, Relaxed);
+            w.hits.fetch_add(1, Relaxed);
         }
     }
 
     /// `X-Cache` (hits, reports) since the warm-up started.
     pub(crate) fn warm_reports(&self) -> (u64, u64) {
-        (self.warm_hits.load(Relaxed), self.warm_reports.load(Relaxed))
+        (self.warmup.hits.load(Relaxed), self.warmup.reports.load(Relaxed))
     }
 
     /// `X-Cache` (hits, reports) over the worker's life.
     pub(crate) fn cache_reports(&self) -> (u64, u64) {
-        (self.cache_hits.load(Relaxed), self.cache_reports.load(Relaxed))
+        (self.warmup.life_hits.load(Relaxed), self.warmup.life_reports.load(Relaxed))
     }
 
     /// Marks the worker as draining (irreversible for this worker object).
     pub(crate) fn drain(&self) {
-        self.state.store(DRAINING, Relaxed);
+        self.health.state.store(DRAINING, Relaxed);
     }
 
     /// Marks a worker whose address is this gateway's own ([`State::Loop`]).
     pub(crate) fn mark_loop(&self) {
-        self.state.store(LOOP, Relaxed);
+        self.health.state.store(LOOP, Relaxed);
     }
+}
+
+/// A pool's active-check and ejection machines, with no streak.
+fn machines(pool: &PoolConfig) -> (HealthMachine, Ejector) {
+    let p = &pool.passive;
+    (
+        HealthMachine::new(pool.health.rise, pool.health.fall),
+        Ejector::new(p.consecutive_failures, p.base_ejection, p.max_ejection),
+    )
 }
 
 /// A try waiting for a worker's response headers; see [`WorkerState::await_headers`].
@@ -298,7 +320,7 @@ pub(crate) struct Awaiting(Arc<WorkerState>);
 
 impl Drop for Awaiting {
     fn drop(&mut self) {
-        self.0.awaiting.fetch_sub(1, Relaxed);
+        self.0.progress.awaiting.fetch_sub(1, Relaxed);
     }
 }
 

@@ -185,36 +185,78 @@ impl Pool {
         self.epoch
     }
 
-    /// Replaces every member at once with those of the membership source: workers with the same
-    /// name, address and zone keep their state (health, load, counters); a worker whose record
-    /// says draining is drained. Nothing is published when nothing changed. Returns the
-    /// generation in force.
+    /// Replaces every member at once with those of the membership source (the etcd task, and
+    /// through [`Pool::edit`] the admin API): see [`Pool::stage`]. Nothing is published when
+    /// nothing changed. Returns the generation in force.
     ///
     /// # Errors
     ///
     /// A set the strategy refuses, or a table too large: the current members stay.
     pub(crate) fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
-        let _guard = self.change.lock();
+        let guard = self.change.lock();
         let old = self.snapshot();
-        let mut same = incoming.len() == old.workers.len();
+        let (prepared, same) = self.stage(guard, old, None, incoming)?;
+        if same {
+            return Ok(prepared.old.generation);
+        }
+        Ok(self.commit(prepared))
+    }
+
+    /// An edit of the current member set, applied whole like a source's (the admin API of a
+    /// static pool: add, remove, weight). The edit sees the snapshot it edits, under the pool's
+    /// change lock, so two edits never lose one another.
+    ///
+    /// # Errors
+    ///
+    /// The edit's own, a set the strategy refuses, or a table too large.
+    pub(crate) fn edit(
+        &self,
+        edit: impl FnOnce(&Snapshot, &mut Vec<Member>) -> Result<(), MembershipError>,
+    ) -> Result<u64, MembershipError> {
+        let guard = self.change.lock();
+        let old = self.snapshot();
+        let mut members = old.members();
+        edit(&old, &mut members)?;
+        let (prepared, same) = self.stage(guard, old, None, &members)?;
+        if same {
+            return Ok(prepared.old.generation);
+        }
+        Ok(self.commit(prepared))
+    }
+
+    /// The one way a member set becomes the pool's, whatever its source (the configuration file,
+    /// the admin API, etcd): builds the snapshot for `incoming` under `config` (the current one
+    /// when `None`), not yet published. Also says whether it changes nothing.
+    ///
+    /// **The same worker keeps its state**: a member with a current worker's name, address, zone
+    /// and id is that worker, and keeps its health, ejection, load, connections and counters
+    /// (under the new settings, if `config` changes them). A draining worker stays draining: a
+    /// member that is not draining under its name is a new worker object. A member whose record
+    /// says draining is drained; one at this gateway's own address is marked
+    /// [`State::Loop`] (kept in the table, never sent to).
+    fn stage<'a>(
+        &self,
+        guard: parking_lot::MutexGuard<'a, ()>,
+        old: Arc<Snapshot>,
+        config: Option<Arc<PoolConfig>>,
+        incoming: &[Member],
+    ) -> Result<(Prepared<'a>, bool), MembershipError> {
+        let mut same = config.is_none() && incoming.len() == old.workers.len();
+        let config = config.unwrap_or_else(|| Arc::clone(&old.config));
+        let mut kept = Vec::new();
         let members: Members = incoming
             .iter()
             .map(|m| {
                 let w = &m.worker;
-                let kept = old.worker(&w.name).filter(|(_, s)| {
-                    s.address == w.address
-                        && s.zone == w.zone
-                        && s.id == w.id
-                        && (s.state() != State::Draining || m.draining)
-                });
-                let state = match kept {
+                let state = match old.worker(&w.name).filter(|(_, s)| same_worker(s, m)) {
                     Some((i, s)) => {
                         same &= old.weight(i) == w.weight && (s.state() == State::Draining) == m.draining;
+                        kept.push(Arc::clone(s));
                         Arc::clone(s)
                     }
                     None => {
                         same = false;
-                        let state = Arc::new(WorkerState::new(w, &old.config, self.epoch));
+                        let state = Arc::new(WorkerState::new(w, &config, self.epoch));
                         if m.at_this_gateway {
                             state.mark_loop();
                         }
@@ -227,11 +269,8 @@ impl Pool {
                 (state, w.weight)
             })
             .collect();
-        if same {
-            return Ok(old.generation);
-        }
-        let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
-        Ok(self.publish(&old, next))
+        let next = build(config, members, old.generation + 1, Some(&old))?;
+        Ok((Prepared { _guard: guard, old, next, kept }, same))
     }
 
     /// Splits a member set (from etcd) into the members a table can be built from and those
@@ -294,13 +333,12 @@ impl Pool {
     ///
     /// A duplicate name, or a set the strategy refuses.
     pub(crate) fn add_worker(&self, config: WorkerConfig) -> Result<u64, MembershipError> {
-        self.change(|snap| {
+        self.edit(|snap, members| {
             if snap.worker(&config.name).is_some() {
                 return Err(MembershipError::Duplicate { worker: config.name.clone(), pool: self.name.clone() });
             }
-            let mut members = members_of(snap);
-            members.push((Arc::new(WorkerState::new(&config, &snap.config, self.epoch)), config.weight));
-            Ok(members)
+            members.push(Member { worker: config, draining: false, at_this_gateway: false });
+            Ok(())
         })
     }
 
@@ -310,7 +348,7 @@ impl Pool {
     ///
     /// No such worker.
     pub(crate) fn remove_worker(&self, name: &str) -> Result<u64, MembershipError> {
-        self.remove_where(name, |w| w.name == name)
+        self.remove_where(name, |_| true)
     }
 
     /// Removes this very worker object, if it is still a member: what a finished drain does, so that
@@ -324,14 +362,12 @@ impl Pool {
     }
 
     fn remove_where(&self, name: &str, hit: impl Fn(&Arc<WorkerState>) -> bool) -> Result<u64, MembershipError> {
-        self.change(|snap| {
-            let mut members = members_of(snap);
-            let before = members.len();
-            members.retain(|(w, _)| !hit(w));
-            if members.len() == before {
-                return Err(MembershipError::UnknownWorker { worker: name.to_owned(), pool: self.name.clone() });
+        self.edit(|snap, members| {
+            match snap.worker(name) {
+                Some((_, w)) if hit(w) => members.retain(|m| m.worker.name != name),
+                _ => return Err(MembershipError::UnknownWorker { worker: name.to_owned(), pool: self.name.clone() }),
             }
-            Ok(members)
+            Ok(())
         })
     }
 
@@ -342,21 +378,19 @@ impl Pool {
     ///
     /// No such worker, or a weight the strategy refuses, or a table too large.
     pub(crate) fn set_weight(&self, name: &str, weight: u32) -> Result<u64, MembershipError> {
-        self.change(|snap| {
-            let Some((i, _)) = snap.worker(name) else {
-                return Err(MembershipError::UnknownWorker { worker: name.to_owned(), pool: self.name.clone() });
-            };
-            let mut members = members_of(snap);
-            members[i].1 = weight;
-            Ok(members)
+        self.edit(|_, members| match members.iter_mut().find(|m| m.worker.name == name) {
+            Some(m) => {
+                m.worker.weight = weight;
+                Ok(())
+            }
+            None => Err(MembershipError::UnknownWorker { worker: name.to_owned(), pool: self.name.clone() }),
         })
     }
 
-    /// A reload's change: new configuration and members; workers with the same name, address and
-    /// zone keep their state, others are new. Builds the snapshot a reload would publish, holding
-    /// the pool's change lock until it is
-    /// committed (or dropped, which changes nothing): a reload prepares every pool first, then
-    /// commits them all.
+    /// A reload's change: new settings, and for a static pool the configured members (an
+    /// etcd-backed pool keeps its source's). Builds the snapshot a reload would publish by
+    /// [`Pool::stage`], holding the pool's change lock until it is committed (or dropped, which
+    /// changes nothing): a reload prepares every pool first, then commits them all.
     ///
     /// # Errors
     ///
@@ -364,48 +398,27 @@ impl Pool {
     pub(crate) fn prepare(&self, config: PoolConfig) -> Result<Prepared<'_>, MembershipError> {
         let guard = self.change.lock();
         let old = self.snapshot();
-        let mut kept = Vec::new();
-        if config.membership != MembershipConfig::Static {
+        let members = match config.membership {
+            MembershipConfig::Static => config
+                .workers
+                .iter()
+                .map(|w| Member { worker: w.clone(), draining: false, at_this_gateway: false })
+                .collect(),
             // The members are the source's: a reload changes only the pool's settings.
-            let members: Members =
-                old.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), old.weight(i))).collect();
-            kept.extend(old.workers.iter().cloned());
-            let next = build(Arc::new(config), members, old.generation + 1, Some(&old))?;
-            return Ok(Prepared { _guard: guard, old, next, kept });
-        }
-        let members: Members = config
-            .workers
-            .iter()
-            .map(|w| match old.worker(&w.name) {
-                // The same worker: it keeps its health, load and counters, under the new settings.
-                Some((_, s))
-                    if s.address == w.address && s.zone == w.zone && s.id == w.id && s.state() != State::Draining =>
-                {
-                    kept.push(Arc::clone(s));
-                    (Arc::clone(s), w.weight)
-                }
-                _ => (Arc::new(WorkerState::new(w, &config, self.epoch)), w.weight),
-            })
-            .collect();
-        let next = build(Arc::new(config), members, old.generation + 1, Some(&old))?;
-        Ok(Prepared { _guard: guard, old, next, kept })
+            MembershipConfig::Etcd(_) => old.members(),
+        };
+        Ok(self.stage(guard, old, Some(Arc::new(config)), &members)?.0)
     }
 
     /// Publishes a prepared snapshot; returns its generation.
     pub(crate) fn commit(&self, prepared: Prepared<'_>) -> u64 {
         let Prepared { _guard, old, next, kept } = prepared;
-        for w in &kept {
-            w.retune(&next.config);
+        if !Arc::ptr_eq(&old.config, &next.config) {
+            for w in &kept {
+                w.retune(&next.config);
+            }
         }
         self.publish(&old, next)
-    }
-
-    fn change(&self, edit: impl FnOnce(&Snapshot) -> Result<Members, MembershipError>) -> Result<u64, MembershipError> {
-        let _guard = self.change.lock();
-        let old = self.snapshot();
-        let members = edit(&old)?;
-        let next = build(Arc::clone(&old.config), members, old.generation + 1, Some(&old))?;
-        Ok(self.publish(&old, next))
     }
 
     fn publish(&self, old: &Snapshot, next: Snapshot) -> u64 {
@@ -431,8 +444,15 @@ impl Pool {
     }
 }
 
-fn members_of(snap: &Snapshot) -> Members {
-    snap.workers.iter().enumerate().map(|(i, w)| (Arc::clone(w), snap.weight(i))).collect()
+/// Whether `member` is the worker `state` (see [`Pool::stage`]): the same name, address, zone and
+/// id, and not a draining worker coming back active.
+fn same_worker(state: &WorkerState, member: &Member) -> bool {
+    let w = &member.worker;
+    state.name == w.name
+        && state.address == w.address
+        && state.zone == w.zone
+        && state.id == w.id
+        && (state.state() != State::Draining || member.draining)
 }
 
 /// Builds a snapshot. With the snapshot it replaces (`old`), workers that were not in it have

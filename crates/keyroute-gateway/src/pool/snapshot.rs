@@ -67,17 +67,17 @@ impl Unavailable {
 #[derive(Debug)]
 pub(crate) struct Snapshot {
     /// Incremented by every change.
-    pub generation: u64,
+    pub(super) generation: u64,
     /// The pool's configuration (its worker list is the configured one; `workers` is current).
-    pub config: Arc<PoolConfig>,
+    pub(super) config: Arc<PoolConfig>,
     /// The placement policy over `workers`: its node set holds each member's weight.
-    pub policy: Policy,
+    pub(super) policy: Policy,
     /// The members, in the policy's node order.
-    pub workers: Vec<Arc<WorkerState>>,
+    pub(super) workers: Vec<Arc<WorkerState>>,
     /// The pool's hot keys, when `hot_keys` is on (the same state across membership changes).
-    pub(crate) hot: Option<Arc<crate::pool::hot::HotKeysState>>,
+    pub(super) hot: Option<Arc<crate::pool::hot::HotKeysState>>,
     /// Previous-owner handoff for the workers that joined within the `handoff` window.
-    pub(crate) warm: Option<Warm>,
+    pub(super) warm: Option<Warm>,
 }
 
 /// The handoff of a snapshot: the table without the workers that joined within the window, and
@@ -100,9 +100,64 @@ impl Warm {
 }
 
 impl Snapshot {
+    /// Incremented by every change of the pool.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The pool's settings (its worker list is the configured one; [`Snapshot::workers`] is
+    /// current).
+    pub(crate) fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// The placement table over the members.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The members, in the table's node order.
+    pub(crate) fn workers(&self) -> &[Arc<WorkerState>] {
+        &self.workers
+    }
+
+    /// The pool's hot keys, when `hot_keys` is on.
+    pub(crate) fn hot(&self) -> Option<&Arc<crate::pool::hot::HotKeysState>> {
+        self.hot.as_ref()
+    }
+
+    /// The member that owns `key` by the table alone (whether it is available is not asked), or
+    /// `None` when the strategy does not place by key or the pool is empty.
+    pub(crate) fn owner_of(&self, key: &[u8]) -> Option<&Arc<WorkerState>> {
+        if !self.policy.strategy().hashes_key(key) {
+            return None;
+        }
+        self.policy.owner(self.policy.key_hash(key)).and_then(|i| self.workers.get(i))
+    }
+
     /// The member named `name`.
     pub(crate) fn worker(&self, name: &str) -> Option<(usize, &Arc<WorkerState>)> {
         self.workers.iter().enumerate().find(|(_, w)| w.name == name)
+    }
+
+    /// The members as a membership source would give them (configured weights, draining, at
+    /// this gateway): what an edit of the member set starts from.
+    pub(crate) fn members(&self) -> Vec<super::Member> {
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| super::Member {
+                worker: crate::config::WorkerConfig {
+                    name: w.name.clone(),
+                    address: w.address,
+                    weight: self.weight(i),
+                    zone: w.zone.clone(),
+                    id: w.id,
+                },
+                draining: w.state() == State::Draining,
+                at_this_gateway: w.state() == State::Loop,
+            })
+            .collect()
     }
 
     /// Member `i`'s weight.

@@ -110,7 +110,7 @@ async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> 
     // Only a request without a body waits on the worker alone from the start; one with a body may
     // be waiting on its client's upload, which must never make the worker look stalled.
     let _waiting = replayable.then(|| worker.await_headers(sent));
-    let stall = if may_abandon { snap.config.passive.stall } else { Duration::ZERO };
+    let stall = if may_abandon { snap.config().passive.stall } else { Duration::ZERO };
     let mut fresh_retry = replayable && idempotent(&parts.method);
     let mut fresh = false;
     let until = sent + per_try;

@@ -41,7 +41,7 @@ pub(super) async fn look_up(
     peer: &Peer,
     id: &str,
 ) -> Looked {
-    let (Some(h), Some(hot)) = (hash, &snap.hot) else { return Looked::Skip };
+    let (Some(h), Some(hot)) = (hash, snap.hot()) else { return Looked::Skip };
     hot.observe(h, key);
     if hot.replicas(h) == 0 {
         return Looked::Skip;
@@ -50,9 +50,10 @@ pub(super) async fn look_up(
     let Some(cache) = hot.cache.as_ref().filter(|_| body_end) else { return Looked::Skip };
     let Some(ck) = cache.request_key(parts) else { return Looked::Skip };
     let ck = ck.with_scheme(if peer.tls { "https" } else { "http" });
-    let ck = if snap.config.key.reads_beyond_url() { ck.varying_on(key) } else { ck };
-    let wait = hot.config.cache.as_ref().map_or(Duration::ZERO, |c| c.coalesce_timeout).min(snap.config.retry.deadline);
-    match consult(Arc::clone(hot), ck, parts, id, wait, snap.config.worker_header.as_ref()).await {
+    let ck = if snap.config().key.reads_beyond_url() { ck.varying_on(key) } else { ck };
+    let wait =
+        hot.config.cache.as_ref().map_or(Duration::ZERO, |c| c.coalesce_timeout).min(snap.config().retry.deadline);
+    match consult(Arc::clone(hot), ck, parts, id, wait, snap.config().worker_header.as_ref()).await {
         Consulted::Hit(resp) => Looked::Hit(resp),
         Consulted::Lead(c) => Looked::Lead(c),
         Consulted::Pass => Looked::Waited,

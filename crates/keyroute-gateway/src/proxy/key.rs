@@ -18,25 +18,25 @@ pub(super) fn key_hash(
     peer: &Peer,
     key: &mut String,
 ) -> Result<Option<u64>, String> {
-    if !snap.policy.strategy().uses_key() {
+    if !snap.policy().strategy().uses_key() {
         return Ok(None);
     }
-    let rendered = snap.config.key.render(&crate::key::HttpRequest::new(parts, peer.addr.ip()), key).and_then(|()| {
+    let rendered = snap.config().key.render(&crate::key::HttpRequest::new(parts, peer.addr.ip()), key).and_then(|()| {
         // nginx and HAProxy do not hash an empty key (they go round robin): neither does their mode.
-        match snap.policy.strategy().hashes_key(key.as_bytes()) {
+        match snap.policy().strategy().hashes_key(key.as_bytes()) {
             true => Ok(()),
             false => Err(crate::key::MissingPart("an empty key".into())),
         }
     });
     match rendered {
         Ok(()) => {
-            let h = snap.policy.key_hash(key.as_bytes());
+            let h = snap.policy().key_hash(key.as_bytes());
             pool.record_key(h);
             Ok(Some(h))
         }
         Err(missing) => {
             pool.metrics.missing_key.fetch_add(1, Relaxed);
-            match snap.config.on_missing_key {
+            match snap.config().on_missing_key {
                 MissingKey::Reject => Err(missing.0),
                 MissingKey::P2c => Ok(None),
             }

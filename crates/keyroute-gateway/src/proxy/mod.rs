@@ -161,7 +161,7 @@ where
     // Steer and attempt, worker after worker.
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
-    let retry = &snap.config.retry;
+    let retry = &snap.config().retry;
     // A request that waited for another's miss in vain has spent its patience: one try, never
     // abandoned (forty followers of a slow worker must not become forty times the retries).
     let attempts = if replayable && !waited { retry.attempts } else { 1 };
@@ -178,7 +178,7 @@ where
         let Some(decision) = steer::place(pool, &snap, hash, &tried, now, attempt, placed.as_deref_mut()) else {
             break;
         };
-        let worker = Arc::clone(&snap.workers[decision.node]);
+        let worker = Arc::clone(&snap.workers()[decision.node]);
         let ctx = TryCtx {
             snap: &snap,
             worker: &worker,

@@ -23,7 +23,7 @@ use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
 /// header naming who served.
 pub(super) fn worker_head(head: &mut response::Parts, snap: &Snapshot, worker: &WorkerState) {
     headers::strip_hop_by_hop(&mut head.headers);
-    if let Some(h) = &snap.config.worker_header
+    if let Some(h) = &snap.config().worker_header
         && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
     {
         head.headers.insert(h.clone(), v);
@@ -47,7 +47,7 @@ pub(super) async fn answered(
     waited: bool,
 ) -> Response<ProxyBody> {
     if !parts.method.is_safe()
-        && let Some(c) = snap.hot.as_ref().and_then(|h| h.cache.as_ref())
+        && let Some(c) = snap.hot().as_ref().and_then(|h| h.cache.as_ref())
     {
         c.invalidate(parts, resp.status());
     }
@@ -102,7 +102,7 @@ pub(super) fn failed(pool: &Pool, snap: &Snapshot, last: Option<Failure>, id: &s
         None => {
             pool.metrics.no_worker.fetch_add(1, Relaxed);
             let why = snap.why_unavailable(Instant::now());
-            tracing::warn!(request_id = %id, pool = %pool.name, workers = snap.workers.len(), reason = why.reason(), detail = %why, "no available worker");
+            tracing::warn!(request_id = %id, pool = %pool.name, workers = snap.workers().len(), reason = why.reason(), detail = %why, "no available worker");
             body::error(StatusCode::SERVICE_UNAVAILABLE, "no worker is available", why.reason(), id)
         }
         Some(Failure::Timeout) => {

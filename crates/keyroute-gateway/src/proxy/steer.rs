@@ -28,7 +28,7 @@ pub(super) fn place(
     pool.metrics.outcome(outcome);
     if let Some(p) = placed {
         p.attempts = attempt + 1;
-        p.worker = snap.workers.get(decision.node).map(|w| Arc::from(w.name.as_str()));
+        p.worker = snap.workers().get(decision.node).map(|w| Arc::from(w.name.as_str()));
         if attempt == 0 {
             p.decision = OUTCOMES[outcome as usize];
         }
