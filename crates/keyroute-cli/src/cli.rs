@@ -147,7 +147,7 @@ pub struct RegistrationArgs {
     #[arg(long)]
     pub id: Option<u32>,
     /// The lease's TTL in seconds: a worker that dies is dropped within this long.
-    #[arg(long, default_value_t = keyroute_gateway::membership::register::DEFAULT_TTL)]
+    #[arg(long, default_value_t = keyroute_etcd::register::DEFAULT_TTL)]
     pub ttl: u64,
     /// On SIGTERM, after marking itself draining, leave once no request came for this long (ms).
     #[arg(long, default_value_t = 1000)]

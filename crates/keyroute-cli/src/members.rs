@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use http_body_util::{BodyExt, Empty};
-use keyroute_gateway::membership::record::{RecordState, WorkerRecord, members_of};
-use keyroute_gateway::membership::register::Registrar;
-use keyroute_gateway::membership::registry::{ChangeError, Registry};
+use keyroute_etcd::record::{RecordState, WorkerRecord};
+use keyroute_etcd::register::Registrar;
+use keyroute_etcd::registry::{ChangeError, Registry};
+use keyroute_gateway::membership::members_of;
 
 use crate::Usage;
 use crate::cli::{MembersAction, MembersArgs, RegisterArgs, RegistrationArgs};
@@ -47,7 +48,7 @@ fn change(result: Result<i64, ChangeError>, what: String) -> Result<()> {
             println!("{what} (revision {revision})");
             Ok(())
         }
-        Err(e @ (ChangeError::Unknown(_) | ChangeError::Exists(_) | ChangeError::Invalid(..))) => {
+        Err(e @ (ChangeError::Unknown(_) | ChangeError::Exists(_) | ChangeError::Invalid { .. })) => {
             Err(Usage(e.to_string()).into())
         }
         Err(e) => Err(e.into()),
@@ -90,7 +91,7 @@ pub fn members(args: &MembersArgs) -> Result<()> {
                         .iter()
                         .map(|l| match &l.record {
                             Ok(r) => serde_json::json!({ "name": l.name, "record": r, "lease": l.lease != 0 }),
-                            Err(e) => serde_json::json!({ "name": l.name, "invalid": e }),
+                            Err(e) => serde_json::json!({ "name": l.name, "invalid": e.to_string() }),
                         })
                         .collect();
                     println!("{}", serde_json::json!({ "revision": revision, "workers": items }));

@@ -33,9 +33,9 @@
 //!
 //! The public face is small: [`Config`] to load and validate a file, [`Gateway`] to bind and run,
 //! [`GatewayHandle`] to reload, change membership, inspect and stop, and [`ProxyService`] to call the
-//! request path without a socket. [`membership`] has the etcd layout of a pool's members (a public
-//! contract), the registry that writes it and the registrar a worker keeps itself registered with;
-//! [`etcd`] the client they use.
+//! request path without a socket. [`membership`] turns a prefix's etcd records into members; the
+//! records' layout (a public contract), the etcd client, the registry that writes records and the
+//! registrar a worker keeps itself registered with are the [`keyroute_etcd`] crate's.
 //!
 //! ## Layout
 //!
@@ -48,7 +48,6 @@
 //! | `hop` | the hop-by-hop headers (never forwarded, never stored) |
 //! | [`key`] | key templates over HTTP requests: the core's key language ([`keyroute::key`]) |
 //! | `table` | node sets and the table size limit |
-//! | [`etcd`] | a small etcd v3 client over its JSON gateway (no gRPC, no `protoc`) |
 //! | [`tls`] | certificates, their validity, and SNI selection (rustls, `ring`) |
 //! | [`config`] | `raw` (serde structs), `validate` (one function per section), the validated types |
 //! | `health` | pure machines: `machine` (rise/fall), `eject` (passive ejection) |
@@ -57,13 +56,13 @@
 //! | `listener` | accepting within limits, the head and send timeouts |
 //! | `upstream` | per-worker connection pools |
 //! | `cache` | the RFC 9111 cache for hot keys, with request coalescing |
-//! | `pool` | `endpoint` (a worker's live state), `hot` (a pool's hot keys: detector, set, cache), `snapshot` (what a request reads; its decision is the core's steering rule, [`keyroute::steer`]), the pool (build, then swap) |
+//! | `pool` | `endpoint` (a worker's live state, by concern: health, progress, warm-up, load), `hot` (a pool's hot keys: detector, set, cache), `snapshot` (what a request reads; its decision is the core's steering rule, [`keyroute::steer`]), the pool (every member set, from any source, applied by one function: build, then swap) |
 //! | `error` | the errors of starting and reloading |
 //! | `routing` | listeners' routes to pools |
 //! | `proxy` | `headers`, `guarded` (the two bodies), `tunnel` (upgraded connections), the request path as a service |
 //! | `exposition` | `/metrics` rendering |
 //! | `state` | what the running gateway's tasks share |
-//! | [`membership`] | `record` (the etcd layout, a public contract), `registry` and `register` (writing records), `saved` (the last members on disk), `source` (the watch task) |
+//! | [`membership`] | `record` (the members a prefix's records give), `saved` (the last members on disk), `source` (the watch task) |
 //! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
 //! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints |
 //! | `connection` | one connection: TLS and ALPN, HTTP/1.1 (head and send timeouts, upgrades) or HTTP/2 |
@@ -80,7 +79,6 @@ pub(crate) mod cache;
 pub mod config;
 mod connection;
 mod error;
-pub mod etcd;
 mod exposition;
 mod health;
 mod hop;
@@ -105,6 +103,7 @@ pub use pool::hot::HotKeyInfo;
 pub use pool::{Member, MembershipError};
 pub use proxy::ProxyService;
 pub use server::{Gateway, GatewayHandle, Membership, Placements};
+pub use table::TooLarge;
 
 /// Entry points for the fuzz targets (`fuzz/`). Not part of the public API.
 #[doc(hidden)]

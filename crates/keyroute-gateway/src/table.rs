@@ -45,27 +45,43 @@ pub(crate) fn table_entries(strategy: Strategy, options: &Options, nodes: &NodeS
     }
 }
 
-/// Refuses a table above [`MAX_TABLE_ENTRIES`], with a message that says what to lower.
+/// A table above the gateway's limit on table entries (points, slots, expanded weights): how
+/// large it would be, and what to lower.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} (the limit is {MAX_TABLE_ENTRIES})", self.describe())]
+pub struct TooLarge {
+    strategy: Strategy,
+    entries: u64,
+    vnodes: u32,
+    total_weight: u64,
+}
+
+impl TooLarge {
+    fn describe(&self) -> String {
+        let entries = self.entries;
+        match self.strategy {
+            Strategy::Ring | Strategy::BoundedRing => format!(
+                "the ring would have {entries} points ({} vnodes x total weight {}); lower vnodes or the weights",
+                self.vnodes, self.total_weight
+            ),
+            Strategy::Modulo => format!("modulo would expand a total weight of {entries}; lower the weights"),
+            Strategy::Compat(mode) => {
+                format!("the {mode} table would have {entries} entries; lower the weights or its sizes")
+            }
+            _ => format!("the table would have {entries} entries; lower maglev_size"),
+        }
+    }
+}
+
+/// Refuses a table above [`MAX_TABLE_ENTRIES`], saying what to lower.
 ///
 /// # Errors
 ///
-/// The message, when the table is too large.
-pub(crate) fn check_table_size(strategy: Strategy, options: &Options, nodes: &NodeSet) -> Result<(), String> {
+/// [`TooLarge`], when the table is too large.
+pub(crate) fn check_table_size(strategy: Strategy, options: &Options, nodes: &NodeSet) -> Result<(), TooLarge> {
     let entries = table_entries(strategy, options, nodes);
     if entries <= MAX_TABLE_ENTRIES {
         return Ok(());
     }
-    let what = match strategy {
-        Strategy::Ring | Strategy::BoundedRing => format!(
-            "the ring would have {entries} points ({} vnodes x total weight {}); lower vnodes or the weights",
-            options.vnodes,
-            nodes.total_weight()
-        ),
-        Strategy::Modulo => format!("modulo would expand a total weight of {entries}; lower the weights"),
-        Strategy::Compat(mode) => {
-            format!("the {mode} table would have {entries} entries; lower the weights or its sizes")
-        }
-        _ => format!("the table would have {entries} entries; lower maglev_size"),
-    };
-    Err(format!("{what} (the limit is {MAX_TABLE_ENTRIES})"))
+    Err(TooLarge { strategy, entries, vnodes: options.vnodes, total_weight: nodes.total_weight() })
 }

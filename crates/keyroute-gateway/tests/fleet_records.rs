@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use keyroute_gateway::membership::record::{RecordState, WorkerRecord};
-use keyroute_gateway::membership::registry::Registry;
+use keyroute_etcd::record::{RecordState, WorkerRecord};
+use keyroute_etcd::registry::Registry;
 use keyroute_testkit::Etcd;
 use support::*;
 

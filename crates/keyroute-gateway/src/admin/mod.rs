@@ -52,11 +52,11 @@ use crate::body::{self, ProxyBody};
 use crate::config::{EtcdConfig, MembershipConfig, validate_worker};
 use crate::exposition::Scrape;
 use crate::key::{percent_decode, query_value};
-use crate::membership::record::{RecordState, WorkerRecord};
-use crate::membership::registry::{ChangeError, Registry};
 use crate::metrics::CLASSES;
 use crate::pool::{MembershipError, Pool};
 use crate::state::{AUTH_WINDOW, Shared};
+use keyroute_etcd::record::{RecordState, WorkerRecord};
+use keyroute_etcd::registry::{ChangeError, Registry};
 
 fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
     body::json(status, &value)
@@ -536,7 +536,7 @@ fn change_error(e: ChangeError) -> Response<ProxyBody> {
     match e {
         ChangeError::Unknown(_) => fail(StatusCode::NOT_FOUND, e.to_string()),
         ChangeError::Exists(_) | ChangeError::Contended(_) => fail(StatusCode::CONFLICT, e.to_string()),
-        ChangeError::Invalid(..) => fail(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+        ChangeError::Invalid { .. } => fail(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
         ChangeError::Etcd(e) => {
             tracing::warn!(error = %e, "admin change: etcd");
             fail(StatusCode::SERVICE_UNAVAILABLE, "the membership store (etcd) could not be reached; nothing changed")
@@ -656,12 +656,23 @@ fn remove_when_drained(pool: Arc<Pool>, registry: Registry, name: String) {
 
 /// A JSON object into `T` (serde would also take an array of the fields in order; the API takes
 /// objects only).
-fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(BodyError::NotJson)?;
     if !v.is_object() {
-        return Err("must be a JSON object".into());
+        return Err(BodyError::NotObject);
     }
-    serde_json::from_value(v).map_err(|e| e.to_string())
+    serde_json::from_value(v).map_err(BodyError::Fields)
+}
+
+/// Why a request body is not the object an endpoint takes.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("{0}")]
+    NotJson(serde_json::Error),
+    #[error("must be a JSON object")]
+    NotObject,
+    #[error("{0}")]
+    Fields(serde_json::Error),
 }
 
 fn describe(p: &Pool) -> serde_json::Value {

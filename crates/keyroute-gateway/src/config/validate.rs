@@ -748,9 +748,9 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
             field: field("worker"),
             message: e.to_string(),
         })?;
-    if let Err(message) = crate::table::check_table_size(strategy, &options, &nodes) {
+    if let Err(too_large) = crate::table::check_table_size(strategy, &options, &nodes) {
         let span = p.vnodes.as_ref().map(Spanned::span).or(p.maglev_size.as_ref().map(Spanned::span));
-        return ctx.err(span.or(Some(p.name.span())), field("worker"), message);
+        return ctx.err(span.or(Some(p.name.span())), field("worker"), too_large.to_string());
     }
     // An etcd-backed pool starts empty: its table is built (and checked) as members arrive, since
     // some modes refuse an empty set (twemproxy, redis-cluster).
@@ -1053,7 +1053,7 @@ fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Members
             if endpoints.get_ref().is_empty() {
                 return ctx.err(Some(endpoints.span()), field("endpoints"), "must list at least one endpoint");
             }
-            if let Err(e) = crate::etcd::Client::new(endpoints.get_ref()) {
+            if let Err(e) = keyroute_etcd::Client::new(endpoints.get_ref()) {
                 return ctx.err(Some(endpoints.span()), field("endpoints"), e.to_string());
             }
             let Some(prefix) = &m.prefix else {

@@ -1,15 +1,18 @@
 //! Pool members from a membership source other than the configuration file: etcd.
 //!
-//! - [`record`]: the etcd layout of a pool's members (a public contract), and the members a set
-//!   of records gives.
-//! - [`registry`]: writing records (the admin API of an etcd-backed pool, `keyroute members`).
-//! - [`register`]: a worker keeping its own record alive with a lease, and leaving gracefully.
+//! Every source gives whole member sets, and the pool applies them by one function
+//! ([`crate::pool`]'s `stage`: the same worker keeps its state): the configuration file (at
+//! start and on every reload), the admin API of a static pool (an edit of the current set), and
+//! etcd, here. The records' layout, the etcd client, writing records and a worker's
+//! self-registration are the `keyroute-etcd` crate's; this module reads them into members.
+//!
+//! - [`record`]: the members a prefix's records give ([`members_of`]), and the records rejected.
 //! - `source`: the task that reads and watches a pool's prefix and applies every change as one
 //!   snapshot swap.
 //! - `saved`: the last applied members on local disk, for a start while etcd is down.
 
 pub mod record;
-pub mod register;
-pub mod registry;
 pub(crate) mod saved;
 pub(crate) mod source;
+
+pub use self::record::{Rejected, members_of};

@@ -1,73 +1,18 @@
-//! The etcd layout of a pool's members: a public contract, like the hash.
+//! The members a prefix's records give (the layout is [`keyroute_etcd::record`], a public
+//! contract, like the hash).
 //!
-//! A pool's workers live under its prefix, one key per worker, the key's last segment being the
-//! worker's name (its identity for placement):
-//!
-//! ```text
-//! /keyroute/pools/thumbs/workers/w1  ->  {"address": "10.0.0.7:8080", "weight": 1, "zone": "eu-1a", "state": "active"}
-//! ```
-//!
-//! | field | type | meaning |
-//! |---|---|---|
-//! | `address` | string, required | `ip:port` or `host:port` the gateway connects to |
-//! | `weight` | integer 1..=4294967295, default 1 | the worker's share of keys |
-//! | `zone` | string, optional | for zone-aware replica lists |
-//! | `state` | `"active"` (default) or `"draining"` | a draining worker keeps its place in the table, but gets no new requests: its keys go to the next worker of their ranking |
-//!
-//! Unknown fields are ignored (a newer keyroute may add some). A record that is not valid, a name
-//! with a `/`, or an address another record already has (the one whose name sorts first keeps it)
-//! is rejected on its own, with a log line naming its key: the other workers are applied. Every
-//! gateway applies the same rules to the same records, so they agree on the members, and so on
-//! every placement.
+//! A record that is not valid, a name with a `/`, or an address another record already has (the
+//! one whose name sorts first keeps it) is rejected on its own, with a log line naming its key:
+//! the other workers are applied. Every gateway applies the same rules to the same records, so
+//! they agree on the members, and so on every placement.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use serde::{Deserialize, Serialize};
+use keyroute_etcd::record::{RecordState, WorkerRecord};
 
 use crate::config::validate_worker_with;
 use crate::pool::Member;
-
-/// A worker's record, as stored in etcd (see the [module documentation](self)).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkerRecord {
-    /// Where the worker listens.
-    pub address: String,
-    /// Its weight.
-    #[serde(default = "one")]
-    pub weight: i64,
-    /// Its zone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
-    /// Its numeric id, for the `haproxy` placement.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<u32>,
-    /// Active or draining.
-    #[serde(default)]
-    pub state: RecordState,
-}
-
-fn one() -> i64 {
-    1
-}
-
-/// Whether a worker takes new requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RecordState {
-    /// It does.
-    #[default]
-    Active,
-    /// It is leaving: no new requests.
-    Draining,
-}
-
-impl WorkerRecord {
-    /// The record's JSON.
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
 
 /// A record that was not applied, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +20,51 @@ pub struct Rejected {
     /// The key, as text (lossy for bytes that are not UTF-8).
     pub key: String,
     /// Why.
-    pub reason: String,
+    pub reason: RecordError,
+}
+
+/// Why a record is not a member.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum RecordError {
+    /// The key's last segment is not UTF-8.
+    #[error("the worker name (the key's last segment) is not UTF-8")]
+    NameNotUtf8,
+    /// The key after the prefix is empty or has a `/`.
+    #[error("the worker name (the key after the prefix) must be one non-empty segment")]
+    NameNotSegment,
+    /// The value is not a record (the JSON parser's message).
+    #[error("not a worker record: {0}")]
+    NotARecord(String),
+    /// A weight outside `1..=4294967295`.
+    #[error("weight {0} is not in 1..=4294967295 (drain with \"state\": \"draining\")")]
+    Weight(i64),
+    /// A field a configuration file would refuse too.
+    #[error("{field}: {message}")]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// An id of 0.
+    #[error("id: must be at least 1 (HAProxy's ids start at 1)")]
+    IdZero,
+    /// Another record has the address (the name that sorts first keeps it).
+    #[error("address {address} is already worker '{holder}'s")]
+    AddressTaken {
+        /// The address.
+        address: SocketAddr,
+        /// The worker that keeps it.
+        holder: String,
+    },
+    /// The pool's table cannot take it (alone, or with the members before it in name order).
+    #[error("{}{reason}", if *.with_others { "with the members before it: " } else { "" })]
+    Table {
+        /// Whether it fits alone but not with the members before it.
+        with_others: bool,
+        /// The table's reason.
+        reason: String,
+    },
 }
 
 /// The members a set of records gives, and the records rejected. Records are `(key, value)`;
@@ -106,7 +95,7 @@ pub fn members_of(
         Some(holder) => {
             rejected.push(Rejected {
                 key: format!("{}{}", String::from_utf8_lossy(prefix), m.worker.name),
-                reason: format!("address {} is already worker '{holder}'s", m.worker.address),
+                reason: RecordError::AddressTaken { address: m.worker.address, holder: holder.clone() },
             });
             false
         }
@@ -124,20 +113,17 @@ fn member(
     value: &[u8],
     own: &[SocketAddr],
     resolve: &impl Fn(&str) -> Option<SocketAddr>,
-) -> Result<Member, String> {
-    let name =
-        std::str::from_utf8(name).map_err(|_| "the worker name (the key's last segment) is not UTF-8".to_owned())?;
+) -> Result<Member, RecordError> {
+    let name = std::str::from_utf8(name).map_err(|_| RecordError::NameNotUtf8)?;
     if name.is_empty() || name.contains('/') {
-        return Err("the worker name (the key after the prefix) must be one non-empty segment".into());
+        return Err(RecordError::NameNotSegment);
     }
-    let record: WorkerRecord = serde_json::from_slice(value).map_err(|e| format!("not a worker record: {e}"))?;
-    let weight = u32::try_from(record.weight).ok().filter(|&w| w > 0).ok_or_else(|| {
-        format!("weight {} is not in 1..=4294967295 (drain with \"state\": \"draining\")", record.weight)
-    })?;
+    let record: WorkerRecord = serde_json::from_slice(value).map_err(|e| RecordError::NotARecord(e.to_string()))?;
+    let weight = u32::try_from(record.weight).ok().filter(|&w| w > 0).ok_or(RecordError::Weight(record.weight))?;
     let mut worker = validate_worker_with(name, &record.address, weight, record.zone.as_deref(), &[], resolve)
-        .map_err(|e| format!("{}: {}", e.field, e.message))?;
+        .map_err(|e| RecordError::Field { field: e.field, message: e.message })?;
     if record.id == Some(0) {
-        return Err("id: must be at least 1 (HAProxy's ids start at 1)".into());
+        return Err(RecordError::IdZero);
     }
     worker.id = record.id;
     let at_this_gateway = own.iter().any(|o| crate::config::points_at(worker.address, *o));
@@ -181,8 +167,14 @@ mod tests {
         assert_eq!(members[2].worker.zone.as_deref(), Some("a"));
         let why: Vec<_> = rejected.iter().map(|r| r.key.as_str()).collect();
         assert_eq!(why, ["/p/a/b", "/p/bad-json", "/p/bad-state", "/p/negative", "/p/noaddr", "/p/x-dup", "/p/zero"]);
-        assert!(rejected.iter().any(|r| r.key == "/p/x-dup" && r.reason.contains("worker 'w1'")), "{rejected:?}");
-        assert!(rejected.iter().any(|r| r.key == "/p/zero" && r.reason.contains("weight 0")), "{rejected:?}");
+        assert!(
+            rejected.iter().any(|r| r.key == "/p/x-dup" && r.reason.to_string().contains("worker 'w1'")),
+            "{rejected:?}"
+        );
+        assert!(
+            rejected.iter().any(|r| r.key == "/p/zero" && r.reason.to_string().contains("weight 0")),
+            "{rejected:?}"
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::record::{RecordState, WorkerRecord};
 use crate::pool::Member;
+use keyroute_etcd::record::{RecordState, WorkerRecord};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Saved {
@@ -48,6 +48,17 @@ pub(crate) fn save(path: &Path, pool: &str, prefix: &str, revision: i64, members
     std::fs::rename(&tmp, path)
 }
 
+/// Why a saved membership could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    /// The file exists and cannot be read.
+    #[error("{0}")]
+    Read(std::io::Error),
+    /// It is not a saved membership.
+    #[error("not a saved membership: {0}")]
+    Parse(serde_json::Error),
+}
+
 /// Records as `(key, value)`.
 pub(crate) type Records = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -57,13 +68,13 @@ pub(crate) type Records = Vec<(Vec<u8>, Vec<u8>)>;
 /// # Errors
 ///
 /// The file exists but cannot be read or parsed.
-pub(crate) fn load(path: &Path, prefix: &str) -> Result<Option<(i64, Records)>, String> {
+pub(crate) fn load(path: &Path, prefix: &str) -> Result<Option<(i64, Records)>, LoadError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(LoadError::Read(e)),
     };
-    let saved: Saved = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let saved: Saved = serde_json::from_slice(&bytes).map_err(LoadError::Parse)?;
     if saved.prefix != prefix {
         return Ok(None);
     }

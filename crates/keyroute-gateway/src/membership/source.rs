@@ -21,13 +21,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::record::{Rejected, members_of};
+use super::record::{RecordError, Rejected, members_of};
 use super::saved;
 use crate::config::{EtcdConfig, MembershipConfig, resolve};
-use crate::etcd::{Client, EtcdError, Event, WatchMessage};
 use crate::pool::{MembershipError, Pool};
 use crate::state::Shared;
 use crate::state::stopped;
+use keyroute_etcd::client::{Client, EtcdError, Event, WatchMessage};
 
 /// Between liveness checks of the etcd connection while the watch is quiet.
 const LIVENESS: Duration = Duration::from_secs(2);
@@ -85,7 +85,7 @@ struct Records {
     /// The revision they are current at (0: never read).
     revision: i64,
     /// Rejections already logged (key and reason), so that a change logs only new ones.
-    logged: HashSet<(String, String)>,
+    logged: HashSet<(String, RecordError)>,
 }
 
 /// How a session with etcd ended.
@@ -263,6 +263,15 @@ async fn session(
     }
 }
 
+/// The table's reason for a refused member, without the pool's name (the log line has it).
+fn table_reason(e: &MembershipError) -> String {
+    match e {
+        MembershipError::TooLarge { source, .. } => source.to_string(),
+        MembershipError::Placement { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -308,9 +317,10 @@ async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, record
             // built whole first: the common case builds one table).
             Err(MembershipError::TooLarge { .. } | MembershipError::Placement { .. }) => {
                 let (members, refused) = p.admissible(members);
-                rejected.extend(
-                    refused.into_iter().map(|(name, reason)| Rejected { key: format!("{prefix}{name}"), reason }),
-                );
+                rejected.extend(refused.into_iter().map(|r| Rejected {
+                    key: format!("{prefix}{}", r.name),
+                    reason: RecordError::Table { with_others: r.with_others, reason: table_reason(&r.error) },
+                }));
                 rejected.sort_by(|a, b| a.key.cmp(&b.key));
                 p.source.rejected.store(rejected.len() as u64, Relaxed);
                 count = members.len();
@@ -333,7 +343,7 @@ async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, record
     })
     .await;
     let Ok((applied, rejected, count)) = done else { return };
-    let logged: HashSet<(String, String)> = rejected.iter().map(|r| (r.key.clone(), r.reason.clone())).collect();
+    let logged: HashSet<(String, RecordError)> = rejected.iter().map(|r| (r.key.clone(), r.reason.clone())).collect();
     for r in &rejected {
         if !records.logged.contains(&(r.key.clone(), r.reason.clone())) {
             tracing::warn!(pool = %pool.name, key = %r.key, reason = %r.reason, "membership record ignored");

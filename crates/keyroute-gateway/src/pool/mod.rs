@@ -88,12 +88,12 @@ pub enum MembershipError {
         pool: String,
     },
     /// The table would be too large.
-    #[error("pool '{pool}': {message}")]
+    #[error("pool '{pool}': {source}")]
     TooLarge {
         /// The pool.
         pool: String,
         /// What is too large, and what to lower.
-        message: String,
+        source: crate::table::TooLarge,
     },
     /// The placement library refused the new set (for example a weight for jump hashing).
     #[error("pool '{pool}': {source}")]
@@ -150,6 +150,17 @@ pub struct Member {
     /// by mistake): it keeps its place in the table, as on every other gateway, but this gateway
     /// never sends to it (its state is `loop`).
     pub at_this_gateway: bool,
+}
+
+/// A member [`Pool::admissible`] refused.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    /// Its name.
+    pub(crate) name: String,
+    /// Why the table refuses it.
+    pub(crate) error: MembershipError,
+    /// It fits alone, but not with the members before it (in name order).
+    pub(crate) with_others: bool,
 }
 
 /// A member list with weights: what a change proposes, before it is built.
@@ -280,16 +291,18 @@ impl Pool {
     /// members are added one at a time in the given order (canonical name order from
     /// `membership::record::members_of`), and each that would break the table is refused.
     /// A function of the set alone, so every gateway refuses the same records.
-    pub(crate) fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<(String, String)>) {
+    pub(crate) fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<Refused>) {
         let config = Arc::clone(&self.snapshot().config);
-        let fits = |ms: &[&Member]| -> Result<(), String> {
+        let fits = |ms: &[&Member]| -> Result<(), MembershipError> {
+            let placement = |source| MembershipError::Placement { pool: self.name.clone(), source };
             let nodes = node_set(ms.iter().map(|m| {
                 let w = &m.worker;
                 (w.name.as_str(), w.weight, w.zone.as_deref(), w.id)
             }))
-            .map_err(|e| e.to_string())?;
-            check_table_size(config.strategy, &config.options, &nodes)?;
-            Policy::build(config.strategy, nodes, &config.options).map(drop).map_err(|e| e.to_string())
+            .map_err(placement)?;
+            check_table_size(config.strategy, &config.options, &nodes)
+                .map_err(|source| MembershipError::TooLarge { pool: self.name.clone(), source })?;
+            Policy::build(config.strategy, nodes, &config.options).map(drop).map_err(placement)
         };
         if fits(&incoming.iter().collect::<Vec<_>>()).is_ok() {
             return (incoming, Vec::new());
@@ -299,7 +312,7 @@ impl Pool {
         for m in incoming {
             match fits(&[&m]) {
                 Ok(()) => alone_ok.push(m),
-                Err(why) => refused.push((m.worker.name.clone(), why)),
+                Err(error) => refused.push(Refused { name: m.worker.name.clone(), error, with_others: false }),
             }
         }
         if fits(&alone_ok.iter().collect::<Vec<_>>()).is_ok() {
@@ -311,7 +324,7 @@ impl Pool {
             with.push(&m);
             match fits(&with) {
                 Ok(()) => kept.push(m),
-                Err(why) => refused.push((m.worker.name.clone(), format!("with the members before it: {why}"))),
+                Err(error) => refused.push(Refused { name: m.worker.name.clone(), error, with_others: true }),
             }
         }
         (kept, refused)
@@ -478,7 +491,7 @@ fn build(
     let nodes = node_set(members.iter().map(|(w, weight)| (w.name.as_str(), *weight, w.zone.as_deref(), w.id)))
         .map_err(placement)?;
     check_table_size(config.strategy, &config.options, &nodes)
-        .map_err(|message| MembershipError::TooLarge { pool: config.name.clone(), message })?;
+        .map_err(|source| MembershipError::TooLarge { pool: config.name.clone(), source })?;
     let policy = Policy::build(config.strategy, nodes, &config.options).map_err(placement)?;
     let workers: Vec<Arc<WorkerState>> = members.into_iter().map(|(w, _)| w).collect();
     let now = Instant::now();

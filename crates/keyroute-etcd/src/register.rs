@@ -21,9 +21,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::record::{RecordState, WorkerRecord};
-use super::registry::Registry;
-use crate::etcd::EtcdError;
+use crate::client::EtcdError;
+use crate::record::{RecordState, WorkerRecord};
+use crate::registry::Registry;
 
 /// The default lease: a dead worker is dropped within this many seconds.
 pub const DEFAULT_TTL: u64 = 10;
@@ -141,7 +141,7 @@ impl Registrar {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = crate::state::stopped(&mut stop) => return,
+                _ = crate::stopped(&mut stop) => return,
             }
         }
     }

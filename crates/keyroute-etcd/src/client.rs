@@ -36,11 +36,11 @@ const RANGE_PAGE: u64 = 64;
 const MAX_RESPONSE: usize = 64 << 20;
 
 /// What went wrong talking to etcd.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EtcdError {
     /// No endpoint could be reached (or none answered in time).
     #[error("etcd unreachable: {0}")]
-    Unreachable(String),
+    Unreachable(Unreachable),
     /// etcd answered with an error.
     #[error("etcd refused the request ({status}): {message}")]
     Refused {
@@ -54,13 +54,90 @@ pub enum EtcdError {
     Compacted(i64),
     /// An answer that is not what the etcd API returns.
     #[error("unexpected answer from etcd: {0}")]
-    Protocol(String),
+    Protocol(Malformed),
     /// An endpoint that is not `http://host:port` or `host:port`.
     #[error("invalid etcd endpoint '{0}': expected http://HOST:PORT")]
     Endpoint(String),
     /// An answer above the 64 MiB a response may hold.
     #[error("an answer above 64 MiB")]
     TooLarge,
+}
+
+/// Why etcd could not be reached.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unreachable {
+    /// No endpoint answered; what the last one tried did.
+    #[error("{endpoint}: {cause}")]
+    Endpoints {
+        /// The last endpoint tried.
+        endpoint: String,
+        /// What happened there.
+        cause: Transport,
+    },
+    /// A request got no whole answer in time.
+    #[error("no answer to {path} within {REQUEST_TIMEOUT:?}")]
+    Timeout {
+        /// The API path asked.
+        path: &'static str,
+    },
+    /// A watch stream ended, or an answer broke off.
+    #[error("{0}")]
+    Broken(Transport),
+    /// The watch stream carried etcd's own error.
+    #[error("watch stream error: {message}")]
+    WatchError {
+        /// etcd's message.
+        message: String,
+    },
+}
+
+/// What went wrong on a connection to one endpoint.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Transport {
+    /// The TCP connection was not made within a second.
+    #[error("connect timed out")]
+    ConnectTimeout,
+    /// The TCP connection failed.
+    #[error("connect: {0}")]
+    Connect(std::io::ErrorKind),
+    /// HTTP on the connection failed (the handshake, the request, or reading the answer).
+    #[error("{0}")]
+    Http(std::sync::Arc<hyper::Error>),
+    /// The request could not be written (an endpoint that is no valid `Host`).
+    #[error("{0}")]
+    Request(std::sync::Arc<http::Error>),
+    /// The stream ended before its message did.
+    #[error("the stream ended")]
+    Ended,
+}
+
+/// How an answer was not what the etcd API returns.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Malformed {
+    /// Not JSON.
+    #[error("{what}: not JSON ({error})")]
+    NotJson {
+        /// What was read: the API path, or `watch`.
+        what: &'static str,
+        /// The parser's error.
+        error: std::sync::Arc<serde_json::Error>,
+    },
+    /// A field it always has is missing, or has the wrong type.
+    #[error("{0} is missing or not of its type")]
+    Field(&'static str),
+    /// A 64-bit integer that is not one.
+    #[error("'{0}' is not an integer")]
+    NotInteger(String),
+    /// Bytes that are not base64 (the first 40 characters).
+    #[error("'{0}' is not base64")]
+    NotBase64(String),
+    /// A watch message above 64 MiB.
+    #[error("a watch message above 64 MiB")]
+    TooLong,
+}
+
+fn not_json(what: &'static str) -> impl FnOnce(serde_json::Error) -> EtcdError {
+    move |error| EtcdError::Protocol(Malformed::NotJson { what, error: std::sync::Arc::new(error) })
 }
 
 /// A key and its value, as stored.
@@ -159,10 +236,10 @@ impl Client {
 
     /// Sends one request to the endpoints in turn; returns the status and the body of the first
     /// that answered.
-    async fn send(&self, path: &str, body: &Value) -> Result<(StatusCode, Incoming), EtcdError> {
+    async fn send(&self, path: &'static str, body: &Value) -> Result<(StatusCode, Incoming), EtcdError> {
         let payload = Bytes::from(body.to_string());
         let start = self.next.load(Relaxed);
-        let mut last = String::new();
+        let mut last = Unreachable::Timeout { path };
         for i in 0..self.endpoints.len() {
             let at = (start + i) % self.endpoints.len();
             let authority = &self.endpoints[at];
@@ -171,19 +248,18 @@ impl Client {
                     self.next.store(at, Relaxed);
                     return Ok(resp);
                 }
-                Err(why) => last = format!("{authority}: {why}"),
+                Err(cause) => last = Unreachable::Endpoints { endpoint: authority.clone(), cause },
             }
         }
         Err(EtcdError::Unreachable(last))
     }
 
     /// A unary call: the whole JSON answer, or etcd's error.
-    async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
+    async fn call(&self, path: &'static str, body: Value) -> Result<Value, EtcdError> {
         let call = async {
             let (status, incoming) = self.send(path, &body).await?;
             let bytes = read_limited(incoming).await?;
-            let value: Value =
-                serde_json::from_slice(&bytes).map_err(|e| EtcdError::Protocol(format!("{path}: not JSON ({e})")))?;
+            let value: Value = serde_json::from_slice(&bytes).map_err(not_json(path))?;
             if !status.is_success() {
                 let message = value.get("message").and_then(Value::as_str).unwrap_or("").to_owned();
                 if message.contains("compacted") {
@@ -195,7 +271,7 @@ impl Client {
         };
         tokio::time::timeout(REQUEST_TIMEOUT, call)
             .await
-            .unwrap_or_else(|_| Err(EtcdError::Unreachable(format!("no answer to {path} within {REQUEST_TIMEOUT:?}"))))
+            .unwrap_or_else(|_| Err(EtcdError::Unreachable(Unreachable::Timeout { path })))
     }
 
     /// Every key under `prefix`, and the revision they were read at.
@@ -233,7 +309,7 @@ impl Client {
             let page: Vec<Kv> = match v.get("kvs") {
                 None => Vec::new(),
                 Some(Value::Array(items)) => items.iter().map(parse_kv).collect::<Result<_, _>>()?,
-                Some(_) => return Err(EtcdError::Protocol("kvs is not a list".into())),
+                Some(_) => return Err(EtcdError::Protocol(Malformed::Field("kvs"))),
             };
             let more = v.get("more").and_then(Value::as_bool).unwrap_or(false);
             match page.last() {
@@ -335,7 +411,7 @@ impl Client {
     /// etcd is unreachable or refuses.
     pub async fn grant(&self, ttl: u64) -> Result<i64, EtcdError> {
         let v = self.call("/v3/lease/grant", json!({ "TTL": ttl.to_string() })).await?;
-        v.get("ID").map(num).transpose()?.ok_or_else(|| EtcdError::Protocol("lease grant without an ID".into()))
+        v.get("ID").map(num).transpose()?.ok_or_else(|| EtcdError::Protocol(Malformed::Field("ID")))
     }
 
     /// Renews a lease; returns its remaining TTL in seconds, or `None` if it has expired.
@@ -412,7 +488,7 @@ impl Client {
         };
         tokio::time::timeout(REQUEST_TIMEOUT, open)
             .await
-            .unwrap_or_else(|_| Err(EtcdError::Unreachable("no answer to a watch".into())))
+            .unwrap_or_else(|_| Err(EtcdError::Unreachable(Unreachable::Timeout { path: "/v3/watch" })))
     }
 }
 
@@ -440,11 +516,11 @@ impl Watch {
                 return parse_watch_line(line);
             }
             if self.buf.len() > MAX_RESPONSE {
-                return Err(EtcdError::Protocol("a watch message above 64 MiB".into()));
+                return Err(EtcdError::Protocol(Malformed::TooLong));
             }
             match self.body.frame().await {
-                None => return Err(EtcdError::Unreachable("the watch stream ended".into())),
-                Some(Err(e)) => return Err(EtcdError::Unreachable(format!("the watch stream broke: {e}"))),
+                None => return Err(EtcdError::Unreachable(Unreachable::Broken(Transport::Ended))),
+                Some(Err(e)) => return Err(broken(e)),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         self.buf.extend_from_slice(&data);
@@ -456,13 +532,13 @@ impl Watch {
 }
 
 fn parse_watch_line(line: &[u8]) -> Result<WatchMessage, EtcdError> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| EtcdError::Protocol(format!("watch: not JSON ({e})")))?;
+    let v: Value = serde_json::from_slice(line).map_err(not_json("watch"))?;
     if let Some(err) = v.get("error") {
         // The stream's own errors: `{"error": {"grpc_code", "http_code", "message", ...}}`.
         let message = err.get("message").and_then(Value::as_str).unwrap_or("").to_owned();
-        return Err(EtcdError::Unreachable(format!("watch stream error: {message}")));
+        return Err(EtcdError::Unreachable(Unreachable::WatchError { message }));
     }
-    let r = v.get("result").ok_or_else(|| EtcdError::Protocol("a watch message without a result".into()))?;
+    let r = v.get("result").ok_or_else(|| EtcdError::Protocol(Malformed::Field("result")))?;
     let revision = r.get("header").and_then(|h| h.get("revision")).map(num).transpose()?.unwrap_or(0);
     if let Some(c) = r.get("compact_revision") {
         let compact_revision = num(c)?;
@@ -482,7 +558,7 @@ fn parse_watch_line(line: &[u8]) -> Result<WatchMessage, EtcdError> {
             let events = events
                 .iter()
                 .map(|e| {
-                    let kv = e.get("kv").ok_or_else(|| EtcdError::Protocol("an event without kv".into()))?;
+                    let kv = e.get("kv").ok_or_else(|| EtcdError::Protocol(Malformed::Field("kv")))?;
                     // PUT is the default event type, so it is left out.
                     if e.get("type").and_then(Value::as_str) == Some("DELETE") {
                         let key = unb64(kv.get("key").and_then(Value::as_str).unwrap_or(""))?;
@@ -500,14 +576,14 @@ fn parse_watch_line(line: &[u8]) -> Result<WatchMessage, EtcdError> {
 }
 
 /// One POST on a fresh connection; the status and the body stream.
-async fn post(authority: &str, path: &str, payload: Bytes) -> Result<(StatusCode, Incoming), String> {
+async fn post(authority: &str, path: &str, payload: Bytes) -> Result<(StatusCode, Incoming), Transport> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority))
         .await
-        .map_err(|_| "connect timed out".to_owned())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| Transport::ConnectTimeout)?
+        .map_err(|e| Transport::Connect(e.kind()))?;
     let _ = stream.set_nodelay(true);
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    let http = |e: hyper::Error| Transport::Http(std::sync::Arc::new(e));
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(http)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -515,15 +591,19 @@ async fn post(authority: &str, path: &str, payload: Bytes) -> Result<(StatusCode
         .header(http::header::HOST, authority)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(payload))
-        .map_err(|e| e.to_string())?;
-    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+        .map_err(|e| Transport::Request(std::sync::Arc::new(e)))?;
+    let resp = send.send_request(req).await.map_err(http)?;
     Ok((resp.status(), resp.into_body()))
+}
+
+fn broken(e: hyper::Error) -> EtcdError {
+    EtcdError::Unreachable(Unreachable::Broken(Transport::Http(std::sync::Arc::new(e))))
 }
 
 async fn read_limited(mut body: Incoming) -> Result<Vec<u8>, EtcdError> {
     let mut out = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| EtcdError::Unreachable(format!("reading an answer: {e}")))?;
+        let frame = frame.map_err(broken)?;
         if let Ok(data) = frame.into_data() {
             out.extend_from_slice(&data);
             if out.len() > MAX_RESPONSE {
@@ -564,15 +644,15 @@ fn header_revision(v: &Value) -> Result<i64, EtcdError> {
         .and_then(|h| h.get("revision"))
         .map(num)
         .transpose()?
-        .ok_or_else(|| EtcdError::Protocol("an answer without header.revision".into()))
+        .ok_or_else(|| EtcdError::Protocol(Malformed::Field("header.revision")))
 }
 
 /// A 64-bit integer, which the JSON gateway writes as a string.
 fn num(v: &Value) -> Result<i64, EtcdError> {
     match v {
-        Value::String(s) => s.parse().map_err(|_| EtcdError::Protocol(format!("'{s}' is not an integer"))),
-        Value::Number(n) => n.as_i64().ok_or_else(|| EtcdError::Protocol(format!("{n} is not an integer"))),
-        other => Err(EtcdError::Protocol(format!("{other} is not an integer"))),
+        Value::String(s) => s.parse().map_err(|_| EtcdError::Protocol(Malformed::NotInteger(s.clone()))),
+        Value::Number(n) => n.as_i64().ok_or_else(|| EtcdError::Protocol(Malformed::NotInteger(n.to_string()))),
+        other => Err(EtcdError::Protocol(Malformed::NotInteger(other.to_string()))),
     }
 }
 
@@ -588,16 +668,16 @@ fn parse_kv(kv: &Value) -> Result<Kv, EtcdError> {
 }
 
 /// Standard base64 with padding, as the JSON gateway reads and writes bytes.
-pub(crate) fn b64(bytes: &[u8]) -> String {
+fn b64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-pub(crate) fn unb64(text: &str) -> Result<Vec<u8>, EtcdError> {
+fn unb64(text: &str) -> Result<Vec<u8>, EtcdError> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD
         .decode(text)
-        .map_err(|_| EtcdError::Protocol(format!("'{}' is not base64", text.chars().take(40).collect::<String>())))
+        .map_err(|_| EtcdError::Protocol(Malformed::NotBase64(text.chars().take(40).collect())))
 }
 
 #[cfg(test)]

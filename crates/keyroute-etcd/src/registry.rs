@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use super::record::{RecordState, WorkerRecord};
-use crate::etcd::{Client, EtcdError};
+use crate::client::{Client, EtcdError};
+use crate::record::{RecordState, WorkerRecord};
 
 /// A pool's records in etcd: a client and the prefix.
 #[derive(Debug)]
@@ -24,7 +24,7 @@ pub struct Listed {
     /// The worker's name.
     pub name: String,
     /// The record, or why it is not one.
-    pub record: Result<WorkerRecord, String>,
+    pub record: Result<WorkerRecord, std::sync::Arc<serde_json::Error>>,
     /// The lease keeping it (0: none, an operator's record).
     pub lease: i64,
     /// The revision of its last change.
@@ -44,11 +44,44 @@ pub enum ChangeError {
     #[error("a worker named '{0}' exists")]
     Exists(String),
     /// The record is not valid JSON, so it cannot be edited.
-    #[error("the record of '{0}' is not valid: {1}")]
-    Invalid(String, String),
+    #[error("the record of '{name}' is not valid: {error}")]
+    Invalid {
+        /// The worker.
+        name: String,
+        /// Why it is not a record.
+        #[source]
+        error: serde_json::Error,
+    },
     /// Others kept changing it.
     #[error("the record of '{0}' kept changing; try again")]
     Contended(String),
+}
+
+/// A pool URL that is not `etcd://HOST:PORT[,HOST:PORT...]/PREFIX/`.
+#[derive(Debug, thiserror::Error)]
+#[error("'{url}': {why} (expected etcd://HOST:PORT/PREFIX/)")]
+pub struct UrlError {
+    /// The URL given.
+    pub url: String,
+    /// What is wrong with it.
+    pub why: UrlProblem,
+}
+
+/// What is wrong with a pool URL.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlProblem {
+    /// It does not start with `etcd://`.
+    #[error("not an etcd:// URL")]
+    Scheme,
+    /// No `/PREFIX/` after the endpoints.
+    #[error("no prefix")]
+    NoPrefix,
+    /// The prefix does not end with `/`.
+    #[error("the prefix must end with '/'")]
+    NoSlash,
+    /// An endpoint that is not one.
+    #[error("{0}")]
+    Endpoint(EtcdError),
 }
 
 impl Registry {
@@ -70,22 +103,22 @@ impl Registry {
     /// # Examples
     ///
     /// ```
-    /// use keyroute_gateway::membership::registry::Registry;
+    /// use keyroute_etcd::registry::Registry;
     /// let r = Registry::from_url("etcd://127.0.0.1:2379/keyroute/pools/thumbs/workers/")?;
     /// assert_eq!(r.prefix(), "/keyroute/pools/thumbs/workers/");
     /// assert!(Registry::from_url("etcd://127.0.0.1:2379/no-trailing-slash").is_err());
-    /// # Ok::<(), String>(())
+    /// # Ok::<(), keyroute_etcd::registry::UrlError>(())
     /// ```
-    pub fn from_url(url: &str) -> Result<Registry, String> {
-        let bad = |why: &str| format!("'{url}': {why} (expected etcd://HOST:PORT/PREFIX/)");
-        let rest = url.strip_prefix("etcd://").ok_or_else(|| bad("not an etcd:// URL"))?;
-        let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("no prefix"))?;
+    pub fn from_url(url: &str) -> Result<Registry, UrlError> {
+        let bad = |why| UrlError { url: url.to_owned(), why };
+        let rest = url.strip_prefix("etcd://").ok_or_else(|| bad(UrlProblem::Scheme))?;
+        let (hosts, path) = rest.split_once('/').ok_or_else(|| bad(UrlProblem::NoPrefix))?;
         let prefix = format!("/{path}");
         if prefix.len() < 2 || !prefix.ends_with('/') {
-            return Err(bad("the prefix must end with '/'"));
+            return Err(bad(UrlProblem::NoSlash));
         }
         let endpoints: Vec<&str> = hosts.split(',').collect();
-        Registry::new(&endpoints, &prefix).map_err(|e| bad(&e.to_string()))
+        Registry::new(&endpoints, &prefix).map_err(|e| bad(UrlProblem::Endpoint(e)))
     }
 
     /// The prefix.
@@ -115,7 +148,7 @@ impl Registry {
             .into_iter()
             .map(|kv| Listed {
                 name: String::from_utf8_lossy(&kv.key[self.prefix.len().min(kv.key.len())..]).into_owned(),
-                record: serde_json::from_slice(&kv.value).map_err(|e| e.to_string()),
+                record: serde_json::from_slice(&kv.value).map_err(std::sync::Arc::new),
                 lease: kv.lease,
                 mod_revision: kv.mod_revision,
             })
@@ -156,8 +189,8 @@ impl Registry {
         let key = self.key(name);
         for _ in 0..5 {
             let Some(kv) = self.client.get(&key).await? else { return Err(ChangeError::Unknown(name.to_owned())) };
-            let mut record: WorkerRecord =
-                serde_json::from_slice(&kv.value).map_err(|e| ChangeError::Invalid(name.to_owned(), e.to_string()))?;
+            let mut record: WorkerRecord = serde_json::from_slice(&kv.value)
+                .map_err(|error| ChangeError::Invalid { name: name.to_owned(), error })?;
             edit(&mut record);
             if let Some(revision) =
                 self.client.put_if_unchanged(&key, &record.to_json(), kv.mod_revision, kv.lease).await?
