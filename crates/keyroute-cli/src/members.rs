@@ -55,6 +55,21 @@ fn change(result: Result<i64, ChangeError>, what: String) -> Result<()> {
     }
 }
 
+/// Refuses an address at which a gateway of the fleet listens (a listener or its admin API): a
+/// member there would send requests back into the fleet, or put an admin API behind a public
+/// listener. The gateways are those announced on the registry's etcd.
+async fn not_a_gateway(registry: &Registry, name: &str, address: &str) -> Result<()> {
+    let Some(addr) = resolve(address) else { return Ok(()) };
+    let known = keyroute_etcd::gateways::known(registry.client()).await?;
+    if let Some((gateway, _)) = known.iter().find(|(_, g)| g.covers(addr)) {
+        return Err(Usage(format!(
+            "worker '{name}': {address} is an address of gateway {gateway} (a listener or its admin API); a worker there would send requests back into the fleet"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// The members of a pool in etcd, as a gateway applies them: `(name, weight)` in the gateway's
 /// order (by name, numbers as numbers), a draining member at weight 0 (its keys go on along their
 /// rankings), invalid records left out.
@@ -124,6 +139,7 @@ pub fn members(args: &MembersArgs) -> Result<()> {
                     state: RecordState::Active,
                 };
                 check_record(&registry, name, &record)?;
+                not_a_gateway(&registry, name, &record.address).await?;
                 change(registry.add(name, &record, 0).await, format!("added {name}"))
             }
             MembersAction::Drain { name } => change(registry.drain(name).await, format!("{name} is draining")),

@@ -387,3 +387,60 @@ fn the_simulator_starts_from_the_members_in_etcd() {
     let members = &v[0][1][0]["config"]["members"];
     assert_eq!(members, &serde_json::json!([["a2", 3], ["a3", 0], ["a10", 1]]), "in the gateways' order, drained at 0");
 }
+
+/// Issue 19, defect 4: a record at a gateway's own admin API or listener would put that admin API
+/// behind every gateway's public listener (or loop requests back into the fleet). Gateways
+/// announce their addresses in etcd, and `keyroute members add` refuses them; the announcement
+/// goes when the gateway stops.
+#[test]
+fn members_add_refuses_a_gateways_admin_and_listener_addresses() {
+    let etcd = Etcd::start();
+    let dir = std::env::temp_dir().join(format!("keyroute-gw-announce-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let prefix = "/keyroute/pools/announced/workers/";
+    let config = dir.join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"0.0.0.0:0\"\n[[pool]]\nname = \"p\"\n[pool.membership]\nsource = \"etcd\"\nendpoints = [\"{}\"]\nprefix = \"{prefix}\"\n",
+            etcd.endpoint()
+        ),
+    )
+    .expect("config");
+    let (mut gateway, addrs) =
+        spawn("gw", bin().args(["serve", "--config"]).arg(&config), &["listening", "admin API listening"]);
+    let (front, admin) = (addrs[0], addrs[1]);
+    let registry = format!("etcd://{}{prefix}", etcd.client);
+    let add = |name: &str, address: &str| {
+        bin().args(["members", "--registry", &registry, "add", name, "--address", address]).output().expect("members")
+    };
+    // The announcement is written as the gateway starts; wait for it by asking what the
+    // command asks.
+    eventually(Duration::from_secs(10), "the gateway announced", || {
+        add("probe", &admin.to_string()).status.code() == Some(64)
+    });
+    let o = add("sneaky", &admin.to_string());
+    assert_eq!(o.status.code(), Some(64), "the admin API's address");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is an address of gateway"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The listener is bound to every interface: its loopback address is the gateway's too.
+    let listener = format!("127.0.0.1:{}", front.port());
+    assert_eq!(add("looping", &listener).status.code(), Some(64), "the listener's address");
+    // Nothing was written, and a real worker's address is taken.
+    assert!(record_of(&registry, "sneaky").is_none() && record_of(&registry, "looping").is_none());
+    let worker = format!("127.0.0.1:{}", front.port().wrapping_add(1).max(1));
+    let o = add("w1", &worker);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A gateway that stops is forgotten: its announcement is revoked as it stops, or expires
+    // with its lease (10 s) when the process ends first.
+    let term = Command::new("kill").args(["-TERM", &gateway.child.id().to_string()]).status().expect("kill");
+    assert!(term.success());
+    let _ = gateway.child.wait();
+    eventually(Duration::from_secs(15), "the announcement withdrawn", || {
+        add("later", &admin.to_string()).status.success()
+    });
+}

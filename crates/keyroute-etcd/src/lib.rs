@@ -11,6 +11,7 @@
 //! | [`record`] | the record layout under a pool's prefix (a public contract, like the hash) |
 //! | [`client`] | an etcd v3 client over etcd's HTTP/JSON gateway (no gRPC, no `protoc`) |
 //! | [`registry`] | a pool's records: list, add, remove, and compare-and-swap edits |
+//! | [`gateways`] | the gateways of a fleet, announced with a lease, so that no record is put at one |
 //! | [`register`] | a worker keeping its own record alive with a lease, and leaving gracefully |
 //!
 //! ```no_run
@@ -36,6 +37,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod client;
+pub mod gateways;
 pub mod record;
 pub mod register;
 pub mod registry;

@@ -328,6 +328,7 @@ impl Gateway {
         });
         crate::prober::spawn_probers(&shared);
         crate::membership::source::spawn_sources(&shared);
+        crate::membership::source::announce(&shared);
         tokio::spawn(hot_key_ticks(Arc::downgrade(&shared)));
         let mut tasks = Vec::new();
         for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {

@@ -47,6 +47,32 @@ pub(crate) fn spawn_sources(shared: &Arc<Shared>) {
     }
 }
 
+/// Announces this gateway (its listeners and admin API) on every etcd that one of its pools
+/// watches at start-up, so that `keyroute members add` refuses a record at one of its addresses
+/// (see [`keyroute_etcd::gateways`]). The record is revoked at shutdown and expires with its
+/// lease if the gateway dies.
+pub(crate) fn announce(shared: &Arc<Shared>) {
+    let routing = shared.front.routing.load();
+    let mut seen: Vec<Vec<String>> = Vec::new();
+    for pool in &routing.pools {
+        let snap = pool.snapshot();
+        let MembershipConfig::Etcd(cfg) = &snap.config().membership else { continue };
+        if seen.contains(&cfg.endpoints) {
+            continue;
+        }
+        seen.push(cfg.endpoints.clone());
+        let Ok(client) = Client::new(&cfg.endpoints) else { continue };
+        let outbound = client.endpoints().first().and_then(|e| keyroute_etcd::gateways::outbound_ip(e));
+        let record = keyroute_etcd::gateways::GatewayRecord::new(&shared.own_addrs(), outbound);
+        let admin = shared.admin_listen;
+        let name = std::net::SocketAddr::new(
+            outbound.filter(|_| admin.ip().is_unspecified()).unwrap_or(admin.ip()),
+            admin.port(),
+        );
+        tokio::spawn(keyroute_etcd::gateways::announce(client, name.to_string(), record, shared.shutdown.subscribe()));
+    }
+}
+
 /// Applies a pool's saved membership, if it has a state file: what a gateway serves until its
 /// first read of etcd, and all it has while etcd is down at start-up.
 pub(crate) fn start_from_saved(pool: &Pool, own: &[std::net::SocketAddr]) {
