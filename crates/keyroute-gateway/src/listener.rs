@@ -385,22 +385,24 @@ impl Body for ClockedBody {
     }
 }
 
-/// Counts an open connection on its listener until dropped.
+/// Counts an open connection on its listener until dropped, and then wakes whoever waits for
+/// connections to close.
 #[derive(Debug)]
-pub(crate) struct OpenConn(Arc<ListenerMetrics>);
+pub(crate) struct OpenConn(Arc<ListenerMetrics>, Arc<tokio::sync::Notify>);
 
 impl OpenConn {
     /// Counts one more.
-    pub(crate) fn new(metrics: &Arc<ListenerMetrics>) -> Self {
+    pub(crate) fn new(metrics: &Arc<ListenerMetrics>, closed: &Arc<tokio::sync::Notify>) -> Self {
         metrics.open.fetch_add(1, Relaxed);
         metrics.accepted.fetch_add(1, Relaxed);
-        OpenConn(Arc::clone(metrics))
+        OpenConn(Arc::clone(metrics), Arc::clone(closed))
     }
 }
 
 impl Drop for OpenConn {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Relaxed);
+        self.1.notify_waiters();
     }
 }
 

@@ -189,6 +189,7 @@ impl Gateway {
                 finished: watch::channel(false).0,
                 probers: Mutex::new(Vec::new()),
                 sources: Mutex::new(Vec::new()),
+                closed: Arc::new(tokio::sync::Notify::new()),
                 delay_ms: AtomicU64::new(config.shutdown_delay.as_millis() as u64),
                 grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
                 auth: AuthThrottle::default(),
@@ -352,15 +353,20 @@ impl Gateway {
         }
         // Every connection has been told to finish (its request in progress, then close).
         let until = Instant::now() + grace;
-        while shared.open_connections() > 0 {
-            if Instant::now() >= until {
+        loop {
+            // Waiting before looking: a connection that closes between the two still wakes us.
+            let closed = shared.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if shared.open_connections() == 0 {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(until, closed).await.is_err() {
                 let open: u64 = shared.listener_metrics.iter().map(|m| m.open.load(Relaxed)).sum();
                 tracing::warn!(connections = open, "grace period over with requests still in flight");
                 return Err(GatewayError::GraceExpired { connections: open });
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        Ok(())
     }
 }
 
@@ -531,7 +537,7 @@ async fn accept_loop(
                 }
             }
         };
-        let held = (OpenConn::new(&metrics), permit);
+        let held = (OpenConn::new(&metrics, &shared.closed), permit);
         tokio::spawn(connection::serve(stream, remote, Arc::clone(&shared), Arc::clone(&settings), held));
     }
 }

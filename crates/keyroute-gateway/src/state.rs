@@ -106,6 +106,8 @@ pub(crate) struct Shared {
     pub(crate) probers: Mutex<Vec<String>>,
     /// Pools whose membership source task runs.
     pub(crate) sources: Mutex<Vec<String>>,
+    /// Woken whenever a client or admin connection closes (the shutdown waits on it).
+    pub(crate) closed: Arc<tokio::sync::Notify>,
     /// The shutdown delay and grace period in milliseconds (a reload may change them).
     pub(crate) delay_ms: AtomicU64,
     pub(crate) grace_ms: AtomicU64,

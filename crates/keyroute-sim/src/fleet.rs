@@ -500,575 +500,729 @@ pub const REMAP_SAMPLE: usize = 1_000_000;
 /// An invalid configuration, or a policy that cannot be built.
 pub fn run(config: &FleetConfig, progress: &mut dyn FnMut(u64)) -> Result<FleetReport, SimError> {
     config.validate()?;
-    let mut rng = SplitMix64::new(config.seed);
-    let trace = config.trace.as_deref();
-    // A trace brings its own keys: no popularity law to sample.
-    let zipf = if trace.is_none() { Zipf::new(config.keys, config.zipf) } else { Zipf::new(1, 0.0) };
-    let hot_key = config.keys as u32; // an extra key, hot only after a HotKey change
-    let total_keys = config.keys + 1;
-    let name = |i: usize| match &config.members {
-        Some(m) if i < m.len() => m[i].0.clone(),
-        // A newcomer: `w{N+1}`, or `new-{N+1}` if the members have that name already.
-        Some(m) if m.iter().any(|(n, _)| *n == format!("w{}", i + 1)) => format!("new-{}", i + 1),
-        _ => format!("w{}", i + 1),
-    };
-    let weight = |i: usize| config.members.as_ref().and_then(|m| m.get(i)).map_or(1, |(_, w)| *w);
-    let mut workers: Vec<Worker> = Vec::new();
-    let new_worker = |i: usize, now: u64| Worker {
-        name: name(i),
-        weight: weight(i),
-        cache: Lru::new(config.cache_entries),
-        queue: VecDeque::new(),
-        busy: 0,
-        in_flight: 0,
-        slowdown: 1.0,
-        member: true,
-        joined: now,
-        left: None,
-        busy_ns: 0,
-        requests: 0,
-        hits: 0,
-        max_queue: 0,
-        max_in_flight: 0,
-        hot: 0,
-        held_ns: 0,
-        hits_at_join: 0,
-        requests_at_join: 0,
-    };
-    for i in 0..config.workers {
-        workers.push(new_worker(i, 0));
-    }
-    // Members in node order: node index -> worker id.
-    let mut members: Vec<usize> = (0..config.workers).collect();
-    let node_set = |members: &[usize], workers: &[Worker]| {
-        NodeSet::try_new(
-            members
-                .iter()
-                .map(|&w| Node::try_new(&workers[w].name).map(|n| n.with_weight(workers[w].weight)))
-                .collect::<Result<Vec<_>, _>>()?,
-        )
-        .map_err(SimError::from)
-    };
-    // One table for all gateways (they see one member set); each has its own counters.
-    let base = Policy::build(config.strategy, node_set(&members, &workers)?, &config.options)?;
-    let mut policies: Vec<Policy> = (0..config.gateways).map(|_| base.fork()).collect();
-    drop(base);
-    let key_bytes = |k: u32| format!("thumb/{k}.jpg");
-    // Every key's hash as a policy's table computes it (strategies differ: slots and the
-    // compatibility modes hash keys their own way), the hot key last.
-    let hash_all = |p: &Policy| -> Vec<u64> {
-        match trace {
-            Some(t) => t
-                .catalogue
-                .iter()
-                .map(|k| p.key_hash(k))
-                .chain(std::iter::once(p.key_hash(key_bytes(hot_key).as_bytes())))
-                .collect(),
-            None => (0..total_keys as u32).map(|k| p.key_hash(key_bytes(k).as_bytes())).collect(),
+    let mut sim = Sim::new(config)?;
+    while let Some(Reverse((t, _, event))) = sim.events.heap.pop() {
+        sim.now = t;
+        match event {
+            Event::Arrival => {
+                sim.apply_due_changes()?;
+                sim.arrived += 1;
+                if sim.arrived.is_multiple_of(65_536) {
+                    progress(sim.arrived);
+                }
+                sim.arrive();
+                if sim.arrived < config.requests {
+                    let at = sim.next_arrival();
+                    sim.events.push(at, Event::Arrival);
+                }
+            }
+            Event::Completion { worker, request } => sim.complete(worker, request),
+            Event::Refresh { gateway } => sim.refresh(gateway),
+            Event::Sample => sim.sample(),
         }
-    };
-    let mut hashes: Vec<u64> = hash_all(&policies[0]);
-    let ns = |ms: f64| (ms * 1e6).round() as u64;
-    let hot_rule = config.hot_keys.map(|h| HotKeyConfig {
-        threshold: Threshold::Share(h.threshold_share),
-        per_replica: h.per_replica,
-        max_replicas: h.max_replicas,
-        hold: Duration::from_secs_f64(h.hold_ms / 1e3),
-        confidence: 2.0,
-    });
-    let mut gateways: Vec<Gateway> = (0..config.gateways)
-        .map(|g| -> Result<Gateway, SimError> {
-            let hot = match (config.hot_keys, hot_rule) {
-                (Some(h), Some(rule)) => Some((
+    }
+    Ok(sim.report())
+}
+
+/// Owners by key, for strategies whose decision is the owner: not computed yet.
+const UNKNOWN: u32 = u32::MAX;
+/// Owners by key: the pool has no owner for it.
+const NO_OWNER: u32 = u32::MAX - 1;
+
+/// The event queue: by time, then by the order events were pushed (so a run is deterministic).
+struct Events {
+    heap: Heap,
+    seq: u64,
+}
+
+impl Events {
+    fn push(&mut self, t: u64, e: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse((t, self.seq, e)));
+    }
+}
+
+/// Worker cache hits of the requests that arrived after the first membership change.
+#[derive(Default)]
+struct AfterChange {
+    /// When it happened (ns).
+    at: Option<u64>,
+    /// (hits, all) in the minute after it, and in the 10 s after it.
+    minute: (u64, u64),
+    ten_s: (u64, u64),
+}
+
+/// One run's state: the fleet (workers, members, tables, gateways), the traffic (the arrival
+/// process, timed changes), the event queue, and the counters the report is made from. `run` is
+/// its event loop; each event is one method.
+struct Sim<'a> {
+    config: &'a FleetConfig,
+    trace: Option<&'a crate::trace::Trace>,
+    rng: SplitMix64,
+    zipf: Zipf,
+    /// An extra key, hot only after a `HotKey` change.
+    hot_key: u32,
+    workers: Vec<Worker>,
+    /// Members in node order: node index -> worker id.
+    members: Vec<usize>,
+    /// One table per gateway (forks of one: the same member set, counters of their own).
+    policies: Vec<Policy>,
+    /// Every key's hash as the tables compute it, the hot key last.
+    hashes: Vec<u64>,
+    gateways: Vec<Gateway>,
+    /// Warm-up after the last join: the handoff table (for handoff), the newcomer's node index
+    /// and when it joined.
+    warm: Option<(Option<Handoff>, usize, u64)>,
+    /// Owners by key, for strategies whose decision is the owner (pure hash, and in the simulator
+    /// every worker is eligible): filled as keys are requested, cleared when the members change.
+    owners: Vec<u32>,
+    after: AfterChange,
+    hot_keys_max: usize,
+    replicas_max: usize,
+    gateway_cache_hits: u64,
+    window_ns: u64,
+    ttl_ns: Option<u64>,
+    mean_gap: f64,
+    sample_every: u64,
+    refresh: u64,
+    events: Events,
+    changes: Vec<TimedChange>,
+    next_change: usize,
+    hot_share: f64,
+    /// A flash crowd: (start ns, peak share, rise ns, hold ns).
+    flash: Option<(u64, f64, u64, u64)>,
+    requests: Vec<Request>,
+    free: Vec<u32>,
+    arrived: u64,
+    completed: u64,
+    errors: u64,
+    owner_hits: u64,
+    keyed: u64,
+    hot_total: u64,
+    latency: Histogram,
+    remaps: Vec<RemapEvent>,
+    series: Series,
+    now: u64,
+    last_completion: u64,
+}
+
+fn ns(ms: f64) -> u64 {
+    (ms * 1e6).round() as u64
+}
+
+fn key_bytes(k: u32) -> String {
+    format!("thumb/{k}.jpg")
+}
+
+/// The node set of `members` (worker ids), with their names and weights.
+fn node_set(members: &[usize], workers: &[Worker]) -> Result<NodeSet, SimError> {
+    NodeSet::try_new(
+        members
+            .iter()
+            .map(|&w| Node::try_new(&workers[w].name).map(|n| n.with_weight(workers[w].weight)))
+            .collect::<Result<Vec<_>, _>>()?,
+    )
+    .map_err(SimError::from)
+}
+
+impl<'a> Sim<'a> {
+    fn new(config: &'a FleetConfig) -> Result<Sim<'a>, SimError> {
+        let trace = config.trace.as_deref();
+        // A trace brings its own keys: no popularity law to sample.
+        let zipf = if trace.is_none() { Zipf::new(config.keys, config.zipf) } else { Zipf::new(1, 0.0) };
+        let mut sim = Sim {
+            config,
+            trace,
+            rng: SplitMix64::new(config.seed),
+            zipf,
+            hot_key: config.keys as u32,
+            workers: Vec::new(),
+            members: (0..config.workers).collect(),
+            policies: Vec::new(),
+            hashes: Vec::new(),
+            gateways: Vec::new(),
+            warm: None,
+            owners: Vec::new(),
+            after: AfterChange::default(),
+            hot_keys_max: 0,
+            replicas_max: 0,
+            gateway_cache_hits: 0,
+            window_ns: config.hot_keys.map_or(u64::MAX, |h| ns(h.window_ms).max(1)),
+            ttl_ns: config.gateway_cache_ttl_ms.map(ns),
+            mean_gap: 1e9 / config.rate,
+            sample_every: 0,
+            refresh: ns(config.refresh_ms),
+            events: Events { heap: BinaryHeap::new(), seq: 0 },
+            changes: config.changes.clone(),
+            next_change: 0,
+            hot_share: 0.0,
+            flash: None,
+            requests: Vec::new(),
+            free: Vec::new(),
+            arrived: 0,
+            completed: 0,
+            errors: 0,
+            owner_hits: 0,
+            keyed: 0,
+            hot_total: 0,
+            latency: Histogram::default(),
+            remaps: Vec::new(),
+            series: Series::default(),
+            now: 0,
+            last_completion: 0,
+        };
+        sim.workers = (0..config.workers).map(|i| sim.new_worker(i, 0)).collect();
+        // One table for all gateways (they see one member set); each has its own counters.
+        let base = Policy::build(config.strategy, node_set(&sim.members, &sim.workers)?, &config.options)?;
+        sim.policies = (0..config.gateways).map(|_| base.fork()).collect();
+        drop(base);
+        sim.hashes = sim.hash_all(&sim.policies[0]);
+        sim.gateways = (0..config.gateways).map(|g| Gateway::new(config, g)).collect::<Result<_, _>>()?;
+        sim.owners = if sim.memo(&sim.policies[0]) { vec![UNKNOWN; config.keys + 1] } else { Vec::new() };
+        let expected_end = (config.requests as f64 * sim.mean_gap) as u64;
+        sim.sample_every = (expected_end / 400).max(1);
+        sim.changes.sort_by(|a, b| a.at.total_cmp(&b.at));
+        sim.events.push(0, Event::Arrival);
+        sim.events.push(0, Event::Sample);
+        if sim.refresh > 0 {
+            for g in 0..config.gateways {
+                let at = sim.refresh * g as u64 / config.gateways as u64;
+                sim.events.push(at, Event::Refresh { gateway: g as u32 });
+            }
+        }
+        Ok(sim)
+    }
+
+    /// Worker `i`'s name: the configured member's, or for a newcomer `w{N+1}` (`new-{N+1}` if the
+    /// members have that name already).
+    fn name(&self, i: usize) -> String {
+        match &self.config.members {
+            Some(m) if i < m.len() => m[i].0.clone(),
+            Some(m) if m.iter().any(|(n, _)| *n == format!("w{}", i + 1)) => format!("new-{}", i + 1),
+            _ => format!("w{}", i + 1),
+        }
+    }
+
+    fn new_worker(&self, i: usize, now: u64) -> Worker {
+        Worker {
+            name: self.name(i),
+            weight: self.config.members.as_ref().and_then(|m| m.get(i)).map_or(1, |(_, w)| *w),
+            cache: Lru::new(self.config.cache_entries),
+            queue: VecDeque::new(),
+            busy: 0,
+            in_flight: 0,
+            slowdown: 1.0,
+            member: true,
+            joined: now,
+            left: None,
+            busy_ns: 0,
+            requests: 0,
+            hits: 0,
+            max_queue: 0,
+            max_in_flight: 0,
+            hot: 0,
+            held_ns: 0,
+            hits_at_join: 0,
+            requests_at_join: 0,
+        }
+    }
+
+    /// Whether a table's decisions are its owners, memoised per key.
+    fn memo(&self, p: &Policy) -> bool {
+        p.strategy().is_pure_hash() && self.config.warmup.is_none()
+    }
+
+    /// Every key's hash as a policy's table computes it (strategies differ: slots and the
+    /// compatibility modes hash keys their own way), the hot key last.
+    fn hash_all(&self, p: &Policy) -> Vec<u64> {
+        let hot = std::iter::once(p.key_hash(key_bytes(self.hot_key).as_bytes()));
+        match self.trace {
+            Some(t) => t.catalogue.iter().map(|k| p.key_hash(k)).chain(hot).collect(),
+            None => (0..=self.config.keys as u32).map(|k| p.key_hash(key_bytes(k).as_bytes())).collect(),
+        }
+    }
+
+    /// The next arrival after `arrived` requests: the trace's time, or a Poisson gap (shorter by
+    /// the hot key's share, whose requests come on top).
+    fn next_arrival(&mut self) -> u64 {
+        match self.trace {
+            Some(t) => t.times_ns.get(self.arrived as usize).copied().unwrap_or(self.now).max(self.now),
+            None => self.now + ((-self.rng.unit_open().ln() * self.mean_gap * (1.0 - self.hot_share)) as u64).max(1),
+        }
+    }
+
+    /// The timed changes due at this point of the run.
+    fn apply_due_changes(&mut self) -> Result<(), SimError> {
+        while self.next_change < self.changes.len()
+            && self.arrived as f64 >= self.changes[self.next_change].at * self.config.requests as f64
+        {
+            let change = self.changes[self.next_change].change.clone();
+            self.next_change += 1;
+            match change {
+                Change::SlowWorker { worker, factor } => {
+                    if let Some(w) = self.workers.get_mut(worker) {
+                        w.slowdown = factor;
+                    }
+                }
+                Change::HotKey { share } => self.hot_share = share,
+                Change::FlashCrowd { share, rise_s, hold_s } => {
+                    self.flash = Some((self.now, share, ns(rise_s * 1e3).max(1), ns(hold_s * 1e3)));
+                }
+                Change::AddWorker | Change::RemoveWorker | Change::SetMembers { .. } => self.change_members(&change)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A membership change: the members after it, the tables over them, the keys it moves, and
+    /// the newcomer's warm-up.
+    fn change_members(&mut self, change: &Change) -> Result<(), SimError> {
+        let now = self.now;
+        let (next_members, newcomer, next_strategy, label) = self.next_members(change);
+        for g in &mut self.gateways {
+            g.snapshot.resize(self.workers.len(), 0);
+            g.own_since.resize(self.workers.len(), 0);
+        }
+        let set = node_set(&next_members, &self.workers)?;
+        let current = self.policies[0].strategy();
+        let base = if next_strategy == current {
+            self.policies[0].rebuild(set)?
+        } else {
+            Policy::build(next_strategy, set, &self.config.options)?
+        };
+        let next: Vec<Policy> = (0..self.config.gateways).map(|_| base.fork()).collect();
+        // Every key up to a million; beyond, every `step`-th key, scaled (an estimate within
+        // about 0.1 point of the share).
+        let keys = self.config.keys;
+        let step = keys.div_ceil(REMAP_SAMPLE).max(1);
+        let keyed = current.uses_key() && next_strategy.uses_key();
+        // A new strategy may hash keys another way.
+        let next_hashes = (next_strategy != current).then(|| self.hash_all(&next[0]));
+        let moved = keyed.then(|| {
+            let after_hashes = next_hashes.as_ref().unwrap_or(&self.hashes);
+            let sampled = (0..keys)
+                .step_by(step)
+                .filter(|&k| {
+                    let before = self.policies[0].owner(self.hashes[k]).map(|i| self.members[i]);
+                    let after = next[0].owner(after_hashes[k]).map(|i| next_members[i]);
+                    before != after
+                })
+                .count() as u64;
+            (sampled * step as u64).min(keys as u64)
+        });
+        if let Some(h) = next_hashes {
+            self.hashes = h;
+        }
+        self.remaps.push(RemapEvent {
+            at_s: now as f64 / 1e9,
+            change: label,
+            keys_moved: moved,
+            moved_share: moved.map(|m| m as f64 / keys as f64),
+        });
+        self.after.at.get_or_insert(now);
+        self.warm = None;
+        if let (Some(idx), Some(w)) = (newcomer, self.config.warmup) {
+            let handoff = match w {
+                SimWarmup::Handoff { .. } => Handoff::new(&next[0], &[idx])?,
+                SimWarmup::SlowStart { .. } => None,
+            };
+            self.warm = Some((handoff, idx, now));
+        }
+        self.owners = if self.memo(&next[0]) { vec![UNKNOWN; keys + 1] } else { Vec::new() };
+        self.policies = next;
+        self.members = next_members;
+        Ok(())
+    }
+
+    /// The members after a change (worker ids in node order), the newcomer's node index (for
+    /// warm-up), the strategy after it, and what to call the change. Workers that join are added,
+    /// those that leave marked so.
+    fn next_members(&mut self, change: &Change) -> (Vec<usize>, Option<usize>, Strategy, String) {
+        let now = self.now;
+        let mut next_members = self.members.clone();
+        let mut newcomer = None;
+        let mut next_strategy = self.policies[0].strategy();
+        let label = match change {
+            Change::AddWorker => {
+                let id = self.workers.len();
+                let mut w = self.new_worker(id, now);
+                if self.workers.iter().any(|x| x.name == w.name) {
+                    w.name = format!("new-{}", id + 1);
+                }
+                self.workers.push(w);
+                next_members.push(id);
+                newcomer = Some(next_members.len() - 1);
+                format!("add {}", self.workers[id].name)
+            }
+            Change::RemoveWorker => match next_members.len() > 1 {
+                true => {
+                    let gone = next_members.pop().unwrap_or_default();
+                    self.workers[gone].member = false;
+                    self.workers[gone].left = Some(now);
+                    format!("remove {}", self.workers[gone].name)
+                }
+                false => "remove - (the last worker stays)".to_owned(),
+            },
+            Change::SetMembers { members: to, strategy } => {
+                next_members.clear();
+                let mut reweighted = Vec::new();
+                for (name, weight) in to {
+                    let id = match self.workers.iter().position(|w| w.name == *name) {
+                        Some(id) => id,
+                        None => {
+                            let id = self.workers.len();
+                            let mut w = self.new_worker(id, now);
+                            w.name.clone_from(name);
+                            self.workers.push(w);
+                            // The first newcomer warms up (warm-up follows one).
+                            newcomer = newcomer.or(Some(next_members.len()));
+                            id
+                        }
+                    };
+                    let w = &mut self.workers[id];
+                    if w.member && w.weight != *weight {
+                        reweighted.push(format!("{name}={weight}"));
+                    }
+                    w.weight = *weight;
+                    if !w.member {
+                        // A worker that comes back: its span restarts now.
+                        w.member = true;
+                        w.left = None;
+                        w.joined = now;
+                        w.busy_ns = 0;
+                        w.held_ns = 0;
+                    }
+                    next_members.push(id);
+                }
+                for &m in &self.members {
+                    if !next_members.contains(&m) {
+                        self.workers[m].member = false;
+                        self.workers[m].left = Some(now);
+                    }
+                }
+                if let Some(s) = strategy {
+                    next_strategy = *s;
+                }
+                describe_members(&self.members, &next_members, &self.workers, reweighted, *strategy)
+            }
+            _ => String::new(),
+        };
+        (next_members, newcomer, next_strategy, label)
+    }
+
+    /// The hot key's share now, on a flash crowd's curve (up, hold, down).
+    fn flash_share(&mut self) {
+        let Some((start, peak, rise, hold)) = self.flash else { return };
+        let t = self.now.saturating_sub(start);
+        self.hot_share = if t < rise {
+            peak * t as f64 / rise as f64
+        } else if t < rise + hold {
+            peak
+        } else if t < 2 * rise + hold {
+            peak * (2 * rise + hold - t) as f64 / rise as f64
+        } else {
+            0.0
+        };
+    }
+
+    /// One request arrives (the `arrived`-th): its key and gateway, the gateway's hot keys and
+    /// cache, its decision, and its worker (served now, or queued).
+    fn arrive(&mut self) {
+        self.flash_share();
+        let index = (self.arrived - 1) as usize;
+        let key = if self.hot_share > 0.0 && self.rng.unit_open() < self.hot_share {
+            self.hot_key
+        } else {
+            match self.trace {
+                Some(t) => t.keys[index],
+                None => self.zipf.sample(&mut self.rng) as u32,
+            }
+        };
+        let service_ms = self.trace.and_then(|t| t.service_ms.as_ref()).map_or(0.0, |s| s[index]);
+        let gateway = self.rng.below(self.config.gateways as u64) as usize;
+        let hash = self.hashes[key as usize];
+        let replicas = self.hot_keys(gateway, hash);
+        let mut leads = false;
+        if replicas > 0
+            && let Some(ttl) = self.ttl_ns
+        {
+            let (now, g) = (self.now, &mut self.gateways[gateway]);
+            if g.cached.get(&key).is_some_and(|&until| until > now) {
+                self.gateway_cache_hits += 1;
+                self.completed += 1;
+                self.latency.record(1);
+                return;
+            }
+            if let Some(waiting) = g.flights.get_mut(&key) {
+                waiting.push(now);
+                return;
+            }
+            g.flights.insert(key, Vec::new());
+            leads = ttl > 0;
+        }
+        match self.decide(gateway, key, hash, replicas) {
+            None => {
+                self.errors += 1;
+                if leads {
+                    // The waiting requests fail with their leader.
+                    self.errors += self.gateways[gateway].flights.remove(&key).map_or(0, |w| w.len() as u64);
+                }
+            }
+            Some(d) => {
+                if d.owner.is_some() {
+                    self.keyed += 1;
+                    self.owner_hits += u64::from(d.owner == Some(d.node));
+                }
+                let w = self.members[d.node];
+                self.gateways[gateway].own_since[w] += 1;
+                let req = Request { key, gateway: gateway as u32, arrived: self.now, leads, hit: false, service_ms };
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.requests[id as usize] = req;
+                        id
+                    }
+                    None => {
+                        self.requests.push(req);
+                        (self.requests.len() - 1) as u32
+                    }
+                };
+                let worker = &mut self.workers[w];
+                worker.in_flight += 1;
+                worker.max_in_flight = worker.max_in_flight.max(worker.in_flight);
+                if worker.busy < self.config.concurrency {
+                    start(
+                        worker,
+                        w as u32,
+                        id,
+                        &mut self.requests,
+                        self.now,
+                        self.config,
+                        &mut self.rng,
+                        &mut self.events,
+                    );
+                } else {
+                    worker.queue.push_back(id);
+                    worker.max_queue = worker.max_queue.max(worker.queue.len() as u64);
+                }
+            }
+        }
+    }
+
+    /// Hot keys at `gateway`: it measures `hash`, ends its window when due; the key's replicas.
+    fn hot_keys(&mut self, gateway: usize, hash: u64) -> usize {
+        let now = self.now;
+        let Some((det, rule, set, next_tick)) = &mut self.gateways[gateway].hot else { return 0 };
+        det.observe(hash);
+        if now >= *next_tick {
+            if *next_tick > 0 {
+                *set = rule.tick(Duration::from_nanos(now), &det.take_window());
+                self.hot_keys_max = self.hot_keys_max.max(set.len());
+                self.replicas_max = self.replicas_max.max(set.iter().map(|(_, r)| r).max().unwrap_or(0));
+            } else {
+                det.take_window();
+                rule.start(Duration::from_nanos(now));
+            }
+            *next_tick = now + self.window_ns;
+        }
+        set.replicas(hash)
+    }
+
+    /// `gateway`'s decision for a key: the steering rule over its view of the loads, or, for a
+    /// pure hash strategy with every worker eligible, the key's owner (a function of the member
+    /// set, computed once per key and member set).
+    fn decide(&mut self, gateway: usize, key: u32, hash: u64, replicas: usize) -> Option<Decision> {
+        let (config, workers, members) = (self.config, &self.workers, &self.members);
+        let Gateway { rng, snapshot, own_since, .. } = &mut self.gateways[gateway];
+        let view = |node: usize| -> u64 {
+            let w = members[node];
+            if self.refresh == 0 {
+                workers[w].in_flight
+            } else if config.count_own {
+                (snapshot[w] as i64 + own_since[w]).max(0) as u64
+            } else {
+                snapshot[w]
+            }
+        };
+        let policy = &self.policies[gateway];
+        if self.owners.is_empty() || replicas > 1 || self.warm.is_some() {
+            return steer(policy, hash, replicas, &view, rng, self.warm.as_ref(), self.now, config, workers, members);
+        }
+        let o = &mut self.owners[key as usize];
+        if *o == UNKNOWN {
+            *o = policy.owner(hash).map_or(NO_OWNER, |n| n as u32);
+        }
+        (*o != NO_OWNER).then_some(Decision { node: *o as usize, owner: Some(*o as usize), spill: None })
+    }
+
+    /// A worker finishes a request: its cache keeps the key, the gateway's cache and the requests
+    /// coalesced on it are answered, and its next queued request starts.
+    fn complete(&mut self, worker: u32, request: u32) {
+        let now = self.now;
+        let r = self.requests[request as usize];
+        let w = &mut self.workers[worker as usize];
+        w.busy -= 1;
+        w.in_flight -= 1;
+        w.requests += 1;
+        if r.key == self.hot_key {
+            w.hot += 1;
+            self.hot_total += 1;
+        }
+        if !w.cache.touch(r.key) {
+            w.cache.insert(r.key);
+        }
+        self.gateways[r.gateway as usize].own_since[worker as usize] -= 1;
+        self.latency.record(now - r.arrived);
+        w.held_ns += u128::from(now - r.arrived);
+        if let Some(t0) = self.after.at
+            && r.arrived >= t0
+        {
+            let hit = u64::from(r.hit);
+            if r.arrived < t0 + 60_000_000_000 {
+                self.after.minute = (self.after.minute.0 + hit, self.after.minute.1 + 1);
+            }
+            if r.arrived < t0 + 10_000_000_000 {
+                self.after.ten_s = (self.after.ten_s.0 + hit, self.after.ten_s.1 + 1);
+            }
+        }
+        if r.leads {
+            let g = &mut self.gateways[r.gateway as usize];
+            if let Some(ttl) = self.ttl_ns {
+                g.cached.insert(r.key, now + ttl);
+            }
+            for t in g.flights.remove(&r.key).unwrap_or_default() {
+                self.latency.record(now - t);
+                self.completed += 1;
+                self.gateway_cache_hits += 1;
+            }
+        }
+        self.completed += 1;
+        self.last_completion = now;
+        self.free.push(request);
+        if let Some(next) = w.queue.pop_front() {
+            start(w, worker, next, &mut self.requests, now, self.config, &mut self.rng, &mut self.events);
+        }
+    }
+
+    /// Whether the run still has requests to come or to finish.
+    fn running(&self) -> bool {
+        self.arrived < self.config.requests || self.completed + self.errors < self.arrived
+    }
+
+    /// A gateway refreshes its view of the workers' loads.
+    fn refresh(&mut self, gateway: u32) {
+        let g = &mut self.gateways[gateway as usize];
+        for (w, worker) in self.workers.iter().enumerate() {
+            g.snapshot[w] = worker.in_flight;
+            g.own_since[w] = 0;
+        }
+        if self.running() {
+            self.events.push(self.now + self.refresh, Event::Refresh { gateway });
+        }
+    }
+
+    /// A point of the load series.
+    fn sample(&mut self) {
+        self.series.times_s.push(self.now as f64 / 1e9);
+        self.series.in_flight.resize(self.workers.len(), Vec::new());
+        let samples = self.series.times_s.len();
+        for (w, worker) in self.workers.iter().enumerate() {
+            let s = &mut self.series.in_flight[w];
+            s.resize(samples - 1, 0);
+            s.push(worker.in_flight.min(u64::from(u32::MAX)) as u32);
+        }
+        if self.running() {
+            self.events.push(self.now + self.sample_every, Event::Sample);
+        }
+    }
+
+    fn report(self) -> FleetReport {
+        let config = self.config;
+        let hits_total: u64 = self.workers.iter().map(|w| w.hits).sum();
+        let end = self.last_completion.max(self.now).max(1);
+        // Requests a worker served: the completed ones less those a gateway's cache answered.
+        let served = self.completed - self.gateway_cache_hits;
+        let wr: Vec<WorkerReport> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let span = w.left.unwrap_or(end).saturating_sub(w.joined).max(1) as f64;
+                WorkerReport {
+                    name: w.name.clone(),
+                    requests: w.requests,
+                    share: ratio(w.requests, served),
+                    hit_rate: ratio(w.hits, w.requests),
+                    utilisation: w.busy_ns as f64 / (span * f64::from(config.concurrency)),
+                    max_queue: w.max_queue,
+                    max_in_flight: w.max_in_flight,
+                    hot_requests: w.hot,
+                    mean_in_flight: w.held_ns as f64 / span,
+                }
+            })
+            .collect();
+        let active: Vec<&WorkerReport> = wr.iter().filter(|w| w.requests > 0).collect();
+        let mean_req = served as f64 / active.len().max(1) as f64;
+        let mean_load = active.iter().map(|w| w.mean_in_flight).sum::<f64>() / active.len().max(1) as f64;
+        let hot_total = self.hot_total;
+        let first_change = self.after.at;
+        FleetReport {
+            config: config.clone(),
+            completed: self.completed,
+            errors: self.errors,
+            duration_s: end as f64 / 1e9,
+            throughput: self.completed as f64 / (end as f64 / 1e9),
+            hit_rate: ratio(hits_total, served),
+            latency: self.latency.summary(),
+            max_utilisation: wr.iter().map(|w| w.utilisation).fold(0.0, f64::max),
+            mean_utilisation: wr.iter().map(|w| w.utilisation).sum::<f64>() / wr.len().max(1) as f64,
+            max_over_mean_requests: active.iter().map(|w| w.requests as f64).fold(0.0, f64::max) / mean_req.max(1e-9),
+            max_over_mean_load: active.iter().map(|w| w.mean_in_flight).fold(0.0, f64::max) / mean_load.max(1e-12),
+            max_in_flight: wr.iter().map(|w| w.max_in_flight).max().unwrap_or(0),
+            max_queue: wr.iter().map(|w| w.max_queue).max().unwrap_or(0),
+            owner_share: (self.keyed > 0).then(|| ratio(self.owner_hits, self.keyed)),
+            hot_key_requests: hot_total,
+            hot_key_workers: wr.iter().filter(|w| hot_total > 0 && w.hot_requests * 100 >= hot_total).count(),
+            hot_keys_max: self.hot_keys_max,
+            replicas_max: self.replicas_max,
+            gateway_cache_hits: self.gateway_cache_hits,
+            hit_rate_after_change: first_change.map(|_| ratio(self.after.minute.0, self.after.minute.1)),
+            hit_rate_10s_after_change: first_change.map(|_| ratio(self.after.ten_s.0, self.after.ten_s.1)),
+            remaps: self.remaps,
+            workers: wr,
+            series: self.series,
+            latency_cdf: self.latency.cdf_points(200),
+        }
+    }
+}
+
+impl Gateway {
+    fn new(config: &FleetConfig, g: usize) -> Result<Gateway, SimError> {
+        let hot = match config.hot_keys {
+            Some(h) => {
+                let rule = HotKeyConfig {
+                    threshold: Threshold::Share(h.threshold_share),
+                    per_replica: h.per_replica,
+                    max_replicas: h.max_replicas,
+                    hold: Duration::from_secs_f64(h.hold_ms / 1e3),
+                    confidence: 2.0,
+                };
+                Some((
                     HotKeyDetector::try_new(h.counters, h.sample_every)?,
                     HotKeys::try_new(rule)?,
                     HotSet::default(),
                     0u64,
-                )),
-                _ => None,
-            };
-            Ok(Gateway {
-                rng: SplitMix64::new(config.seed ^ (0x9e37 + g as u64).wrapping_mul(0x1000_0001)),
-                snapshot: vec![0; config.workers],
-                own_since: vec![0; config.workers],
-                hot,
-                cached: HashMap::new(),
-                flights: HashMap::new(),
-            })
+                ))
+            }
+            None => None,
+        };
+        Ok(Gateway {
+            rng: SplitMix64::new(config.seed ^ (0x9e37 + g as u64).wrapping_mul(0x1000_0001)),
+            snapshot: vec![0; config.workers],
+            own_since: vec![0; config.workers],
+            hot,
+            cached: HashMap::new(),
+            flights: HashMap::new(),
         })
-        .collect::<Result<_, _>>()?;
-    // Warm-up after the last join: the handoff table (for handoff), the newcomer's node index and
-    // when it joined, and its (hits, requests) since.
-    let mut warm: Option<(Option<Handoff>, usize, u64)> = None;
-    // Owners by key, for strategies whose decision is the owner (pure hash, and in the simulator
-    // every worker is eligible): filled as keys are requested, cleared when the members change.
-    const UNKNOWN: u32 = u32::MAX;
-    const NO_OWNER: u32 = u32::MAX - 1;
-    let memo = |p: &Policy| p.strategy().is_pure_hash() && config.warmup.is_none();
-    let mut owners: Vec<u32> = if memo(&policies[0]) { vec![UNKNOWN; total_keys] } else { Vec::new() };
-    let mut first_change: Option<u64> = None;
-    let (mut after_hits, mut after_all, mut after10_hits, mut after10_all) = (0u64, 0u64, 0u64, 0u64);
-    let (mut hot_keys_max, mut replicas_max, mut gateway_cache_hits) = (0usize, 0usize, 0u64);
-    let window_ns = config.hot_keys.map_or(u64::MAX, |h| ns(h.window_ms).max(1));
-    let ttl_ns = config.gateway_cache_ttl_ms.map(ns);
-
-    let mean_gap = 1e9 / config.rate;
-    // The next arrival after `arrived` requests: the trace's time, or a Poisson gap (shorter by
-    // the hot key's share, whose requests come on top).
-    let next_arrival = |now: u64, arrived: u64, rng: &mut SplitMix64, hot_share: f64| -> u64 {
-        match trace {
-            Some(t) => t.times_ns.get(arrived as usize).copied().unwrap_or(now).max(now),
-            None => now + ((-rng.unit_open().ln() * mean_gap * (1.0 - hot_share)) as u64).max(1),
-        }
-    };
-    let expected_end = (config.requests as f64 * mean_gap) as u64;
-    let sample_every = (expected_end / 400).max(1);
-    let refresh = ns(config.refresh_ms);
-
-    let mut heap: BinaryHeap<Reverse<(u64, u64, Event)>> = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut push = |heap: &mut BinaryHeap<Reverse<(u64, u64, Event)>>, t: u64, e: Event| {
-        seq += 1;
-        heap.push(Reverse((t, seq, e)));
-    };
-    push(&mut heap, 0, Event::Arrival);
-    push(&mut heap, 0, Event::Sample);
-    if refresh > 0 {
-        for g in 0..config.gateways {
-            push(&mut heap, refresh * g as u64 / config.gateways as u64, Event::Refresh { gateway: g as u32 });
-        }
     }
-
-    let mut changes: Vec<TimedChange> = config.changes.clone();
-    changes.sort_by(|a, b| a.at.total_cmp(&b.at));
-    let mut next_change = 0;
-    let mut hot_share = 0.0;
-    // A flash crowd: (start ns, peak share, rise ns, hold ns).
-    let mut flash: Option<(u64, f64, u64, u64)> = None;
-
-    let mut requests: Vec<Request> = Vec::new();
-    let mut free: Vec<u32> = Vec::new();
-    let mut arrived = 0u64;
-    let (mut completed, mut errors, mut owner_hits, mut keyed) = (0u64, 0u64, 0u64, 0u64);
-    let mut hits_total = 0u64;
-    let mut hot_total = 0u64;
-    let mut latency = Histogram::default();
-    let mut remaps = Vec::new();
-    let mut series = Series::default();
-    let mut now = 0u64;
-    let mut last_completion = 0u64;
-
-    while let Some(Reverse((t, _, event))) = heap.pop() {
-        now = t;
-        match event {
-            Event::Arrival => {
-                // Timed changes due at this point of the run.
-                while next_change < changes.len() && arrived as f64 >= changes[next_change].at * config.requests as f64
-                {
-                    let change = changes[next_change].change.clone();
-                    next_change += 1;
-                    match change {
-                        Change::SlowWorker { worker, factor } => {
-                            if let Some(w) = workers.get_mut(worker) {
-                                w.slowdown = factor;
-                            }
-                        }
-                        Change::HotKey { share } => hot_share = share,
-                        Change::FlashCrowd { share, rise_s, hold_s } => {
-                            flash = Some((now, share, ns(rise_s * 1e3).max(1), ns(hold_s * 1e3)));
-                        }
-                        Change::AddWorker | Change::RemoveWorker | Change::SetMembers { .. } => {
-                            // The members after the change, the policy over them, what to call the
-                            // change, and the newcomer's node index (for warm-up).
-                            let mut next_members = members.clone();
-                            let mut newcomer = None;
-                            let mut next_strategy = policies[0].strategy();
-                            let label = match &change {
-                                Change::AddWorker => {
-                                    let id = workers.len();
-                                    let mut w = new_worker(id, now);
-                                    if workers.iter().any(|x| x.name == w.name) {
-                                        w.name = format!("new-{}", id + 1);
-                                    }
-                                    workers.push(w);
-                                    next_members.push(id);
-                                    newcomer = Some(next_members.len() - 1);
-                                    format!("add {}", workers[id].name)
-                                }
-                                Change::RemoveWorker => match next_members.len() > 1 {
-                                    true => {
-                                        let gone = next_members.pop().unwrap_or_default();
-                                        workers[gone].member = false;
-                                        workers[gone].left = Some(now);
-                                        format!("remove {}", workers[gone].name)
-                                    }
-                                    false => "remove - (the last worker stays)".to_owned(),
-                                },
-                                Change::SetMembers { members: to, strategy } => {
-                                    next_members.clear();
-                                    let mut reweighted = Vec::new();
-                                    for (name, weight) in to {
-                                        let id = match workers.iter().position(|w| w.name == *name) {
-                                            Some(id) => id,
-                                            None => {
-                                                let id = workers.len();
-                                                let mut w = new_worker(id, now);
-                                                w.name.clone_from(name);
-                                                workers.push(w);
-                                                // The first newcomer warms up (warm-up follows one).
-                                                newcomer = newcomer.or(Some(next_members.len()));
-                                                id
-                                            }
-                                        };
-                                        let w = &mut workers[id];
-                                        if w.member && w.weight != *weight {
-                                            reweighted.push(format!("{name}={weight}"));
-                                        }
-                                        w.weight = *weight;
-                                        if !w.member {
-                                            // A worker that comes back: its span restarts now.
-                                            w.member = true;
-                                            w.left = None;
-                                            w.joined = now;
-                                            w.busy_ns = 0;
-                                            w.held_ns = 0;
-                                        }
-                                        next_members.push(id);
-                                    }
-                                    for &m in &members {
-                                        if !next_members.contains(&m) {
-                                            workers[m].member = false;
-                                            workers[m].left = Some(now);
-                                        }
-                                    }
-                                    if let Some(s) = strategy {
-                                        next_strategy = *s;
-                                    }
-                                    describe_members(&members, &next_members, &workers, reweighted, *strategy)
-                                }
-                                _ => String::new(),
-                            };
-                            for g in &mut gateways {
-                                g.snapshot.resize(workers.len(), 0);
-                                g.own_since.resize(workers.len(), 0);
-                            }
-                            let set = node_set(&next_members, &workers)?;
-                            let base = if next_strategy == policies[0].strategy() {
-                                policies[0].rebuild(set)?
-                            } else {
-                                Policy::build(next_strategy, set, &config.options)?
-                            };
-                            let next: Vec<Policy> = (0..config.gateways).map(|_| base.fork()).collect();
-                            // Every key up to a million; beyond, every `step`-th key, scaled (an
-                            // estimate within about 0.1 point of the share).
-                            let step = config.keys.div_ceil(REMAP_SAMPLE).max(1);
-                            let keyed = policies[0].strategy().uses_key() && next_strategy.uses_key();
-                            // A new strategy may hash keys another way.
-                            let next_hashes = (next_strategy != policies[0].strategy()).then(|| hash_all(&next[0]));
-                            let moved = keyed.then(|| {
-                                let after_hashes = next_hashes.as_ref().unwrap_or(&hashes);
-                                let sampled = (0..config.keys)
-                                    .step_by(step)
-                                    .filter(|&k| {
-                                        let before = policies[0].owner(hashes[k]).map(|i| members[i]);
-                                        let after = next[0].owner(after_hashes[k]).map(|i| next_members[i]);
-                                        before != after
-                                    })
-                                    .count() as u64;
-                                (sampled * step as u64).min(config.keys as u64)
-                            });
-                            if let Some(h) = next_hashes {
-                                hashes = h;
-                            }
-                            remaps.push(RemapEvent {
-                                at_s: now as f64 / 1e9,
-                                change: label,
-                                keys_moved: moved,
-                                moved_share: moved.map(|m| m as f64 / config.keys as f64),
-                            });
-                            first_change.get_or_insert(now);
-                            warm = None;
-                            if let (Some(idx), Some(w)) = (newcomer, config.warmup) {
-                                let handoff = match w {
-                                    SimWarmup::Handoff { .. } => Handoff::new(&next[0], &[idx])?,
-                                    SimWarmup::SlowStart { .. } => None,
-                                };
-                                warm = Some((handoff, idx, now));
-                            }
-                            owners = if memo(&next[0]) { vec![UNKNOWN; total_keys] } else { Vec::new() };
-                            policies = next;
-                            members = next_members;
-                        }
-                    }
-                }
-                arrived += 1;
-                if arrived.is_multiple_of(65_536) {
-                    progress(arrived);
-                }
-                if let Some((start, peak, rise, hold)) = flash {
-                    let t = now.saturating_sub(start);
-                    hot_share = if t < rise {
-                        peak * t as f64 / rise as f64
-                    } else if t < rise + hold {
-                        peak
-                    } else if t < 2 * rise + hold {
-                        peak * (2 * rise + hold - t) as f64 / rise as f64
-                    } else {
-                        0.0
-                    };
-                }
-                let index = (arrived - 1) as usize;
-                let key = if hot_share > 0.0 && rng.unit_open() < hot_share {
-                    hot_key
-                } else {
-                    match trace {
-                        Some(t) => t.keys[index],
-                        None => zipf.sample(&mut rng) as u32,
-                    }
-                };
-                let service_ms = trace.and_then(|t| t.service_ms.as_ref()).map_or(0.0, |s| s[index]);
-                let gateway = rng.below(config.gateways as u64) as usize;
-                let hash = hashes[key as usize];
-                let Gateway { rng: grng, snapshot, own_since, hot, cached, flights } = &mut gateways[gateway];
-                // Hot keys: the gateway measures, ends its window when due, and may answer from its
-                // cache or join a miss in flight.
-                let mut replicas = 0;
-                if let Some((det, rule, set, next_tick)) = hot {
-                    det.observe(hash);
-                    if now >= *next_tick {
-                        if *next_tick > 0 {
-                            *set = rule.tick(Duration::from_nanos(now), &det.take_window());
-                            hot_keys_max = hot_keys_max.max(set.len());
-                            replicas_max = replicas_max.max(set.iter().map(|(_, r)| r).max().unwrap_or(0));
-                        } else {
-                            det.take_window();
-                            rule.start(Duration::from_nanos(now));
-                        }
-                        *next_tick = now + window_ns;
-                    }
-                    replicas = set.replicas(hash);
-                }
-                let mut leads = false;
-                if replicas > 0
-                    && let Some(ttl) = ttl_ns
-                {
-                    if cached.get(&key).is_some_and(|&until| until > now) {
-                        gateway_cache_hits += 1;
-                        completed += 1;
-                        latency.record(1);
-                        if arrived < config.requests {
-                            let at = next_arrival(now, arrived, &mut rng, hot_share);
-                            push(&mut heap, at, Event::Arrival);
-                        }
-                        continue;
-                    }
-                    if let Some(waiting) = flights.get_mut(&key) {
-                        waiting.push(now);
-                        if arrived < config.requests {
-                            let at = next_arrival(now, arrived, &mut rng, hot_share);
-                            push(&mut heap, at, Event::Arrival);
-                        }
-                        continue;
-                    }
-                    flights.insert(key, Vec::new());
-                    leads = ttl > 0;
-                }
-                let decision = {
-                    let (snapshot, own_since) = (&*snapshot, &*own_since);
-                    let view = |node: usize| -> u64 {
-                        let w = members[node];
-                        if refresh == 0 {
-                            workers[w].in_flight
-                        } else if config.count_own {
-                            (snapshot[w] as i64 + own_since[w]).max(0) as u64
-                        } else {
-                            snapshot[w]
-                        }
-                    };
-                    let policy = &policies[gateway];
-                    if owners.is_empty() || replicas > 1 || warm.is_some() {
-                        steer(policy, hash, replicas, &view, grng, warm.as_ref(), now, config, &workers, &members)
-                    } else {
-                        // A pure hash strategy, every worker eligible: the decision is the key's
-                        // owner, a function of the member set, computed once per key and member set.
-                        let o = &mut owners[key as usize];
-                        if *o == UNKNOWN {
-                            *o = policy.owner(hash).map_or(NO_OWNER, |n| n as u32);
-                        }
-                        (*o != NO_OWNER).then_some(Decision {
-                            node: *o as usize,
-                            owner: Some(*o as usize),
-                            spill: None,
-                        })
-                    }
-                };
-                match decision {
-                    None => {
-                        errors += 1;
-                        if leads {
-                            // The waiting requests fail with their leader.
-                            errors += flights.remove(&key).map_or(0, |w| w.len() as u64);
-                        }
-                    }
-                    Some(d) => {
-                        if d.owner.is_some() {
-                            keyed += 1;
-                            owner_hits += u64::from(d.owner == Some(d.node));
-                        }
-                        let w = members[d.node];
-                        own_since[w] += 1;
-                        let req = Request { key, gateway: gateway as u32, arrived: now, leads, hit: false, service_ms };
-                        let id = match free.pop() {
-                            Some(id) => {
-                                requests[id as usize] = req;
-                                id
-                            }
-                            None => {
-                                requests.push(req);
-                                (requests.len() - 1) as u32
-                            }
-                        };
-                        let worker = &mut workers[w];
-                        worker.in_flight += 1;
-                        worker.max_in_flight = worker.max_in_flight.max(worker.in_flight);
-                        if worker.busy < config.concurrency {
-                            start(worker, w as u32, id, &mut requests, now, config, &mut rng, &mut heap, &mut push);
-                        } else {
-                            worker.queue.push_back(id);
-                            worker.max_queue = worker.max_queue.max(worker.queue.len() as u64);
-                        }
-                    }
-                }
-                if arrived < config.requests {
-                    let at = next_arrival(now, arrived, &mut rng, hot_share);
-                    push(&mut heap, at, Event::Arrival);
-                }
-            }
-            Event::Completion { worker, request } => {
-                let r = requests[request as usize];
-                let w = &mut workers[worker as usize];
-                w.busy -= 1;
-                w.in_flight -= 1;
-                w.requests += 1;
-                if r.key == hot_key {
-                    w.hot += 1;
-                    hot_total += 1;
-                }
-                if !w.cache.touch(r.key) {
-                    w.cache.insert(r.key);
-                }
-                gateways[r.gateway as usize].own_since[worker as usize] -= 1;
-                latency.record(now - r.arrived);
-                w.held_ns += u128::from(now - r.arrived);
-                if let Some(t0) = first_change
-                    && r.arrived >= t0
-                {
-                    let hit = r.hit;
-                    if r.arrived < t0 + 60_000_000_000 {
-                        after_all += 1;
-                        after_hits += u64::from(hit);
-                    }
-                    if r.arrived < t0 + 10_000_000_000 {
-                        after10_all += 1;
-                        after10_hits += u64::from(hit);
-                    }
-                }
-                if r.leads {
-                    let g = &mut gateways[r.gateway as usize];
-                    if let Some(ttl) = ttl_ns {
-                        g.cached.insert(r.key, now + ttl);
-                    }
-                    for t in g.flights.remove(&r.key).unwrap_or_default() {
-                        latency.record(now - t);
-                        completed += 1;
-                        gateway_cache_hits += 1;
-                    }
-                }
-                completed += 1;
-                last_completion = now;
-                free.push(request);
-                if let Some(next) = w.queue.pop_front() {
-                    start(w, worker, next, &mut requests, now, config, &mut rng, &mut heap, &mut push);
-                }
-            }
-            Event::Refresh { gateway } => {
-                let g = &mut gateways[gateway as usize];
-                for (w, worker) in workers.iter().enumerate() {
-                    g.snapshot[w] = worker.in_flight;
-                    g.own_since[w] = 0;
-                }
-                if arrived < config.requests || completed + errors < arrived {
-                    push(&mut heap, now + refresh, Event::Refresh { gateway });
-                }
-            }
-            Event::Sample => {
-                series.times_s.push(now as f64 / 1e9);
-                series.in_flight.resize(workers.len(), Vec::new());
-                let samples = series.times_s.len();
-                for (w, worker) in workers.iter().enumerate() {
-                    let s = &mut series.in_flight[w];
-                    s.resize(samples - 1, 0);
-                    s.push(worker.in_flight.min(u64::from(u32::MAX)) as u32);
-                }
-                if arrived < config.requests || completed + errors < arrived {
-                    push(&mut heap, now + sample_every, Event::Sample);
-                }
-            }
-        }
-    }
-    for w in &workers {
-        hits_total += w.hits;
-    }
-    let end = last_completion.max(now).max(1);
-    // Requests a worker served: the completed ones less those a gateway's cache answered.
-    let served = completed - gateway_cache_hits;
-    let wr: Vec<WorkerReport> = workers
-        .iter()
-        .map(|w| {
-            let span = w.left.unwrap_or(end).saturating_sub(w.joined).max(1) as f64;
-            WorkerReport {
-                name: w.name.clone(),
-                requests: w.requests,
-                share: ratio(w.requests, served),
-                hit_rate: ratio(w.hits, w.requests),
-                utilisation: w.busy_ns as f64 / (span * f64::from(config.concurrency)),
-                max_queue: w.max_queue,
-                max_in_flight: w.max_in_flight,
-                hot_requests: w.hot,
-                mean_in_flight: w.held_ns as f64 / span,
-            }
-        })
-        .collect();
-    let active: Vec<&WorkerReport> = wr.iter().filter(|w| w.requests > 0).collect();
-    let mean_req = served as f64 / active.len().max(1) as f64;
-    let mean_load = active.iter().map(|w| w.mean_in_flight).sum::<f64>() / active.len().max(1) as f64;
-    Ok(FleetReport {
-        config: config.clone(),
-        completed,
-        errors,
-        duration_s: end as f64 / 1e9,
-        throughput: completed as f64 / (end as f64 / 1e9),
-        hit_rate: ratio(hits_total, served),
-        latency: latency.summary(),
-        max_utilisation: wr.iter().map(|w| w.utilisation).fold(0.0, f64::max),
-        mean_utilisation: wr.iter().map(|w| w.utilisation).sum::<f64>() / wr.len().max(1) as f64,
-        max_over_mean_requests: active.iter().map(|w| w.requests as f64).fold(0.0, f64::max) / mean_req.max(1e-9),
-        max_over_mean_load: active.iter().map(|w| w.mean_in_flight).fold(0.0, f64::max) / mean_load.max(1e-12),
-        max_in_flight: wr.iter().map(|w| w.max_in_flight).max().unwrap_or(0),
-        max_queue: wr.iter().map(|w| w.max_queue).max().unwrap_or(0),
-        owner_share: (keyed > 0).then(|| ratio(owner_hits, keyed)),
-        hot_key_requests: hot_total,
-        hot_key_workers: wr.iter().filter(|w| hot_total > 0 && w.hot_requests * 100 >= hot_total).count(),
-        hot_keys_max,
-        replicas_max,
-        gateway_cache_hits,
-        hit_rate_after_change: first_change.map(|_| ratio(after_hits, after_all)),
-        hit_rate_10s_after_change: first_change.map(|_| ratio(after10_hits, after10_all)),
-        remaps,
-        workers: wr,
-        series,
-        latency_cdf: latency.cdf_points(200),
-    })
 }
 
 /// Runs every configuration, on up to `threads` threads at once (each run is one thread: a run is
@@ -1172,8 +1326,7 @@ fn start(
     now: u64,
     config: &FleetConfig,
     rng: &mut SplitMix64,
-    heap: &mut Heap,
-    push: &mut impl FnMut(&mut Heap, u64, Event),
+    events: &mut Events,
 ) {
     let key = requests[request as usize].key;
     let hit = w.cache.touch(key);
@@ -1191,7 +1344,7 @@ fn start(
     let service = (base * 1e6 * jitter * w.slowdown).max(1.0) as u64;
     w.busy += 1;
     w.busy_ns += u128::from(service);
-    push(heap, now + service, Event::Completion { worker, request });
+    events.push(now + service, Event::Completion { worker, request });
 }
 
 /// A gateway's decision, as the simulation makes it: its moment (the last join's handoff or slow
