@@ -13,8 +13,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
+use crate::cache::HttpCache;
 use crate::metrics::{CLASSES, LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
-use crate::pool::{Pool, State};
+use crate::pool::hot::{HotKeysState, HotMetrics};
+use crate::pool::{Pool, Snapshot, State};
 
 /// What `/metrics` shows: the pools, the listeners and the admin API's own counters.
 #[derive(Debug)]
@@ -132,372 +134,312 @@ const LISTENER_FAMILIES: [(&str, &str, MetricType, fn(&ListenerMetrics) -> u64);
     ),
 ];
 
+/// A family of one value per pool: name, help, type, and the value.
+type PoolRow = (&'static str, &'static str, MetricType, fn(&Pool) -> Value);
+
+/// The pool families that are one counter of the pool's each.
+const POOL_FAMILIES: [PoolRow; 5] = [
+    ("keyroute_pool_no_worker", "Requests answered 503: no available worker.", MetricType::Counter, |p| {
+        Value::Int(p.metrics.no_worker.load(Relaxed))
+    }),
+    ("keyroute_pool_missing_key", "Requests whose key template could not be rendered.", MetricType::Counter, |p| {
+        Value::Int(p.metrics.missing_key.load(Relaxed))
+    }),
+    ("keyroute_pool_membership_changes", "Membership or weight changes.", MetricType::Counter, |p| {
+        Value::Int(p.metrics.membership_changes.load(Relaxed))
+    }),
+    (
+        "keyroute_pool_remapped_keys",
+        "Recently seen keys whose owner changed, over all membership changes.",
+        MetricType::Counter,
+        |p| Value::Int(p.metrics.remapped_keys.load(Relaxed)),
+    ),
+    (
+        "keyroute_pool_last_remapped_ratio",
+        "Share of recently seen keys remapped by the last membership change.",
+        MetricType::Gauge,
+        |p| Value::Float(f64::from_bits(p.metrics.last_remapped_ratio.load(Relaxed))),
+    ),
+];
+
+/// The families of an etcd-backed pool's membership source.
+const SOURCE_FAMILIES: [PoolRow; 7] = [
+    (
+        "keyroute_membership_source_up",
+        "1 while the pool's membership source (etcd) answers, 0 while the last known members serve.",
+        MetricType::Gauge,
+        |p| Value::Int(p.source.up.load(Relaxed)),
+    ),
+    ("keyroute_membership_revision", "The etcd revision of the membership applied last.", MetricType::Gauge, |p| {
+        Value::Int(p.source.revision.load(Relaxed))
+    }),
+    (
+        "keyroute_membership_age_seconds",
+        "Seconds since the membership was last known current (a watch message or a liveness check).",
+        MetricType::Gauge,
+        |p| {
+            let at = std::time::Duration::from_millis(p.source.current_at_ms.load(Relaxed));
+            Value::Float(p.epoch().elapsed().saturating_sub(at).as_secs_f64())
+        },
+    ),
+    (
+        "keyroute_membership_rejected_records",
+        "Records under the prefix ignored as invalid in the membership applied last.",
+        MetricType::Gauge,
+        |p| Value::Int(p.source.rejected.load(Relaxed)),
+    ),
+    ("keyroute_membership_applied", "Memberships applied from the source.", MetricType::Counter, |p| {
+        Value::Int(p.source.applied.load(Relaxed))
+    }),
+    ("keyroute_membership_source_lost", "Times the membership source was lost.", MetricType::Counter, |p| {
+        Value::Int(p.source.lost.load(Relaxed))
+    }),
+    (
+        "keyroute_membership_compactions",
+        "Full re-reads after the watch's start revision was compacted.",
+        MetricType::Counter,
+        |p| Value::Int(p.source.compactions.load(Relaxed)),
+    ),
+];
+
+/// The hot-key families that are one counter of a pool's hot-key state each.
+#[allow(clippy::type_complexity)]
+const HOT_FAMILIES: [(&str, &str, fn(&HotMetrics) -> u64); 2] = [
+    ("keyroute_pool_hot_key_requests", "Requests for keys that were hot.", |m| m.hot_requests.load(Relaxed)),
+    ("keyroute_pool_hot_keys_entered", "Keys that became hot.", |m| m.became_hot.load(Relaxed)),
+];
+
+/// The gateway cache's families, for pools with a cache.
+#[allow(clippy::type_complexity)]
+const CACHE_FAMILIES: [(&str, &str, MetricType, fn(&HotKeysState, &HttpCache) -> u64); 6] = [
+    (
+        "keyroute_pool_cache_hits",
+        "Hot-key responses served from the gateway cache at once (coalesced waits are counted apart).",
+        MetricType::Counter,
+        |h, _| h.metrics.cache_hits.load(Relaxed),
+    ),
+    (
+        "keyroute_pool_cache_coalesced",
+        "Requests that waited for a concurrent miss of the same URL and were served its response.",
+        MetricType::Counter,
+        |h, _| h.metrics.coalesced.load(Relaxed),
+    ),
+    ("keyroute_pool_cache_misses", "Cacheable hot-key requests that went upstream.", MetricType::Counter, |h, _| {
+        h.metrics.cache_misses.load(Relaxed)
+    }),
+    ("keyroute_pool_cache_stores", "Responses stored in the gateway cache.", MetricType::Counter, |h, _| {
+        h.metrics.cache_stores.load(Relaxed)
+    }),
+    ("keyroute_pool_cache_bytes", "Bytes held by the gateway cache.", MetricType::Gauge, |_, c| c.bytes()),
+    ("keyroute_pool_cache_entries", "Responses held by the gateway cache.", MetricType::Gauge, |_, c| {
+        c.entries() as u64
+    }),
+];
+
+/// The worker families that are one value of a member's each: name, help, type, and the value of
+/// member `i` of a snapshot at a moment.
+#[allow(clippy::type_complexity)]
+const WORKER_FAMILIES: [(&str, &str, MetricType, fn(&Snapshot, usize, Instant) -> u64); 7] = [
+    (
+        "keyroute_worker_in_flight",
+        "Requests in flight, until their response bodies end.",
+        MetricType::Gauge,
+        |s, i, _| s.workers()[i].in_flight(),
+    ),
+    ("keyroute_worker_weight", "The weight in use.", MetricType::Gauge, |s, i, _| u64::from(s.weight(i))),
+    ("keyroute_worker_healthy", "1 when the worker takes new requests.", MetricType::Gauge, |s, i, now| {
+        u64::from(s.state(i, now) == State::Healthy)
+    }),
+    ("keyroute_worker_retries", "Failed tries that were retried on another worker.", MetricType::Counter, |s, i, _| {
+        s.workers()[i].metrics.retries.load(Relaxed)
+    }),
+    ("keyroute_worker_ejections", "Passive ejections.", MetricType::Counter, |s, i, _| {
+        s.workers()[i].metrics.ejections.load(Relaxed)
+    }),
+    ("keyroute_worker_connect_errors", "Connection failures.", MetricType::Counter, |s, i, _| {
+        s.workers()[i].metrics.connect_errors.load(Relaxed)
+    }),
+    (
+        "keyroute_worker_truncated_responses",
+        "Responses whose body ended before its length or its last chunk.",
+        MetricType::Counter,
+        |s, i, _| s.workers()[i].metrics.truncated.load(Relaxed),
+    ),
+];
+
+/// Every pool with its snapshot, as one scrape reads them.
+type Snaps<'a> = [(&'a Arc<Pool>, Arc<Snapshot>)];
+
 impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let snaps: Vec<_> = self.pools.iter().map(|p| (p, p.snapshot())).collect();
         let now = Instant::now();
-        let pool_counter = |encoder: &mut DescriptorEncoder<'_>, name, help, get: &dyn Fn(&Pool) -> u64| {
-            let samples = snaps.iter().map(|(p, _)| (labels(&[("pool", &p.name)]), Value::Int(get(p))));
-            family(encoder, name, help, MetricType::Counter, samples)
-        };
-        let outcomes = snaps.iter().flat_map(|(p, _)| {
-            OUTCOMES.iter().enumerate().map(|(i, o)| {
-                (labels(&[("pool", &p.name), ("outcome", o)]), Value::Int(p.metrics.outcomes[i].load(Relaxed)))
+        encode_pools(&mut encoder, &snaps)?;
+        encode_hot_keys(&mut encoder, &snaps)?;
+        encode_workers(&mut encoder, &snaps, now)?;
+        self.encode_listeners(&mut encoder)
+    }
+}
+
+/// Placements by outcome, the pool counters, the membership source of etcd-backed pools, and the
+/// pools' generations.
+fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Result<(), std::fmt::Error> {
+    let outcomes = snaps.iter().flat_map(|(p, _)| {
+        OUTCOMES.iter().enumerate().map(|(i, o)| {
+            (labels(&[("pool", &p.name), ("outcome", o)]), Value::Int(p.metrics.outcomes[i].load(Relaxed)))
+        })
+    });
+    let help = "Placements by outcome: served by the key's owner, or spilled and why.";
+    family(encoder, "keyroute_pool_requests", help, MetricType::Counter, outcomes)?;
+    let rows = |encoder: &mut DescriptorEncoder<'_>, table: &[PoolRow], pools: &[&Arc<Pool>]| {
+        for (name, help, kind, get) in table {
+            family(encoder, name, help, *kind, pools.iter().map(|p| (labels(&[("pool", &p.name)]), get(p))))?;
+        }
+        Ok::<(), std::fmt::Error>(())
+    };
+    let all: Vec<&Arc<Pool>> = snaps.iter().map(|(p, _)| *p).collect();
+    rows(encoder, &POOL_FAMILIES, &all)?;
+    // No etcd-backed pool: no empty families.
+    let sourced: Vec<&Arc<Pool>> = snaps
+        .iter()
+        .filter(|(_, s)| matches!(s.config().membership, crate::config::MembershipConfig::Etcd(_)))
+        .map(|(p, _)| *p)
+        .collect();
+    if !sourced.is_empty() {
+        rows(encoder, &SOURCE_FAMILIES, &sourced)?;
+    }
+    let generations = snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation())));
+    family(encoder, "keyroute_pool_generation", "The pool snapshot's generation.", MetricType::Gauge, generations)
+}
+
+/// Hot keys and the gateway cache, for pools that have them.
+fn encode_hot_keys(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Result<(), std::fmt::Error> {
+    let hot: Vec<(&Arc<Pool>, &Arc<HotKeysState>)> =
+        snaps.iter().filter_map(|(p, s)| s.hot().map(|h| (*p, h))).collect();
+    if hot.is_empty() {
+        return Ok(());
+    }
+    let sets: Vec<_> = hot.iter().map(|(p, h)| (*p, h.set())).collect();
+    family(
+        encoder,
+        "keyroute_pool_hot_keys",
+        "Keys hot now (served by the least loaded of their top replicas).",
+        MetricType::Gauge,
+        sets.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.len() as u64))),
+    )?;
+    family(
+        encoder,
+        "keyroute_pool_hot_key_replicas",
+        "Hot keys now by replica count.",
+        MetricType::Gauge,
+        sets.iter().flat_map(|(p, s)| {
+            let mut by: std::collections::BTreeMap<usize, u64> = std::collections::BTreeMap::new();
+            for (_, r) in s.iter() {
+                *by.entry(r).or_default() += 1;
+            }
+            by.into_iter().map(|(r, n)| (labels(&[("pool", &p.name), ("replicas", &r.to_string())]), Value::Int(n)))
+        }),
+    )?;
+    for (name, help, get) in HOT_FAMILIES {
+        let samples = hot.iter().map(|(p, h)| (labels(&[("pool", &p.name)]), Value::Int(get(&h.metrics))));
+        family(encoder, name, help, MetricType::Counter, samples)?;
+    }
+    let cached: Vec<_> = hot.iter().filter_map(|(p, h)| h.cache.as_ref().map(|c| (*p, *h, c))).collect();
+    if cached.is_empty() {
+        return Ok(());
+    }
+    for (name, help, kind, get) in CACHE_FAMILIES {
+        let samples = cached.iter().map(|(p, h, c)| (labels(&[("pool", &p.name)]), Value::Int(get(h, c))));
+        family(encoder, name, help, kind, samples)?;
+    }
+    Ok(())
+}
+
+/// Per worker: warm-up, responses by class, the one-value families, the state, the latency
+/// histogram.
+fn encode_workers(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>, now: Instant) -> Result<(), std::fmt::Error> {
+    // (pool, snapshot, index) for every member of every pool.
+    let members: Vec<_> = snaps.iter().flat_map(|(p, s)| (0..s.workers().len()).map(move |i| (*p, s, i))).collect();
+    let wl = |p: &Pool, s: &Snapshot, i: usize| labels(&[("pool", &p.name), ("worker", &s.workers()[i].name)]);
+    // Workers warming up (handoff or slow start): their progress, 0 to 1.
+    let warming: Vec<_> = members.iter().filter(|(_, s, i)| s.warm_progress(*i, now) < 1.0).collect();
+    if !warming.is_empty() {
+        family(
+            encoder,
+            "keyroute_worker_warm_up",
+            "Warm-up progress of a worker that joined or recovered: the share of its keys it takes.",
+            MetricType::Gauge,
+            warming.iter().map(|&&(p, s, i)| (wl(p, s, i), Value::Float(s.warm_progress(i, now)))),
+        )?;
+    }
+    family(
+        encoder,
+        "keyroute_worker_responses",
+        "Upstream responses by status class (error: no response, or a body cut short).",
+        MetricType::Counter,
+        members.iter().flat_map(|&(p, s, i)| {
+            CLASSES.iter().enumerate().map(move |(c, class)| {
+                let mut l = wl(p, s, i);
+                l.push(("class", Cow::Borrowed(class)));
+                (l, Value::Int(s.workers()[i].metrics.responses[c].load(Relaxed)))
             })
-        });
-        family(
-            &mut encoder,
-            "keyroute_pool_requests",
-            "Placements by outcome: served by the key's owner, or spilled and why.",
-            MetricType::Counter,
-            outcomes,
-        )?;
-        pool_counter(&mut encoder, "keyroute_pool_no_worker", "Requests answered 503: no available worker.", &|p| {
-            p.metrics.no_worker.load(Relaxed)
-        })?;
-        pool_counter(
-            &mut encoder,
-            "keyroute_pool_missing_key",
-            "Requests whose key template could not be rendered.",
-            &|p| p.metrics.missing_key.load(Relaxed),
-        )?;
-        pool_counter(&mut encoder, "keyroute_pool_membership_changes", "Membership or weight changes.", &|p| {
-            p.metrics.membership_changes.load(Relaxed)
-        })?;
-        pool_counter(
-            &mut encoder,
-            "keyroute_pool_remapped_keys",
-            "Recently seen keys whose owner changed, over all membership changes.",
-            &|p| p.metrics.remapped_keys.load(Relaxed),
-        )?;
-        family(
-            &mut encoder,
-            "keyroute_pool_last_remapped_ratio",
-            "Share of recently seen keys remapped by the last membership change.",
-            MetricType::Gauge,
-            snaps.iter().map(|(p, _)| {
-                (
-                    labels(&[("pool", &p.name)]),
-                    Value::Float(f64::from_bits(p.metrics.last_remapped_ratio.load(Relaxed))),
-                )
-            }),
-        )?;
-        // The membership source of each etcd-backed pool.
-        let sourced: Vec<&Arc<Pool>> = snaps
-            .iter()
-            .filter(|(_, s)| matches!(s.config().membership, crate::config::MembershipConfig::Etcd(_)))
-            .map(|(p, _)| *p)
-            .collect();
-        let source_family = |encoder: &mut DescriptorEncoder<'_>, name, help, kind, get: &dyn Fn(&Pool) -> Value| {
-            if sourced.is_empty() {
-                return Ok(()); // no etcd-backed pool: no empty families
-            }
-            family(encoder, name, help, kind, sourced.iter().map(|p| (labels(&[("pool", &p.name)]), get(p))))
-        };
-        source_family(
-            &mut encoder,
-            "keyroute_membership_source_up",
-            "1 while the pool's membership source (etcd) answers, 0 while the last known members serve.",
-            MetricType::Gauge,
-            &|p| Value::Int(p.source.up.load(Relaxed)),
-        )?;
-        source_family(
-            &mut encoder,
-            "keyroute_membership_revision",
-            "The etcd revision of the membership applied last.",
-            MetricType::Gauge,
-            &|p| Value::Int(p.source.revision.load(Relaxed)),
-        )?;
-        source_family(
-            &mut encoder,
-            "keyroute_membership_age_seconds",
-            "Seconds since the membership was last known current (a watch message or a liveness check).",
-            MetricType::Gauge,
-            &|p| {
-                let at = std::time::Duration::from_millis(p.source.current_at_ms.load(Relaxed));
-                Value::Float(p.epoch().elapsed().saturating_sub(at).as_secs_f64())
-            },
-        )?;
-        source_family(
-            &mut encoder,
-            "keyroute_membership_rejected_records",
-            "Records under the prefix ignored as invalid in the membership applied last.",
-            MetricType::Gauge,
-            &|p| Value::Int(p.source.rejected.load(Relaxed)),
-        )?;
-        source_family(
-            &mut encoder,
-            "keyroute_membership_applied",
-            "Memberships applied from the source.",
-            MetricType::Counter,
-            &|p| Value::Int(p.source.applied.load(Relaxed)),
-        )?;
-        source_family(
-            &mut encoder,
-            "keyroute_membership_source_lost",
-            "Times the membership source was lost.",
-            MetricType::Counter,
-            &|p| Value::Int(p.source.lost.load(Relaxed)),
-        )?;
-        source_family(
-            &mut encoder,
-            "keyroute_membership_compactions",
-            "Full re-reads after the watch's start revision was compacted.",
-            MetricType::Counter,
-            &|p| Value::Int(p.source.compactions.load(Relaxed)),
-        )?;
-        // Hot keys and the gateway cache, for pools that have them.
-        let hot: Vec<(&Arc<Pool>, &Arc<crate::pool::hot::HotKeysState>)> =
-            snaps.iter().filter_map(|(p, s)| s.hot().map(|h| (*p, h))).collect();
-        if !hot.is_empty() {
-            let sets: Vec<_> = hot.iter().map(|(p, h)| (*p, h.set())).collect();
-            family(
-                &mut encoder,
-                "keyroute_pool_hot_keys",
-                "Keys hot now (served by the least loaded of their top replicas).",
-                MetricType::Gauge,
-                sets.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.len() as u64))),
-            )?;
-            family(
-                &mut encoder,
-                "keyroute_pool_hot_key_replicas",
-                "Hot keys now by replica count.",
-                MetricType::Gauge,
-                sets.iter().flat_map(|(p, s)| {
-                    let mut by: std::collections::BTreeMap<usize, u64> = std::collections::BTreeMap::new();
-                    for (_, r) in s.iter() {
-                        *by.entry(r).or_default() += 1;
-                    }
-                    by.into_iter()
-                        .map(|(r, n)| (labels(&[("pool", &p.name), ("replicas", &r.to_string())]), Value::Int(n)))
-                }),
-            )?;
-            let hot_counter = |encoder: &mut DescriptorEncoder<'_>,
-                               name,
-                               help,
-                               get: &dyn Fn(&crate::pool::hot::HotMetrics) -> u64| {
-                family(
-                    encoder,
-                    name,
-                    help,
-                    MetricType::Counter,
-                    hot.iter().map(|(p, h)| (labels(&[("pool", &p.name)]), Value::Int(get(&h.metrics)))),
-                )
-            };
-            hot_counter(&mut encoder, "keyroute_pool_hot_key_requests", "Requests for keys that were hot.", &|m| {
-                m.hot_requests.load(Relaxed)
-            })?;
-            hot_counter(&mut encoder, "keyroute_pool_hot_keys_entered", "Keys that became hot.", &|m| {
-                m.became_hot.load(Relaxed)
-            })?;
-            let cached: Vec<_> = hot.iter().filter_map(|(p, h)| h.cache.as_ref().map(|c| (*p, *h, c))).collect();
-            if !cached.is_empty() {
-                let cache_family =
-                    |encoder: &mut DescriptorEncoder<'_>,
-                     name,
-                     help,
-                     kind,
-                     get: &dyn Fn(&crate::pool::hot::HotKeysState, &crate::cache::HttpCache) -> u64| {
-                        family(
-                            encoder,
-                            name,
-                            help,
-                            kind,
-                            cached.iter().map(|(p, h, c)| (labels(&[("pool", &p.name)]), Value::Int(get(h, c)))),
-                        )
-                    };
-                cache_family(
-                    &mut encoder,
-                    "keyroute_pool_cache_hits",
-                    "Hot-key responses served from the gateway cache at once (coalesced waits are counted apart).",
-                    MetricType::Counter,
-                    &|h, _| h.metrics.cache_hits.load(Relaxed),
-                )?;
-                cache_family(
-                    &mut encoder,
-                    "keyroute_pool_cache_coalesced",
-                    "Requests that waited for a concurrent miss of the same URL and were served its response.",
-                    MetricType::Counter,
-                    &|h, _| h.metrics.coalesced.load(Relaxed),
-                )?;
-                cache_family(
-                    &mut encoder,
-                    "keyroute_pool_cache_misses",
-                    "Cacheable hot-key requests that went upstream.",
-                    MetricType::Counter,
-                    &|h, _| h.metrics.cache_misses.load(Relaxed),
-                )?;
-                cache_family(
-                    &mut encoder,
-                    "keyroute_pool_cache_stores",
-                    "Responses stored in the gateway cache.",
-                    MetricType::Counter,
-                    &|h, _| h.metrics.cache_stores.load(Relaxed),
-                )?;
-                cache_family(
-                    &mut encoder,
-                    "keyroute_pool_cache_bytes",
-                    "Bytes held by the gateway cache.",
-                    MetricType::Gauge,
-                    &|_, c| c.bytes(),
-                )?;
-                cache_family(
-                    &mut encoder,
-                    "keyroute_pool_cache_entries",
-                    "Responses held by the gateway cache.",
-                    MetricType::Gauge,
-                    &|_, c| c.entries() as u64,
-                )?;
-            }
-        }
-        // Workers warming up (handoff or slow start): their progress, 0 to 1.
-        let warming: Vec<_> = snaps
-            .iter()
-            .flat_map(|(p, s)| (0..s.workers().len()).map(move |i| (p, s, i)))
-            .filter(|(_, s, i)| s.warm_progress(*i, now) < 1.0)
-            .collect();
-        if !warming.is_empty() {
-            family(
-                &mut encoder,
-                "keyroute_worker_warm_up",
-                "Warm-up progress of a worker that joined or recovered: the share of its keys it takes.",
-                MetricType::Gauge,
-                warming.iter().map(|(p, s, i)| {
-                    (
-                        labels(&[("pool", &p.name), ("worker", &s.workers()[*i].name)]),
-                        Value::Float(s.warm_progress(*i, now)),
-                    )
-                }),
-            )?;
-        }
-        family(
-            &mut encoder,
-            "keyroute_pool_generation",
-            "The pool snapshot's generation.",
-            MetricType::Gauge,
-            snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation()))),
-        )?;
-
-        // Per worker: (pool, worker, index) for every member of every pool.
-        let members: Vec<_> = snaps.iter().flat_map(|(p, s)| (0..s.workers().len()).map(move |i| (p, s, i))).collect();
-        let wl = |p: &Pool, s: &crate::pool::Snapshot, i: usize| {
-            labels(&[("pool", &p.name), ("worker", &s.workers()[i].name)])
-        };
-        family(
-            &mut encoder,
-            "keyroute_worker_responses",
-            "Upstream responses by status class (error: no response, or a body cut short).",
-            MetricType::Counter,
-            members.iter().flat_map(|&(p, s, i)| {
-                CLASSES.iter().enumerate().map(move |(c, class)| {
+        }),
+    )?;
+    for (name, help, kind, get) in WORKER_FAMILIES {
+        family(encoder, name, help, kind, members.iter().map(|&(p, s, i)| (wl(p, s, i), Value::Int(get(s, i, now)))))?;
+    }
+    family(
+        encoder,
+        "keyroute_worker_state",
+        "The worker's state (1 for the current one).",
+        MetricType::Gauge,
+        members.iter().flat_map(|&(p, s, i)| {
+            let current = s.state(i, now);
+            [State::Healthy, State::Unhealthy, State::Ejected, State::Draining, State::Stalled, State::Loop]
+                .into_iter()
+                .map(move |st| {
                     let mut l = wl(p, s, i);
-                    l.push(("class", Cow::Borrowed(class)));
-                    (l, Value::Int(s.workers()[i].metrics.responses[c].load(Relaxed)))
+                    l.push(("state", Cow::Borrowed(st.name())));
+                    (l, Value::Int(u64::from(current == st)))
                 })
-            }),
-        )?;
-        let worker_family = |encoder: &mut DescriptorEncoder<'_>,
-                             name: &str,
-                             help: &str,
-                             kind: MetricType,
-                             get: &dyn Fn(&crate::pool::Snapshot, usize) -> u64| {
-            family(encoder, name, help, kind, members.iter().map(|&(p, s, i)| (wl(p, s, i), Value::Int(get(s, i)))))
-        };
-        worker_family(
-            &mut encoder,
-            "keyroute_worker_in_flight",
-            "Requests in flight, until their response bodies end.",
-            MetricType::Gauge,
-            &|s, i| s.workers()[i].in_flight(),
-        )?;
-        worker_family(&mut encoder, "keyroute_worker_weight", "The weight in use.", MetricType::Gauge, &|s, i| {
-            u64::from(s.weight(i))
-        })?;
-        worker_family(
-            &mut encoder,
-            "keyroute_worker_healthy",
-            "1 when the worker takes new requests.",
-            MetricType::Gauge,
-            &|s, i| u64::from(s.state(i, now) == State::Healthy),
-        )?;
-        family(
-            &mut encoder,
-            "keyroute_worker_state",
-            "The worker's state (1 for the current one).",
-            MetricType::Gauge,
-            members.iter().flat_map(|&(p, s, i)| {
-                let current = s.state(i, now);
-                [State::Healthy, State::Unhealthy, State::Ejected, State::Draining, State::Stalled, State::Loop]
-                    .into_iter()
-                    .map(move |st| {
-                        let mut l = wl(p, s, i);
-                        l.push(("state", Cow::Borrowed(st.name())));
-                        (l, Value::Int(u64::from(current == st)))
-                    })
-            }),
-        )?;
-        worker_family(
-            &mut encoder,
-            "keyroute_worker_retries",
-            "Failed tries that were retried on another worker.",
-            MetricType::Counter,
-            &|s, i| s.workers()[i].metrics.retries.load(Relaxed),
-        )?;
-        worker_family(
-            &mut encoder,
-            "keyroute_worker_ejections",
-            "Passive ejections.",
-            MetricType::Counter,
-            &|s, i| s.workers()[i].metrics.ejections.load(Relaxed),
-        )?;
-        worker_family(
-            &mut encoder,
-            "keyroute_worker_connect_errors",
-            "Connection failures.",
-            MetricType::Counter,
-            &|s, i| s.workers()[i].metrics.connect_errors.load(Relaxed),
-        )?;
-        worker_family(
-            &mut encoder,
-            "keyroute_worker_truncated_responses",
-            "Responses whose body ended before its length or its last chunk.",
-            MetricType::Counter,
-            &|s, i| s.workers()[i].metrics.truncated.load(Relaxed),
-        )?;
-        {
-            let mut metric = encoder.encode_descriptor(
-                "keyroute_worker_latency_seconds",
-                "Time to the upstream response headers (or to the failure).",
-                None,
-                MetricType::Histogram,
-            )?;
-            for &(p, s, i) in &members {
-                let m = &s.workers()[i].metrics;
-                let mut cumulative = 0;
-                let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
-                for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
-                    cumulative += m.latency_buckets[b].load(Relaxed);
-                    buckets.push((*le, cumulative));
-                }
-                let sum = m.latency_sum_us.load(Relaxed) as f64 / 1e6;
-                let l = wl(p, s, i);
-                metric.encode_family(&l)?.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)?;
-            }
+        }),
+    )?;
+    let mut metric = encoder.encode_descriptor(
+        "keyroute_worker_latency_seconds",
+        "Time to the upstream response headers (or to the failure).",
+        None,
+        MetricType::Histogram,
+    )?;
+    for &(p, s, i) in &members {
+        let m = &s.workers()[i].metrics;
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+        for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
+            cumulative += m.latency_buckets[b].load(Relaxed);
+            buckets.push((*le, cumulative));
         }
+        let sum = m.latency_sum_us.load(Relaxed) as f64 / 1e6;
+        metric.encode_family(&wl(p, s, i))?.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)?;
+    }
+    Ok(())
+}
 
+impl Scrape {
+    /// The listeners' families, their limits and certificates, and the admin API's own.
+    fn encode_listeners(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         for (name, help, kind, get) in LISTENER_FAMILIES {
             let samples = self.listeners.iter().map(|(n, _, m)| (labels(&[("listener", n)]), Value::Int(get(m))));
-            family(&mut encoder, name, help, kind, samples)?;
+            family(encoder, name, help, kind, samples)?;
         }
         family(
-            &mut encoder,
+            encoder,
             "keyroute_listener_connection_limit",
             "The most client connections the listener holds at once.",
             MetricType::Gauge,
             self.listeners.iter().map(|(n, limit, _)| (labels(&[("listener", n)]), Value::Int(*limit))),
         )?;
         family(
-            &mut encoder,
+            encoder,
             "keyroute_listener_certificate_expiry_seconds",
             "Seconds until each TLS certificate of the listener expires (negative once it has).",
             MetricType::Gauge,
@@ -506,12 +448,11 @@ impl Collector for Scrape {
                 .map(|(l, file, secs)| (labels(&[("listener", l), ("certificate", file)]), Value::Float(*secs as f64))),
         )?;
         family(
-            &mut encoder,
+            encoder,
             "keyroute_admin_auth_failures",
             "Admin requests refused for a missing or wrong token.",
             MetricType::Counter,
             [(Labels::new(), Value::Int(self.admin_auth_failures))],
-        )?;
-        Ok(())
+        )
     }
 }
