@@ -221,39 +221,7 @@ fn valid_host_name(name: &str) -> bool {
 }
 
 pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
-    let admin = match raw.admin {
-        None => AdminConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9901)), token: None, hosts: Vec::new() },
-        Some(a) => {
-            let listen = match &a.listen {
-                None => SocketAddr::from(([127, 0, 0, 1], 9901)),
-                Some(l) => parse_addr(ctx, l, "admin.listen")?,
-            };
-            let token = a.token.as_ref().map(|t| t.get_ref().clone());
-            if let Some(t) = &a.token
-                && t.get_ref().len() < 16
-            {
-                return ctx.err(Some(t.span()), "admin.token", "must be at least 16 characters");
-            }
-            if !listen.ip().is_loopback() && token.is_none() {
-                return ctx.err(
-                    a.listen.as_ref().map(Spanned::span),
-                    "admin.listen",
-                    format!("{listen} is not a loopback address, so admin.token is required"),
-                );
-            }
-            let hosts = a.hosts.as_ref().map(|h| h.get_ref().clone()).unwrap_or_default();
-            if let Some(h) = &a.hosts
-                && let Some(bad) = h.get_ref().iter().find(|n| !valid_host_name(n))
-            {
-                return ctx.err(
-                    Some(h.span()),
-                    "admin.hosts",
-                    format!("{:?} is not a host name (letters, digits, '-' and '.', no port)", bad),
-                );
-            }
-            AdminConfig { listen, token, hosts }
-        }
-    };
+    let admin = validate_admin(ctx, raw.admin.as_ref())?;
     if raw.listener.is_empty() {
         // A file-level error: name its first line (an empty file has one too).
         let line = if ctx.src.trim().is_empty() { 0 } else { ctx.src.len().saturating_sub(1) };
@@ -285,169 +253,7 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     }
     let mut listeners = Vec::new();
     for (i, l) in raw.listener.iter().enumerate() {
-        let name = l.name.clone().unwrap_or_else(|| format!("listener-{}", i + 1));
-        let field = |f: &str| format!("listener.{name}.{f}");
-        let listen = own[i + 1].0;
-        let max_header_bytes = match &l.max_header_bytes {
-            None => 16 * 1024,
-            Some(m) if (8192..=1 << 20).contains(m.get_ref()) => *m.get_ref(),
-            Some(m) => return ctx.err(Some(m.span()), field("max_header_bytes"), "must be in 8192..=1048576"),
-        };
-        let max_headers = match &l.max_headers {
-            None => 100,
-            Some(m) if (1..=1000).contains(m.get_ref()) => *m.get_ref(),
-            Some(m) => return ctx.err(Some(m.span()), field("max_headers"), "must be in 1..=1000"),
-        };
-        let header_timeout = timeout(ctx, l.header_timeout_ms.as_ref(), 10_000, field("header_timeout_ms"))?;
-        let max_connections = match &l.max_connections {
-            None => None,
-            Some(m) if (1..=1_000_000).contains(m.get_ref()) => Some(*m.get_ref()),
-            Some(m) => return ctx.err(Some(m.span()), field("max_connections"), "must be in 1..=1000000"),
-        };
-        let mut routes = Vec::new();
-        for r in &l.route {
-            let Some(pool) = pools.iter().position(|p| p.name == *r.pool.get_ref()) else {
-                let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
-                return ctx.err(
-                    Some(r.pool.span()),
-                    field("route.pool"),
-                    format!("no pool named '{}' (pools: {})", r.pool.get_ref(), known.join(", ")),
-                );
-            };
-            let path_prefix = r.path_prefix.as_ref().map_or("/".to_owned(), |p| p.get_ref().clone());
-            if !path_prefix.starts_with('/') {
-                let span = r.path_prefix.as_ref().map(Spanned::span);
-                return ctx.err(span, field("route.path_prefix"), "must start with '/'");
-            }
-            if let Some(h) = &r.host
-                && (h.get_ref().is_empty() || h.get_ref().contains([':', '/']))
-            {
-                // Requests are matched on their host without the port.
-                let msg = format!("'{}' must be a host name, without a port", h.get_ref());
-                return ctx.err(Some(h.span()), field("route.host"), msg);
-            }
-            let host = r.host.as_ref().map(|h| h.get_ref().to_ascii_lowercase());
-            let upgrades = match &r.upgrades {
-                None => vec!["websocket".to_owned()],
-                Some(u) => {
-                    let list: Vec<String> = u.get_ref().iter().map(|p| p.to_ascii_lowercase()).collect();
-                    if let Some(bad) = list.iter().find(|p| p.is_empty() || !p.bytes().all(is_token_byte)) {
-                        let msg = format!("{bad:?} is not a protocol name (an HTTP token)");
-                        return ctx.err(Some(u.span()), field("route.upgrades"), msg);
-                    }
-                    if list.iter().any(|p| p == "h2c") {
-                        let msg = "h2c is never tunnelled: its HTTP/2 streams would bypass the routes (use h2c = true on the listener for HTTP/2 without TLS)";
-                        return ctx.err(Some(u.span()), field("route.upgrades"), msg);
-                    }
-                    list
-                }
-            };
-            routes.push(RouteConfig { host, path_prefix, pool, upgrades });
-        }
-        if routes.is_empty() {
-            if pools.len() == 1 {
-                routes.push(RouteConfig {
-                    host: None,
-                    path_prefix: "/".into(),
-                    pool: 0,
-                    upgrades: vec!["websocket".to_owned()],
-                });
-            } else {
-                return ctx.err(
-                    Some(l.listen.span()),
-                    field("route"),
-                    "a listener needs routes when there are several pools",
-                );
-            }
-        }
-        let flag = |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
-        let mut tls = Vec::new();
-        if let Some(t) = &l.tls {
-            if t.certificate.is_empty() {
-                return ctx.err(
-                    Some(l.listen.span()),
-                    field("tls.certificate"),
-                    "a TLS listener needs at least one [[listener.tls.certificate]]",
-                );
-            }
-            for c in &t.certificate {
-                let (cert, key) = (relative_to(ctx, c.cert.get_ref()), relative_to(ctx, c.key.get_ref()));
-                match crate::tls::Certificate::load(&cert, &key) {
-                    Ok(loaded) => {
-                        if let Some(w) = loaded.warning(std::time::SystemTime::now()) {
-                            ctx.warn(Some(c.cert.span()), field("tls.certificate.cert"), w);
-                        }
-                        tls.push(loaded);
-                    }
-                    Err(e) => {
-                        let span = if e.field == "cert" { c.cert.span() } else { c.key.span() };
-                        return ctx.err(Some(span), field(&format!("tls.certificate.{}", e.field)), e.message);
-                    }
-                }
-            }
-        }
-        let h2c = flag(&l.h2c, false);
-        if h2c && !tls.is_empty() {
-            let span = l.h2c.as_ref().map(Spanned::span);
-            return ctx.err(span, field("h2c"), "h2c is HTTP/2 without TLS; a TLS listener offers h2 by ALPN (http2)");
-        }
-        let max_concurrent_streams = match &l.max_concurrent_streams {
-            None => 100,
-            Some(m) if (1..=10_000).contains(m.get_ref()) => *m.get_ref(),
-            Some(m) => return ctx.err(Some(m.span()), field("max_concurrent_streams"), "must be in 1..=10000"),
-        };
-        let access_log = match &l.access_log {
-            None => None,
-            Some(a) => {
-                let format = match a.format.as_ref().map(|f| f.get_ref().as_str()) {
-                    None | Some("json") => AccessLogFormat::Json,
-                    Some("logfmt") => AccessLogFormat::Logfmt,
-                    Some(other) => {
-                        let span = a.format.as_ref().map(Spanned::span);
-                        return ctx.err(
-                            span,
-                            field("access_log.format"),
-                            format!("unknown format '{}' (json or logfmt)", other.escape_debug()),
-                        );
-                    }
-                };
-                let buffer = match &a.buffer {
-                    None => 65_536,
-                    Some(b) if (1..=10_000_000).contains(b.get_ref()) => *b.get_ref(),
-                    Some(b) => return ctx.err(Some(b.span()), field("access_log.buffer"), "must be in 1..=10000000"),
-                };
-                let text = a.path.get_ref();
-                if text.is_empty() {
-                    return ctx.err(
-                        Some(a.path.span()),
-                        field("access_log.path"),
-                        "must not be empty (- is standard output)",
-                    );
-                }
-                let path = if text == "-" { PathBuf::from("-") } else { relative_to(ctx, text) };
-                Some(AccessLogConfig { path, format, key: flag(&a.key, false), buffer })
-            }
-        };
-        let send_timeout = timeout(ctx, l.send_timeout_ms.as_ref(), 60_000, field("send_timeout_ms"))?;
-        let tunnel_idle_timeout =
-            timeout(ctx, l.tunnel_idle_timeout_ms.as_ref(), 60_000, field("tunnel_idle_timeout_ms"))?;
-        listeners.push(ListenerConfig {
-            name,
-            listen,
-            max_header_bytes,
-            max_headers,
-            header_timeout,
-            max_connections,
-            routes,
-            tls,
-            http2: flag(&l.http2, true),
-            h2c,
-            max_concurrent_streams,
-            access_log,
-            reuse_port: flag(&l.reuse_port, false),
-            send_timeout,
-            tunnel_idle_timeout,
-        });
+        listeners.push(validate_listener(ctx, l, i, own[i + 1].0, &pools)?);
     }
     Ok(Config {
         admin,
@@ -456,6 +262,248 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
         shutdown_delay: ms(raw.shutdown_delay_ms.as_ref(), 0),
         shutdown_grace: ms(raw.shutdown_grace_ms.as_ref(), 10_000),
         warnings: ctx.warnings.take(),
+    })
+}
+
+/// `[admin]`: where the admin API listens, its token and the host names it answers to.
+fn validate_admin(ctx: &Ctx<'_>, admin: Option<&super::raw::RawAdmin>) -> Result<AdminConfig, ConfigError> {
+    Ok(match admin {
+        None => AdminConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9901)), token: None, hosts: Vec::new() },
+        Some(a) => {
+            let listen = match &a.listen {
+                None => SocketAddr::from(([127, 0, 0, 1], 9901)),
+                Some(l) => parse_addr(ctx, l, "admin.listen")?,
+            };
+            let token = a.token.as_ref().map(|t| t.get_ref().clone());
+            if let Some(t) = &a.token
+                && t.get_ref().len() < 16
+            {
+                return ctx.err(Some(t.span()), "admin.token", "must be at least 16 characters");
+            }
+            if !listen.ip().is_loopback() && token.is_none() {
+                return ctx.err(
+                    a.listen.as_ref().map(Spanned::span),
+                    "admin.listen",
+                    format!("{listen} is not a loopback address, so admin.token is required"),
+                );
+            }
+            let hosts = a.hosts.as_ref().map(|h| h.get_ref().clone()).unwrap_or_default();
+            if let Some(h) = &a.hosts
+                && let Some(bad) = h.get_ref().iter().find(|n| !valid_host_name(n))
+            {
+                return ctx.err(
+                    Some(h.span()),
+                    "admin.hosts",
+                    format!("{:?} is not a host name (letters, digits, '-' and '.', no port)", bad),
+                );
+            }
+            AdminConfig { listen, token, hosts }
+        }
+    })
+}
+
+/// One `[[listener]]`, the `i`-th, at `listen` (validated with the gateway's other addresses).
+fn validate_listener(
+    ctx: &Ctx<'_>,
+    l: &super::raw::RawListener,
+    i: usize,
+    listen: SocketAddr,
+    pools: &[PoolConfig],
+) -> Result<ListenerConfig, ConfigError> {
+    let name = l.name.clone().unwrap_or_else(|| format!("listener-{}", i + 1));
+    let field = |f: &str| format!("listener.{name}.{f}");
+    let max_header_bytes = match &l.max_header_bytes {
+        None => 16 * 1024,
+        Some(m) if (8192..=1 << 20).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => return ctx.err(Some(m.span()), field("max_header_bytes"), "must be in 8192..=1048576"),
+    };
+    let max_headers = match &l.max_headers {
+        None => 100,
+        Some(m) if (1..=1000).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => return ctx.err(Some(m.span()), field("max_headers"), "must be in 1..=1000"),
+    };
+    let header_timeout = timeout(ctx, l.header_timeout_ms.as_ref(), 10_000, field("header_timeout_ms"))?;
+    let max_connections = match &l.max_connections {
+        None => None,
+        Some(m) if (1..=1_000_000).contains(m.get_ref()) => Some(*m.get_ref()),
+        Some(m) => return ctx.err(Some(m.span()), field("max_connections"), "must be in 1..=1000000"),
+    };
+    let routes = validate_routes(ctx, l, &name, pools)?;
+    let flag = |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+    let tls = validate_tls(ctx, l, &name)?;
+    let h2c = flag(&l.h2c, false);
+    if h2c && !tls.is_empty() {
+        let span = l.h2c.as_ref().map(Spanned::span);
+        return ctx.err(span, field("h2c"), "h2c is HTTP/2 without TLS; a TLS listener offers h2 by ALPN (http2)");
+    }
+    let max_concurrent_streams = match &l.max_concurrent_streams {
+        None => 100,
+        Some(m) if (1..=10_000).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => return ctx.err(Some(m.span()), field("max_concurrent_streams"), "must be in 1..=10000"),
+    };
+    let access_log = validate_access_log(ctx, l, &name)?;
+    let send_timeout = timeout(ctx, l.send_timeout_ms.as_ref(), 60_000, field("send_timeout_ms"))?;
+    let tunnel_idle_timeout = timeout(ctx, l.tunnel_idle_timeout_ms.as_ref(), 60_000, field("tunnel_idle_timeout_ms"))?;
+    Ok(ListenerConfig {
+        name,
+        listen,
+        max_header_bytes,
+        max_headers,
+        header_timeout,
+        max_connections,
+        routes,
+        tls,
+        http2: flag(&l.http2, true),
+        h2c,
+        max_concurrent_streams,
+        access_log,
+        reuse_port: flag(&l.reuse_port, false),
+        send_timeout,
+        tunnel_idle_timeout,
+    })
+}
+
+/// A listener's `[[listener.route]]`s (one to the only pool when it has none).
+fn validate_routes(
+    ctx: &Ctx<'_>,
+    l: &super::raw::RawListener,
+    name: &str,
+    pools: &[PoolConfig],
+) -> Result<Vec<RouteConfig>, ConfigError> {
+    let field = |f: &str| format!("listener.{name}.{f}");
+    let mut routes = Vec::new();
+    for r in &l.route {
+        let Some(pool) = pools.iter().position(|p| p.name == *r.pool.get_ref()) else {
+            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+            return ctx.err(
+                Some(r.pool.span()),
+                field("route.pool"),
+                format!("no pool named '{}' (pools: {})", r.pool.get_ref(), known.join(", ")),
+            );
+        };
+        let path_prefix = r.path_prefix.as_ref().map_or("/".to_owned(), |p| p.get_ref().clone());
+        if !path_prefix.starts_with('/') {
+            let span = r.path_prefix.as_ref().map(Spanned::span);
+            return ctx.err(span, field("route.path_prefix"), "must start with '/'");
+        }
+        if let Some(h) = &r.host
+            && (h.get_ref().is_empty() || h.get_ref().contains([':', '/']))
+        {
+            // Requests are matched on their host without the port.
+            let msg = format!("'{}' must be a host name, without a port", h.get_ref());
+            return ctx.err(Some(h.span()), field("route.host"), msg);
+        }
+        let host = r.host.as_ref().map(|h| h.get_ref().to_ascii_lowercase());
+        let upgrades = match &r.upgrades {
+            None => vec!["websocket".to_owned()],
+            Some(u) => {
+                let list: Vec<String> = u.get_ref().iter().map(|p| p.to_ascii_lowercase()).collect();
+                if let Some(bad) = list.iter().find(|p| p.is_empty() || !p.bytes().all(is_token_byte)) {
+                    let msg = format!("{bad:?} is not a protocol name (an HTTP token)");
+                    return ctx.err(Some(u.span()), field("route.upgrades"), msg);
+                }
+                if list.iter().any(|p| p == "h2c") {
+                    let msg = "h2c is never tunnelled: its HTTP/2 streams would bypass the routes (use h2c = true on the listener for HTTP/2 without TLS)";
+                    return ctx.err(Some(u.span()), field("route.upgrades"), msg);
+                }
+                list
+            }
+        };
+        routes.push(RouteConfig { host, path_prefix, pool, upgrades });
+    }
+    if routes.is_empty() {
+        if pools.len() == 1 {
+            routes.push(RouteConfig {
+                host: None,
+                path_prefix: "/".into(),
+                pool: 0,
+                upgrades: vec!["websocket".to_owned()],
+            });
+        } else {
+            return ctx.err(
+                Some(l.listen.span()),
+                field("route"),
+                "a listener needs routes when there are several pools",
+            );
+        }
+    }
+    Ok(routes)
+}
+
+/// A listener's certificates, loaded (warnings for those expired or expiring soon).
+fn validate_tls(
+    ctx: &Ctx<'_>,
+    l: &super::raw::RawListener,
+    name: &str,
+) -> Result<Vec<crate::tls::Certificate>, ConfigError> {
+    let field = |f: &str| format!("listener.{name}.{f}");
+    let mut tls = Vec::new();
+    if let Some(t) = &l.tls {
+        if t.certificate.is_empty() {
+            return ctx.err(
+                Some(l.listen.span()),
+                field("tls.certificate"),
+                "a TLS listener needs at least one [[listener.tls.certificate]]",
+            );
+        }
+        for c in &t.certificate {
+            let (cert, key) = (relative_to(ctx, c.cert.get_ref()), relative_to(ctx, c.key.get_ref()));
+            match crate::tls::Certificate::load(&cert, &key) {
+                Ok(loaded) => {
+                    if let Some(w) = loaded.warning(std::time::SystemTime::now()) {
+                        ctx.warn(Some(c.cert.span()), field("tls.certificate.cert"), w);
+                    }
+                    tls.push(loaded);
+                }
+                Err(e) => {
+                    let span = if e.field == "cert" { c.cert.span() } else { c.key.span() };
+                    return ctx.err(Some(span), field(&format!("tls.certificate.{}", e.field)), e.message);
+                }
+            }
+        }
+    }
+    Ok(tls)
+}
+
+/// A listener's `[listener.access_log]`.
+fn validate_access_log(
+    ctx: &Ctx<'_>,
+    l: &super::raw::RawListener,
+    name: &str,
+) -> Result<Option<AccessLogConfig>, ConfigError> {
+    let field = |f: &str| format!("listener.{name}.{f}");
+    let flag = |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+    Ok(match &l.access_log {
+        None => None,
+        Some(a) => {
+            let format = match a.format.as_ref().map(|f| f.get_ref().as_str()) {
+                None | Some("json") => AccessLogFormat::Json,
+                Some("logfmt") => AccessLogFormat::Logfmt,
+                Some(other) => {
+                    let span = a.format.as_ref().map(Spanned::span);
+                    return ctx.err(
+                        span,
+                        field("access_log.format"),
+                        format!("unknown format '{}' (json or logfmt)", other.escape_debug()),
+                    );
+                }
+            };
+            let buffer = match &a.buffer {
+                None => 65_536,
+                Some(b) if (1..=10_000_000).contains(b.get_ref()) => *b.get_ref(),
+                Some(b) => return ctx.err(Some(b.span()), field("access_log.buffer"), "must be in 1..=10000000"),
+            };
+            let text = a.path.get_ref();
+            if text.is_empty() {
+                return ctx.err(
+                    Some(a.path.span()),
+                    field("access_log.path"),
+                    "must not be empty (- is standard output)",
+                );
+            }
+            let path = if text == "-" { PathBuf::from("-") } else { relative_to(ctx, text) };
+            Some(AccessLogConfig { path, format, key: flag(&a.key, false), buffer })
+        }
     })
 }
 
@@ -487,6 +535,34 @@ fn parse_addr(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<SocketA
 }
 
 fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> Result<PoolConfig, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
+    let (strategy, options) = validate_placement(ctx, p, name)?;
+    let (key, on_missing_key, worker_header) = validate_key(ctx, p, name)?;
+    let workers = validate_workers(ctx, p, name, own)?;
+    let membership = validate_membership(ctx, p, name)?;
+    check_members(ctx, p, name, strategy, &options, &workers, &membership)?;
+    Ok(PoolConfig {
+        name: name.to_owned(),
+        strategy,
+        options,
+        key,
+        on_missing_key,
+        worker_header,
+        health: validate_health(ctx, p, name)?,
+        passive: validate_passive(ctx, p, name)?,
+        retry: validate_retry(ctx, p, name)?,
+        connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
+        membership,
+        workers,
+        hot_keys: validate_hot_keys(ctx, p, name, strategy)?,
+        slow_start: validate_slow_start(ctx, p, name, strategy)?,
+        handoff: validate_handoff(ctx, p, name, strategy)?,
+    })
+}
+
+/// The strategy and its options (`strategy`, `hash`, `scheme`, `vnodes`, `maglev_size`,
+/// `epsilon`, `choices`, `[pool.compat]`).
+fn validate_placement(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<(Strategy, Options), ConfigError> {
     let field = |f: &str| format!("pool.{name}.{f}");
     let strategy = match &p.strategy {
         None => Strategy::Rendezvous,
@@ -532,6 +608,16 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
     if let Some(c) = &p.compat {
         options.compat = validate_compat(ctx, c, name, strategy, p)?;
     }
+    Ok((strategy, options))
+}
+
+/// The key template, what to do without a key, and the header that names the worker.
+fn validate_key(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+) -> Result<(KeyTemplate, MissingKey, Option<HeaderName>), ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
     let normalize = p.normalize.as_ref().map(|n| n.get_ref().clone()).unwrap_or_default();
     let key_text = p.key.as_ref().map_or("{uri}".to_owned(), |k| k.get_ref().clone());
     let key = match KeyTemplate::parse(&key_text, &normalize) {
@@ -570,7 +656,13 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
             }
         },
     };
-    let health = match &p.health {
+    Ok((key, on_missing_key, worker_header))
+}
+
+/// `[pool.health]`: the active checks.
+fn validate_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<HealthConfig, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
+    Ok(match &p.health {
         None => HealthConfig {
             path: None,
             interval: Duration::from_secs(2),
@@ -622,64 +714,80 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
             }
             HealthConfig { path: path.or(Some("/healthz".into())), interval, timeout: probe_timeout, rise, fall }
         }
-    };
-    let passive = {
-        let x = p.passive.as_ref();
-        let base_ejection = ms(x.and_then(|x| x.base_ejection_ms.as_ref()), 10_000);
-        let max_ejection = ms(x.and_then(|x| x.max_ejection_ms.as_ref()), 300_000);
-        for (v, name) in [
-            (x.and_then(|x| x.base_ejection_ms.as_ref()), "passive.base_ejection_ms"),
-            (x.and_then(|x| x.max_ejection_ms.as_ref()), "passive.max_ejection_ms"),
-            (x.and_then(|x| x.stall_ms.as_ref()), "passive.stall_ms"),
-        ] {
-            if let Some(v) = v
-                && *v.get_ref() > DAY_MS
-            {
-                return ctx.err(Some(v.span()), field(name), format!("must be at most {DAY_MS} (a day)"));
-            }
-        }
-        if base_ejection > max_ejection {
-            return ctx.err(
-                x.and_then(|x| x.base_ejection_ms.as_ref().or(x.max_ejection_ms.as_ref())).map(Spanned::span),
-                field("passive.base_ejection_ms"),
-                format!(
-                    "{} ms is above passive.max_ejection_ms ({} ms)",
-                    base_ejection.as_millis(),
-                    max_ejection.as_millis()
-                ),
-            );
-        }
-        PassiveConfig {
-            consecutive_failures: x.and_then(|x| x.consecutive_failures).unwrap_or(5),
-            base_ejection,
-            max_ejection,
-            stall: ms(x.and_then(|x| x.stall_ms.as_ref()), 2_000),
-        }
-    };
-    let retry = {
-        let r = p.retry.as_ref();
-        let attempts = r.and_then(|r| r.attempts.as_ref());
-        if let Some(a) = attempts
-            && !(1..=10).contains(a.get_ref())
+    })
+}
+
+/// `[pool.passive]`: ejection and the stall window.
+fn validate_passive(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PassiveConfig, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
+    let x = p.passive.as_ref();
+    let base_ejection = ms(x.and_then(|x| x.base_ejection_ms.as_ref()), 10_000);
+    let max_ejection = ms(x.and_then(|x| x.max_ejection_ms.as_ref()), 300_000);
+    for (v, name) in [
+        (x.and_then(|x| x.base_ejection_ms.as_ref()), "passive.base_ejection_ms"),
+        (x.and_then(|x| x.max_ejection_ms.as_ref()), "passive.max_ejection_ms"),
+        (x.and_then(|x| x.stall_ms.as_ref()), "passive.stall_ms"),
+    ] {
+        if let Some(v) = v
+            && *v.get_ref() > DAY_MS
         {
-            return ctx.err(Some(a.span()), field("retry.attempts"), "must be in 1..=10");
+            return ctx.err(Some(v.span()), field(name), format!("must be at most {DAY_MS} (a day)"));
         }
-        let per_try = r.and_then(|r| r.per_try_timeout_ms.as_ref());
-        let per_try_timeout = timeout(ctx, per_try, 30_000, field("retry.per_try_timeout_ms"))?;
-        let deadline = timeout(ctx, r.and_then(|r| r.deadline_ms.as_ref()), 60_000, field("retry.deadline_ms"))?;
-        if per_try_timeout > deadline {
-            return ctx.err(
-                per_try.or(r.and_then(|r| r.deadline_ms.as_ref())).map(Spanned::span),
-                field("retry.per_try_timeout_ms"),
-                format!(
-                    "{} ms is above retry.deadline_ms ({} ms): no try could use it",
-                    per_try_timeout.as_millis(),
-                    deadline.as_millis()
-                ),
-            );
-        }
-        RetryConfig { attempts: attempts.map_or(3, |a| *a.get_ref()), per_try_timeout, deadline }
-    };
+    }
+    if base_ejection > max_ejection {
+        return ctx.err(
+            x.and_then(|x| x.base_ejection_ms.as_ref().or(x.max_ejection_ms.as_ref())).map(Spanned::span),
+            field("passive.base_ejection_ms"),
+            format!(
+                "{} ms is above passive.max_ejection_ms ({} ms)",
+                base_ejection.as_millis(),
+                max_ejection.as_millis()
+            ),
+        );
+    }
+    Ok(PassiveConfig {
+        consecutive_failures: x.and_then(|x| x.consecutive_failures).unwrap_or(5),
+        base_ejection,
+        max_ejection,
+        stall: ms(x.and_then(|x| x.stall_ms.as_ref()), 2_000),
+    })
+}
+
+/// `[pool.retry]`: tries, and their timeouts.
+fn validate_retry(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<RetryConfig, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
+    let r = p.retry.as_ref();
+    let attempts = r.and_then(|r| r.attempts.as_ref());
+    if let Some(a) = attempts
+        && !(1..=10).contains(a.get_ref())
+    {
+        return ctx.err(Some(a.span()), field("retry.attempts"), "must be in 1..=10");
+    }
+    let per_try = r.and_then(|r| r.per_try_timeout_ms.as_ref());
+    let per_try_timeout = timeout(ctx, per_try, 30_000, field("retry.per_try_timeout_ms"))?;
+    let deadline = timeout(ctx, r.and_then(|r| r.deadline_ms.as_ref()), 60_000, field("retry.deadline_ms"))?;
+    if per_try_timeout > deadline {
+        return ctx.err(
+            per_try.or(r.and_then(|r| r.deadline_ms.as_ref())).map(Spanned::span),
+            field("retry.per_try_timeout_ms"),
+            format!(
+                "{} ms is above retry.deadline_ms ({} ms): no try could use it",
+                per_try_timeout.as_millis(),
+                deadline.as_millis()
+            ),
+        );
+    }
+    Ok(RetryConfig { attempts: attempts.map_or(3, |a| *a.get_ref()), per_try_timeout, deadline })
+}
+
+/// `[[pool.worker]]`: each worker as the admin API validates one, names and ids unique.
+fn validate_workers(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    own: &[SocketAddr],
+) -> Result<Vec<WorkerConfig>, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
     let mut workers: Vec<WorkerConfig> = Vec::new();
     for w in &p.worker {
         let wname = w.name.get_ref().clone();
@@ -720,8 +828,22 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         }
         workers.push(worker);
     }
-    let membership = validate_membership(ctx, p, name)?;
-    if membership != MembershipConfig::Static {
+    Ok(workers)
+}
+
+/// The members with the source: a static pool has workers, an etcd-backed one none; some
+/// weight; and a table the strategy builds within the size limit.
+fn check_members(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    strategy: Strategy,
+    options: &Options,
+    workers: &[WorkerConfig],
+    membership: &MembershipConfig,
+) -> Result<(), ConfigError> {
+    let field = |f: &str| format!("pool.{name}.{f}");
+    if *membership != MembershipConfig::Static {
         if let Some(w) = p.worker.first() {
             return ctx.err(
                 Some(w.name.span()),
@@ -748,15 +870,15 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
             field: field("worker"),
             message: e.to_string(),
         })?;
-    if let Err(too_large) = crate::table::check_table_size(strategy, &options, &nodes) {
+    if let Err(too_large) = crate::table::check_table_size(strategy, options, &nodes) {
         let span = p.vnodes.as_ref().map(Spanned::span).or(p.maglev_size.as_ref().map(Spanned::span));
         return ctx.err(span.or(Some(p.name.span())), field("worker"), too_large.to_string());
     }
     // An etcd-backed pool starts empty: its table is built (and checked) as members arrive, since
     // some modes refuse an empty set (twemproxy, redis-cluster).
-    if let Err(e) = keyroute::Policy::build(strategy, nodes, &options)
+    if let Err(e) = keyroute::Policy::build(strategy, nodes, options)
         .map(drop)
-        .or_else(|e| if membership == MembershipConfig::Static { Err(e) } else { Ok(()) })
+        .or_else(|e| if *membership == MembershipConfig::Static { Err(e) } else { Ok(()) })
     {
         return ctx.err(
             p.strategy.as_ref().map(Spanned::span).or(Some(p.name.span())),
@@ -764,23 +886,7 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
             e.to_string(),
         );
     }
-    Ok(PoolConfig {
-        name: name.to_owned(),
-        strategy,
-        options,
-        key,
-        on_missing_key,
-        worker_header,
-        health,
-        passive,
-        retry,
-        connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
-        membership,
-        workers,
-        hot_keys: validate_hot_keys(ctx, p, name, strategy)?,
-        slow_start: validate_slow_start(ctx, p, name, strategy)?,
-        handoff: validate_handoff(ctx, p, name, strategy)?,
-    })
+    Ok(())
 }
 
 /// `[pool.compat]`: the parameters of the compatibility strategies (checked again, with the
