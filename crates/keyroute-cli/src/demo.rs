@@ -414,17 +414,7 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
         "double-fleet" => DOUBLE_RATE,
         _ => rate,
     };
-    // When each request leaves (seconds from the start), and whether it is for the hot image: the
-    // usual traffic at `rate`, and in hot-image the hot image's on top of it from HOT_FROM on
-    // (hot-baseline is the same run without them).
-    let mut schedule: Vec<(f64, bool)> =
-        (0..(seconds * rate).round() as u64).map(|n| (n as f64 / rate, false)).collect();
-    if scenario == "hot-image" {
-        let first = (seconds * HOT_FROM * HOT_RATE).ceil() as u64;
-        let last = (seconds * HOT_RATE).round() as u64;
-        schedule.extend((first..last).map(|n| (n as f64 / HOT_RATE, true)));
-        schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
-    }
+    let schedule = schedule(scenario, seconds, rate);
     let (started, serving) = match scenario {
         "scale-out" => (WORKERS + 1, WORKERS),
         "double-fleet" => (WORKERS, WORKERS / 2),
@@ -447,39 +437,11 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
 
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
-    let owners = |h: &keyroute_gateway::GatewayHandle| -> Result<Vec<Option<String>>> {
-        keys.iter().map(|k| h.owner("thumbs", k).context("the demo pool")).collect()
-    };
     let mut keys_remapped = None;
     if scenario == "double-fleet" {
-        // Warm every key's owner first (not measured, 8 at a time), then double the fleet.
-        for chunk in keys.chunks(8) {
-            let mut warming = JoinSet::new();
-            for k in chunk {
-                let url: hyper::Uri = format!("http://{front}{k}").parse().context("url")?;
-                let client = client.clone();
-                warming.spawn(async move {
-                    if let Ok(resp) = client.get(url).await {
-                        let _ = resp.into_body().collect().await;
-                    }
-                });
-            }
-            while warming.join_next().await.is_some() {}
-        }
-        let before = owners(&handle)?;
-        for w in &workers[serving..] {
-            let w = keyroute_gateway::WorkerConfig {
-                name: w.name.clone(),
-                address: w.addr,
-                weight: 1,
-                zone: None,
-                id: None,
-            };
-            handle.add_worker("thumbs", w).await.context("adding a worker")?;
-        }
-        let after = owners(&handle)?;
-        let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
-        keys_remapped = Some(moved as f64 / keys.len().max(1) as f64);
+        // Warm every key's owner first (not measured), then double the fleet.
+        warm_owners(&client, front, keys).await?;
+        keys_remapped = Some(join(&handle, &workers[serving..], keys).await?);
     }
     let zipf = Zipf::new(keys.len(), 1.0);
     let mut rng = SplitMix64::new(42);
@@ -498,19 +460,7 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
         tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
         let progress = at / seconds;
         if scenario == "scale-out" && keys_remapped.is_none() && progress >= 0.5 {
-            let before = owners(&handle)?;
-            let w9 = &workers[WORKERS];
-            let w9 = keyroute_gateway::WorkerConfig {
-                name: w9.name.clone(),
-                address: w9.addr,
-                weight: 1,
-                zone: None,
-                id: None,
-            };
-            handle.add_worker("thumbs", w9).await.context("adding the ninth worker")?;
-            let after = owners(&handle)?;
-            let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
-            keys_remapped = Some(moved as f64 / keys.len().max(1) as f64);
+            keys_remapped = Some(join(&handle, &workers[WORKERS..], keys).await?);
         }
         if scenario == "killed-worker" && !killed && progress >= 0.4 {
             // A crash, not a shutdown: the task and every connection it holds are dropped.
@@ -528,22 +478,7 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
         }
         let key = if hot { hot_key } else { &keys[zipf.sample(&mut rng)] };
         let url: hyper::Uri = format!("http://{front}{key}").parse().context("url")?;
-        let client = client.clone();
-        tasks.spawn(async move {
-            let sent = Instant::now();
-            let at = sent.saturating_duration_since(start).as_secs_f64();
-            match tokio::time::timeout(Duration::from_secs(60), client.get(url)).await {
-                Ok(Ok(resp)) => {
-                    let status = resp.status().as_u16();
-                    let header = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
-                    let hit = header("x-cache").map(|c| c == "hit");
-                    let worker = header("x-keyroute-worker");
-                    let body_ok = resp.into_body().collect().await.is_ok();
-                    Sample { at, latency: sent.elapsed(), status: if body_ok { status } else { 0 }, hit, worker, hot }
-                }
-                _ => Sample { at, latency: sent.elapsed(), status: 0, hit: None, worker: None, hot },
-            }
-        });
+        tasks.spawn(fetch(client.clone(), url, start, hot));
     }
     let mut samples = Vec::with_capacity(total as usize);
     while let Some(s) = tasks.join_next().await {
@@ -553,14 +488,7 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
     }
     let elapsed = start.elapsed().as_secs_f64();
     let placed = handle.placements("thumbs").context("the demo pool")?;
-    let owner_share = case.strategy.uses_key().then(|| {
-        let total = |p: &keyroute_gateway::Placements| {
-            p.owner + p.unavailable + p.overloaded + p.retry + p.unkeyed + p.replica + p.warming
-        };
-        let all = total(&placed).saturating_sub(total(&before));
-        let owner = placed.owner.saturating_sub(before.owner);
-        if all == 0 { 0.0 } else { owner as f64 / all as f64 }
-    });
+    let owner_share = case.strategy.uses_key().then(|| owner_share(&before, &placed));
     handle.shutdown();
     let _ = tokio::time::timeout(Duration::from_secs(5), gw_task).await;
     for w in &workers {
@@ -572,6 +500,85 @@ async fn run_case(images: &Path, dir: &Path, keys: &[String], case: &Case, rate:
     let mut report = summarise(case, &samples, elapsed, keys_remapped, owner_share);
     report.hot_replicas = hot_replicas;
     Ok(report)
+}
+
+/// When each request leaves (seconds from the start), and whether it is for the hot image: the
+/// usual traffic at `rate`, and in hot-image the hot image's on top of it from HOT_FROM on
+/// (hot-baseline is the same run without them).
+fn schedule(scenario: &str, seconds: f64, rate: f64) -> Vec<(f64, bool)> {
+    let mut schedule: Vec<(f64, bool)> =
+        (0..(seconds * rate).round() as u64).map(|n| (n as f64 / rate, false)).collect();
+    if scenario == "hot-image" {
+        let first = (seconds * HOT_FROM * HOT_RATE).ceil() as u64;
+        let last = (seconds * HOT_RATE).round() as u64;
+        schedule.extend((first..last).map(|n| (n as f64 / HOT_RATE, true)));
+        schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    schedule
+}
+
+/// Requests every key once, 8 at a time, so that each key's owner has it cached.
+async fn warm_owners(client: &Client<HttpConnector, Empty<Bytes>>, front: SocketAddr, keys: &[String]) -> Result<()> {
+    for chunk in keys.chunks(8) {
+        let mut warming = JoinSet::new();
+        for k in chunk {
+            let url: hyper::Uri = format!("http://{front}{k}").parse().context("url")?;
+            let client = client.clone();
+            warming.spawn(async move {
+                if let Ok(resp) = client.get(url).await {
+                    let _ = resp.into_body().collect().await;
+                }
+            });
+        }
+        while warming.join_next().await.is_some() {}
+    }
+    Ok(())
+}
+
+/// Adds workers to the demo pool through the gateway's handle; returns the share of `keys` whose
+/// owner changed.
+async fn join(handle: &keyroute_gateway::GatewayHandle, joining: &[RunningWorker], keys: &[String]) -> Result<f64> {
+    let owners = || -> Result<Vec<Option<String>>> {
+        keys.iter().map(|k| handle.owner("thumbs", k).context("the demo pool")).collect()
+    };
+    let before = owners()?;
+    for w in joining {
+        let w =
+            keyroute_gateway::WorkerConfig { name: w.name.clone(), address: w.addr, weight: 1, zone: None, id: None };
+        handle.add_worker("thumbs", w).await.context("adding a worker")?;
+    }
+    let after = owners()?;
+    let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+    Ok(moved as f64 / keys.len().max(1) as f64)
+}
+
+/// One measured GET (60 s at most): when it left, how long it took, its status (0: no response,
+/// or a body cut short), the worker's cache result and name.
+async fn fetch(client: Client<HttpConnector, Empty<Bytes>>, url: hyper::Uri, start: Instant, hot: bool) -> Sample {
+    let sent = Instant::now();
+    let at = sent.saturating_duration_since(start).as_secs_f64();
+    match tokio::time::timeout(Duration::from_secs(60), client.get(url)).await {
+        Ok(Ok(resp)) => {
+            let status = resp.status().as_u16();
+            let header = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let hit = header("x-cache").map(|c| c == "hit");
+            let worker = header("x-keyroute-worker");
+            let body_ok = resp.into_body().collect().await.is_ok();
+            Sample { at, latency: sent.elapsed(), status: if body_ok { status } else { 0 }, hit, worker, hot }
+        }
+        _ => Sample { at, latency: sent.elapsed(), status: 0, hit: None, worker: None, hot },
+    }
+}
+
+/// The share of the run's placements served by the key's owner (what came `before` it not
+/// counted).
+fn owner_share(before: &keyroute_gateway::Placements, placed: &keyroute_gateway::Placements) -> f64 {
+    let total = |p: &keyroute_gateway::Placements| {
+        p.owner + p.unavailable + p.overloaded + p.retry + p.unkeyed + p.replica + p.warming
+    };
+    let all = total(placed).saturating_sub(total(before));
+    let owner = placed.owner.saturating_sub(before.owner);
+    if all == 0 { 0.0 } else { owner as f64 / all as f64 }
 }
 
 fn summarise(
