@@ -22,14 +22,27 @@ impl Routing {
         })
     }
 
-    pub(crate) fn pool(&self, name: Option<&str>) -> Result<&Arc<Pool>, String> {
+    /// The pool named `name`, or the only one when no name is given.
+    ///
+    /// # Errors
+    ///
+    /// No pool has that name, or none is named and there are several.
+    pub(crate) fn pool(&self, name: Option<&str>) -> Result<&Arc<Pool>, NoPool> {
         match name {
-            Some(n) => self.pools.iter().find(|p| p.name == n).ok_or_else(|| "no such pool".to_owned()),
+            Some(n) => self.pools.iter().find(|p| p.name == n).ok_or(NoPool::Unknown),
             None if self.pools.len() == 1 => Ok(&self.pools[0]),
-            None => Err(format!(
-                "several pools ({}): name one with ?pool=",
-                self.pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
-            )),
+            None => Err(NoPool::Ambiguous(self.pools.iter().map(|p| p.name.clone()).collect())),
         }
     }
+}
+
+/// Why [`Routing::pool`] found no pool.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoPool {
+    /// No pool has the name.
+    #[error("no such pool")]
+    Unknown,
+    /// No name, and several pools (their names).
+    #[error("several pools ({}): name one with ?pool=", .0.join(", "))]
+    Ambiguous(Vec<String>),
 }

@@ -153,7 +153,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
         let pools: Vec<Arc<Pool>> = match &pool_name {
             Some(_) => match routing.pool(pool_name.as_deref()) {
                 Ok(p) => vec![Arc::clone(p)],
-                Err(e) => return fail(StatusCode::NOT_FOUND, e),
+                Err(e) => return fail(StatusCode::NOT_FOUND, e.to_string()),
             },
             None => routing.pools.clone(),
         };
@@ -162,7 +162,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
     }
     let pool = match routing.pool(pool_name.as_deref()) {
         Ok(p) => Arc::clone(p),
-        Err(e) => return fail(StatusCode::NOT_FOUND, e),
+        Err(e) => return fail(StatusCode::NOT_FOUND, e.to_string()),
     };
     let worker_name = path.strip_prefix("/workers/").map(|v| percent_decode(v).into_owned()).unwrap_or_default();
     match (endpoint, req.method().clone()) {

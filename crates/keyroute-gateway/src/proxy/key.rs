@@ -17,7 +17,7 @@ pub(super) fn key_hash(
     parts: &Parts,
     peer: &Peer,
     key: &mut String,
-) -> Result<Option<u64>, String> {
+) -> Result<Option<u64>, crate::key::MissingPart> {
     if !snap.policy().strategy().uses_key() {
         return Ok(None);
     }
@@ -37,7 +37,7 @@ pub(super) fn key_hash(
         Err(missing) => {
             pool.metrics.missing_key.fetch_add(1, Relaxed);
             match snap.config().on_missing_key {
-                MissingKey::Reject => Err(missing.0),
+                MissingKey::Reject => Err(missing),
                 MissingKey::P2c => Ok(None),
             }
         }

@@ -31,8 +31,8 @@ pub(super) fn worker_head(head: &mut response::Parts, snap: &Snapshot, worker: &
 }
 
 /// The request lacks a part of its key, and the pool rejects such requests.
-pub(super) fn missing_key(pool: &Pool, missing: &str, id: &str) -> Response<ProxyBody> {
-    tracing::debug!(request_id = %id, pool = %pool.name, part = %missing, "key part missing");
+pub(super) fn missing_key(pool: &Pool, missing: &crate::key::MissingPart, id: &str) -> Response<ProxyBody> {
+    tracing::debug!(request_id = %id, pool = %pool.name, part = %missing.0, "key part missing");
     body::error(StatusCode::BAD_REQUEST, "the request lacks a part of its key", "missing_key", id)
 }
 
