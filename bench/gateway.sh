@@ -17,7 +17,9 @@
 #                           keyroute [[listener.tls.certificate]], nginx `listen ... ssl`,
 #                           haproxy `bind ... ssl crt`; wrk over https
 #         FLOOR=1           also a do-nothing hyper proxy (crates/keyroute-bench/examples/floor_proxy.rs,
-#                           plain HTTP/1.1 only): what tokio and hyper cost by themselves
+#                           plain HTTP/1.1 only): what tokio and hyper cost by themselves; and the
+#                           same do-nothing proxy on httparse and readiness alone, the design of
+#                           issue 20 (examples/floor_own.rs), as proxy "floor-own" on FLOOR_PORT+1
 #         BASELINE=FILE     also a keyroute binary to compare with in the same run (for example one
 #                           built from the commit before a change), as proxy "baseline" on
 #                           BASELINE_PORT=18040 with the same configuration
@@ -48,7 +50,7 @@ NBACKENDS=8
 PROXIES=(keyroute nginx haproxy)
 FLOOR=${FLOOR:-0}
 FLOOR_PORT=${FLOOR_PORT:-18030}
-[[ "$FLOOR" == 1 ]] && PROXIES+=(floor)
+[[ "$FLOOR" == 1 ]] && PROXIES+=(floor floor-own)
 BASELINE=${BASELINE:-}
 BASELINE_PORT=${BASELINE_PORT:-18040}
 [[ -n "$BASELINE" ]] && PROXIES+=(baseline)
@@ -150,7 +152,7 @@ cargo build --release -p keyroute-cli
 KEYROUTE=$ROOT/target/release/keyroute
 [[ -x "$KEYROUTE" ]] || die "$KEYROUTE not built"
 if [[ "$FLOOR" == 1 ]]; then
-    cargo build --release -p keyroute-bench --example floor_proxy
+    cargo build --release -p keyroute-bench --example floor_proxy --example floor_own
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +339,7 @@ PIDS+=("${PID[haproxy]}")
 "$KEYROUTE" serve --threads "$PROXY_THREADS" --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.out" 2>&1 &
 PID[keyroute]=$!
 PIDS+=("${PID[keyroute]}")
-declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT [floor]=$FLOOR_PORT [baseline]=$BASELINE_PORT)
+declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT [floor]=$FLOOR_PORT [floor-own]=$((FLOOR_PORT + 1)) [baseline]=$BASELINE_PORT)
 if [[ -n "$BASELINE" ]]; then
     [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
     sed -e "s/127.0.0.1:$KEYROUTE_PORT\"/127.0.0.1:$BASELINE_PORT\"/" -e "s/127.0.0.1:$ADMIN_PORT\"/127.0.0.1:$((ADMIN_PORT + 1))\"/" \
@@ -352,6 +354,9 @@ if [[ "$FLOOR" == 1 ]]; then
     "$ROOT/target/release/examples/floor_proxy" "127.0.0.1:$FLOOR_PORT" "${bargs[@]}" >"$TMP/floor.out" 2>&1 &
     PID[floor]=$!
     PIDS+=("${PID[floor]}")
+    "$ROOT/target/release/examples/floor_own" "127.0.0.1:$((FLOOR_PORT + 1))" "${bargs[@]}" >"$TMP/floor-own.out" 2>&1 &
+    PID[floor-own]=$!
+    PIDS+=("${PID[floor-own]}")
 fi
 
 # Sanity: every backend and every proxy answers 200 to ?k=abc (waiting up to 10 s for startup).

@@ -11,6 +11,10 @@
 #
 # Usage:  bench/idle.sh                 (COUNTS="5000 10000 50000")
 #         COUNTS="10000" bench/idle.sh
+#         FLOOR=1 bench/idle.sh   also the do-nothing proxy of keyroute's own HTTP/1 design
+#                                 (crates/keyroute-bench/examples/floor_own.rs, issue 20's spike),
+#                                 as "floor-own"; it holds one upstream connection per client, so
+#                                 its figure includes that second socket
 # Installs nginx/haproxy with apt-get if missing (as root).
 # Starts everything itself on 127.0.0.1, in a temp dir, and kills it by PID on exit.
 set -euo pipefail
@@ -31,6 +35,12 @@ cleanup() {
 trap cleanup EXIT
 for tool in nginx haproxy python3 prlimit; do command -v "$tool" >/dev/null || { apt-get update && apt-get install -y nginx haproxy; break; }; done
 cargo build --release -p keyroute-cli >&2
+FLOOR=${FLOOR:-0}
+PROXIES=(keyroute nginx haproxy)
+if [[ "$FLOOR" == 1 ]]; then
+    cargo build --release -p keyroute-bench --example floor_own >&2
+    PROXIES+=(floor-own)
+fi
 TMP=$(mktemp -d /tmp/keyroute-idle.XXXXXX)
 chmod 755 "$TMP"
 mkdir -p "$TMP"/{b,n}/{logs,tmp}
@@ -116,7 +126,7 @@ for n in $COUNTS; do
         echo "| (all) | $n | - | - | skipped: needs $((n + 1000)) open files, the limit here is $LIMIT |"
         continue
     fi
-    for p in keyroute nginx haproxy; do
+    for p in "${PROXIES[@]}"; do
         if [[ $p == haproxy ]] && ((n > HAPROXY_MAX)); then
             echo "| haproxy | $n | - | - | skipped: its maxconn can be at most $HAPROXY_MAX under $LIMIT open files |"
             continue
@@ -125,6 +135,7 @@ for n in $COUNTS; do
         keyroute) "${RUN[@]}" "$ROOT/target/release/keyroute" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/k.out" 2>&1 & ;;
         nginx) "${RUN[@]}" nginx -p "$TMP/n" -c "$TMP/nginx.conf" -g 'daemon off;' >"$TMP/n.out" 2>&1 & ;;
         haproxy) "${RUN[@]}" haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/h.out" 2>&1 & ;;
+        floor-own) "${RUN[@]}" "$ROOT/target/release/examples/floor_own" "127.0.0.1:$PORT" "127.0.0.1:$BACKEND" >"$TMP/f.out" 2>&1 & ;;
         esac
         pid=$!
         PIDS+=("$pid")

@@ -13,7 +13,7 @@ import re
 import statistics
 import sys
 
-PROXIES = ["keyroute", "nginx", "haproxy", "floor"]
+PROXIES = ["keyroute", "nginx", "haproxy", "floor", "floor-own", "baseline"]
 UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 
 
@@ -112,7 +112,7 @@ def main():
             "| vs | req/s (target >= 1) | p99 (target <= 1) | CPU/request (target <= 1) |",
             "|---|---:|---:|---:|"]
     k = med.get("keyroute")
-    for p in ("nginx", "haproxy", "floor"):
+    for p in ("nginx", "haproxy", "floor", "floor-own", "baseline"):
         o = med.get(p)
         if not k or not o:
             continue
@@ -124,6 +124,20 @@ def main():
 
         out.append(f"| {p} | {cell(k['rps'], o['rps'], True)} | {cell(k['p99'], o['p99'], False)} | "
                    f"{cell(k['us'], o['us'], False)} |")
+
+    # Paired by round: on a noisy machine, a proxy's CPU per request over nginx's in the same round
+    # varies less than either does alone.
+    by_round = {}
+    for r in runs:
+        by_round.setdefault(r["round"], {})[r["proxy"]] = r["us"]
+    paired = {p: [rd[p] / rd["nginx"] for rd in by_round.values() if p in rd and rd.get("nginx")]
+              for p in PROXIES if p != "nginx"}
+    paired = {p: v for p, v in paired.items() if v}
+    if paired:
+        out += ["", "## CPU per request over nginx's, paired by round", "",
+                "| proxy | every round | median |", "|---|---|---:|"]
+        for p, v in paired.items():
+            out.append(f"| {p} | {', '.join(f'{x:.2f}' for x in v)} | {statistics.median(v):.3f} |")
 
     out += ["", "## Every round (in the order run)", "",
             "| round | proxy | requests | req/s | p99 (ms) | proxy CPU (s) | CPU us/request | errors |",
