@@ -1,7 +1,7 @@
 //! Pool members from a membership source other than the configuration file: etcd.
 //!
 //! Every source gives whole member sets, and the pool applies them by one function
-//! ([`crate::pool`]'s `stage`: the same worker keeps its state): the configuration file (at
+//! ([`crate::pool`]'s `carry`: the same worker keeps its state): the configuration file (at
 //! start and on every reload), the admin API of a static pool (an edit of the current set), and
 //! etcd, here. The records' layout, the etcd client, writing records and a worker's
 //! self-registration are the `keyroute-etcd` crate's; this module reads them into members.

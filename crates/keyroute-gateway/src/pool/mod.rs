@@ -197,7 +197,7 @@ impl Pool {
     }
 
     /// Replaces every member at once with those of the membership source (the etcd task, and
-    /// through [`Pool::edit`] the admin API): see [`Pool::stage`]. Nothing is published when
+    /// through [`Pool::edit`] the admin API): see [`Pool::carry`]. Nothing is published when
     /// nothing changed. Returns the generation in force.
     ///
     /// # Errors
@@ -206,11 +206,14 @@ impl Pool {
     pub(crate) fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
         let guard = self.change.lock();
         let old = self.snapshot();
-        let (prepared, same) = self.stage(guard, old, None, incoming)?;
+        let config = Arc::clone(&old.config);
+        let (members, kept, same) = self.carry(&old, &config, incoming, true);
         if same {
-            return Ok(prepared.old.generation);
+            // Nothing to build, nothing to publish.
+            return Ok(old.generation);
         }
-        Ok(self.commit(prepared))
+        let next = build(config, members, old.generation + 1, Some(&old))?;
+        Ok(self.commit(Prepared { _guard: guard, old, next, kept }))
     }
 
     /// An edit of the current member set, applied whole like a source's (the admin API of a
@@ -228,16 +231,21 @@ impl Pool {
         let old = self.snapshot();
         let mut members = old.members();
         edit(&old, &mut members)?;
-        let (prepared, same) = self.stage(guard, old, None, &members)?;
+        let config = Arc::clone(&old.config);
+        let (members, kept, same) = self.carry(&old, &config, &members, true);
         if same {
-            return Ok(prepared.old.generation);
+            // Nothing to build, nothing to publish.
+            return Ok(old.generation);
         }
-        Ok(self.commit(prepared))
+        let next = build(config, members, old.generation + 1, Some(&old))?;
+        Ok(self.commit(Prepared { _guard: guard, old, next, kept }))
     }
 
-    /// The one way a member set becomes the pool's, whatever its source (the configuration file,
-    /// the admin API, etcd): builds the snapshot for `incoming` under `config` (the current one
-    /// when `None`), not yet published. Also says whether it changes nothing.
+    /// The one way a member set becomes the pool's, whatever its source (the configuration file
+    /// through [`Pool::prepare`], the admin API through [`Pool::edit`], etcd through
+    /// [`Pool::set_members`]): the members for `incoming` under `config`, the workers kept, and
+    /// (when `may_be_same`, for unchanged settings) whether nothing changes at all, in which case
+    /// the caller builds and publishes nothing.
     ///
     /// **The same worker keeps its state**: a member with a current worker's name, address, zone
     /// and id is that worker, and keeps its health, ejection, load, connections and counters
@@ -245,15 +253,14 @@ impl Pool {
     /// member that is not draining under its name is a new worker object. A member whose record
     /// says draining is drained; one at this gateway's own address is marked
     /// [`State::Loop`] (kept in the table, never sent to).
-    fn stage<'a>(
+    fn carry(
         &self,
-        guard: parking_lot::MutexGuard<'a, ()>,
-        old: Arc<Snapshot>,
-        config: Option<Arc<PoolConfig>>,
+        old: &Snapshot,
+        config: &PoolConfig,
         incoming: &[Member],
-    ) -> Result<(Prepared<'a>, bool), MembershipError> {
-        let mut same = config.is_none() && incoming.len() == old.workers.len();
-        let config = config.unwrap_or_else(|| Arc::clone(&old.config));
+        may_be_same: bool,
+    ) -> (Members, Vec<Arc<WorkerState>>, bool) {
+        let mut same = may_be_same && incoming.len() == old.workers.len();
         let mut kept = Vec::new();
         let members: Members = incoming
             .iter()
@@ -267,7 +274,7 @@ impl Pool {
                     }
                     None => {
                         same = false;
-                        let state = Arc::new(WorkerState::new(w, &config, self.epoch));
+                        let state = Arc::new(WorkerState::new(w, config, self.epoch));
                         if m.at_this_gateway {
                             state.mark_loop();
                         }
@@ -280,8 +287,7 @@ impl Pool {
                 (state, w.weight)
             })
             .collect();
-        let next = build(config, members, old.generation + 1, Some(&old))?;
-        Ok((Prepared { _guard: guard, old, next, kept }, same))
+        (members, kept, same)
     }
 
     /// Splits a member set (from etcd) into the members a table can be built from and those
@@ -402,7 +408,7 @@ impl Pool {
 
     /// A reload's change: new settings, and for a static pool the configured members (an
     /// etcd-backed pool keeps its source's). Builds the snapshot a reload would publish by
-    /// [`Pool::stage`], holding the pool's change lock until it is committed (or dropped, which
+    /// [`Pool::carry`], holding the pool's change lock until it is committed (or dropped, which
     /// changes nothing): a reload prepares every pool first, then commits them all.
     ///
     /// # Errors
@@ -420,7 +426,10 @@ impl Pool {
             // The members are the source's: a reload changes only the pool's settings.
             MembershipConfig::Etcd(_) => old.members(),
         };
-        Ok(self.stage(guard, old, Some(Arc::new(config)), &members)?.0)
+        let config = Arc::new(config);
+        let (members, kept, _) = self.carry(&old, &config, &members, false);
+        let next = build(config, members, old.generation + 1, Some(&old))?;
+        Ok(Prepared { _guard: guard, old, next, kept })
     }
 
     /// Publishes a prepared snapshot; returns its generation.
@@ -457,7 +466,7 @@ impl Pool {
     }
 }
 
-/// Whether `member` is the worker `state` (see [`Pool::stage`]): the same name, address, zone and
+/// Whether `member` is the worker `state` (see [`Pool::carry`]): the same name, address, zone and
 /// id, and not a draining worker coming back active.
 fn same_worker(state: &WorkerState, member: &Member) -> bool {
     let w = &member.worker;
