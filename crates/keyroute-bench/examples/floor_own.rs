@@ -22,12 +22,9 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const BUF: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
@@ -37,27 +34,12 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; BUF]);
 }
 
+#[path = "floor/accept.rs"]
+mod accept;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let listen: SocketAddr = args.next().ok_or("LISTEN")?.parse()?;
-    let backends: Vec<SocketAddr> = args.map(|a| a.parse()).collect::<Result<_, _>>()?;
-    if backends.is_empty() {
-        return Err("at least one BACKEND".into());
-    }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async move {
-        let l = TcpListener::bind(listen).await?;
-        let next = Arc::new(AtomicUsize::new(0));
-        loop {
-            let (client, _) = l.accept().await?;
-            let _ = client.set_nodelay(true);
-            let backend = backends[next.fetch_add(1, Relaxed) % backends.len()];
-            tokio::spawn(async move {
-                let Ok(up) = TcpStream::connect(backend).await else { return };
-                let _ = up.set_nodelay(true);
-                let _ = proxy(client, up).await;
-            });
-        }
+    accept::run(|client, up| async move {
+        let _ = proxy(client, up).await;
     })
 }
 
