@@ -146,16 +146,19 @@ impl Snapshot {
         self.workers
             .iter()
             .enumerate()
-            .map(|(i, w)| super::Member {
-                worker: crate::config::WorkerConfig {
-                    name: w.name.clone(),
-                    address: w.address,
-                    weight: self.weight(i),
-                    zone: w.zone.clone(),
-                    id: w.id,
-                },
-                draining: w.state() == State::Draining,
-                at_this_gateway: w.state() == State::Loop,
+            .map(|(i, w)| {
+                let state = w.state();
+                super::Member {
+                    worker: crate::config::WorkerConfig {
+                        name: w.name.clone(),
+                        address: w.address,
+                        weight: self.weight(i),
+                        zone: w.zone.clone(),
+                        id: w.id,
+                    },
+                    draining: state == State::Draining,
+                    at_this_gateway: state == State::Loop,
+                }
             })
             .collect()
     }
