@@ -1,28 +1,38 @@
-//! Connections to one worker: HTTP/1.1 keep-alive connections on hyper's low-level client, pooled
-//! per worker.
+//! Connections to one worker: HTTP/1.1 keep-alive connections of keyroute's own engine
+//! ([`keyroute_http1`]), pooled per worker and per runtime thread.
 //!
 //! A proxy sends every request to an address it already chose, so the general client's machinery
-//! (a pool keyed by scheme and authority, absolute URIs to parse, a connector to resolve) is work
-//! done for nothing on every request. Here each worker owns a stack of idle connections: a request
-//! takes one (or connects), sends on it, and the response body gives it back when it ends. A
-//! request that a closed pooled connection could not send is handed back untouched and sent on a
-//! fresh connection; connections idle for more than 4 s are not reused (servers close idle ones);
-//! and a replayable request that fails on a pooled connection gets one more try on a fresh one to
-//! the same worker (see `proxy::forward`).
+//! (a pool keyed by scheme and authority, absolute URIs to parse, a connector to resolve, a
+//! connection task fed by a channel) is work done for nothing on every request. Here each worker
+//! owns a stack of idle connections per runtime thread, each a bare socket: a request takes one
+//! (or connects), the requesting task writes the head and reads the response itself, and the
+//! response body gives the connection back when it ends. A request that a closed pooled
+//! connection could not take (its head could not be written) goes on the next connection, or a
+//! fresh one, whatever its method; connections idle for more than 4 s are not reused (servers
+//! close idle ones); and a replayable request that fails on a pooled connection after it was
+//! written gets one more try on a fresh one to the same worker (see `proxy::attempt`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body as _;
+use keyroute_http1::{ClientConn, ExchangeError, Limits, Outgoing, ResponseHead};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::ProxyBody;
+
+/// A worker's response body: it owns its connection until it ends (see
+/// [`keyroute_http1::ResponseBody::take_reusable`]).
+pub(crate) type UpstreamBody = keyroute_http1::ResponseBody;
+
+/// The limits on a worker's response head: hyper's client's (100 fields), in 64 KiB.
+const RESPONSE_LIMITS: Limits = Limits { max_head_bytes: 64 * 1024, max_headers: 100 };
 
 /// Idle connections kept per worker.
 const MAX_IDLE: usize = 256;
@@ -56,7 +66,7 @@ pub(crate) enum SendError {
     /// closed as idle just then: worth one more try on a fresh connection, for a replayable request.
     Request {
         /// The error.
-        error: hyper::Error,
+        error: ExchangeError,
         /// Whether the connection came from the pool.
         reused: bool,
     },
@@ -69,8 +79,6 @@ pub(crate) enum ConnectError {
     Io(std::io::Error),
     /// No connection within the pool's connect timeout.
     TimedOut(Duration),
-    /// The HTTP/1.1 handshake over the new connection failed.
-    Handshake(hyper::Error),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -78,7 +86,6 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::Io(e) => write!(f, "{e}"),
             ConnectError::TimedOut(t) => write!(f, "timed out after {t:?}"),
-            ConnectError::Handshake(e) => write!(f, "handshake: {e}"),
         }
     }
 }
@@ -119,7 +126,7 @@ fn slot() -> usize {
     SLOT.with(std::cell::Cell::get)
 }
 
-type Idle = Mutex<Vec<(Instant, SendRequest<ProxyBody>)>>;
+type Idle = Mutex<Vec<(Instant, ClientConn)>>;
 
 /// A worker's connection pool.
 #[derive(Debug)]
@@ -129,9 +136,6 @@ pub(crate) struct Upstream {
     connect_timeout_ms: AtomicU64,
     idle: [Idle; SLOTS],
 }
-
-/// A connection on loan to one request; give it back with [`Upstream::checkin`].
-pub(crate) type Conn = SendRequest<ProxyBody>;
 
 impl Upstream {
     /// An empty pool for `addr`.
@@ -148,32 +152,19 @@ impl Upstream {
         self.connect_timeout_ms.store(timeout.as_millis() as u64, Relaxed);
     }
 
-    async fn connect(&self) -> Result<Conn, SendError> {
+    async fn connect(&self) -> Result<ClientConn, SendError> {
         let timeout = Duration::from_millis(self.connect_timeout_ms.load(Relaxed));
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
-            Ok(Ok(s)) => s,
+        match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
+            Ok(Ok(s)) => Ok(ClientConn::new(s)),
             Ok(Err(e)) if crate::listener::is_resource_exhaustion(&e) => {
-                return Err(SendError::Local { addr: self.addr, error: e });
+                Err(SendError::Local { addr: self.addr, error: e })
             }
-            Ok(Err(e)) => return Err(SendError::Connect { addr: self.addr, cause: ConnectError::Io(e) }),
-            Err(_) => return Err(SendError::Connect { addr: self.addr, cause: ConnectError::TimedOut(timeout) }),
-        };
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::Builder::new()
-            .writev(false)
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| SendError::Connect { addr: self.addr, cause: ConnectError::Handshake(e) })?;
-        tokio::spawn(async move {
-            // With upgrades: a 101 hands the connection to the tunnel (see `proxy::forward`).
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
+            Ok(Err(e)) => Err(SendError::Connect { addr: self.addr, cause: ConnectError::Io(e) }),
+            Err(_) => Err(SendError::Connect { addr: self.addr, cause: ConnectError::TimedOut(timeout) }),
+        }
     }
 
-    fn take_idle(&self) -> Option<Conn> {
+    fn take_idle(&self) -> Option<ClientConn> {
         let mut idle = self.idle[slot()].lock();
         // The most recently used first; those idle too long (the oldest) are dropped.
         let now = Instant::now();
@@ -182,9 +173,8 @@ impl Upstream {
                 idle.clear();
                 return None;
             }
-            // Closed, or still busy (its previous request's body is still going out): not for
-            // this request.
-            if c.is_ready() {
+            // Closed by the worker, or it sent something unasked: not for this request.
+            if c.is_usable() {
                 return Some(c);
             }
         }
@@ -192,43 +182,112 @@ impl Upstream {
     }
 
     /// Sends a request: on a pooled connection if one is alive and `reuse` allows it, else on a
-    /// new one. Returns the response and the connection, to be checked in when the response body
-    /// ends.
+    /// new one. Returns the response, whose body holds the connection and gives it back to this
+    /// pool (through [`Upstream::checkin`]) when it ends.
     ///
     /// # Errors
     ///
     /// [`SendError::Connect`] when no connection could be made, [`SendError::Local`] when the
     /// gateway itself is out of descriptors or memory, [`SendError::Request`] otherwise.
-    pub(crate) async fn send(
-        &self,
-        mut req: Request<ProxyBody>,
-        reuse: bool,
-    ) -> Result<(Response<Incoming>, Conn), SendError> {
-        while reuse && let Some(mut conn) = self.take_idle() {
-            match conn.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, conn)),
-                Err(mut e) => match e.take_message() {
-                    // Not sent: the pooled connection had closed. Try the next one.
-                    Some(back) => req = back,
-                    None => return Err(SendError::Request { error: e.into_error(), reused: true }),
-                },
+    pub(crate) async fn send(&self, req: Request<ProxyBody>, reuse: bool) -> Result<Response<UpstreamBody>, SendError> {
+        let (parts, mut body) = req.into_parts();
+        let (head, outgoing) = request_head(&parts, &body);
+        let head_request = parts.method == Method::HEAD;
+        while reuse && let Some(conn) = self.take_idle() {
+            match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
+                Ok(r) => return Ok(response(&r.head, r.body)),
+                // Not sent: the pooled connection had closed. Try the next one.
+                Err(keyroute_http1::SendError::NotSent(_, back)) => body = back,
+                Err(keyroute_http1::SendError::Failed(error)) => {
+                    return Err(SendError::Request { error, reused: true });
+                }
             }
         }
-        let mut conn = self.connect().await?;
-        match conn.send_request(req).await {
-            Ok(resp) => Ok((resp, conn)),
-            Err(e) => Err(SendError::Request { error: e, reused: false }),
+        let conn = self.connect().await?;
+        match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
+            Ok(r) => Ok(response(&r.head, r.body)),
+            Err(keyroute_http1::SendError::NotSent(e, _)) => {
+                Err(SendError::Request { error: ExchangeError::Io(e), reused: false })
+            }
+            Err(keyroute_http1::SendError::Failed(error)) => Err(SendError::Request { error, reused: false }),
         }
     }
 
-    /// Returns a connection whose response has been read to the end.
-    pub(crate) fn checkin(&self, conn: Conn) {
-        if conn.is_closed() {
-            return;
-        }
+    /// Returns a connection whose exchange ended cleanly.
+    pub(crate) fn checkin(&self, conn: ClientConn) {
         let mut idle = self.idle[slot()].lock();
         if idle.len() < MAX_IDLE {
             idle.push((Instant::now(), conn));
         }
     }
 }
+
+/// The methods whose empty body is sent with `Content-Length: 0` (those with a defined meaning
+/// for a body, as hyper's client does).
+fn says_empty_length(method: &Method) -> bool {
+    matches!(*method, Method::POST | Method::PUT | Method::PATCH)
+}
+
+/// The HTTP/1.1 head of an upstream request, and how its body goes: chunked when the head says
+/// so, else its `Content-Length`, else none.
+fn request_head(parts: &http::request::Parts, body: &ProxyBody) -> (Vec<u8>, Outgoing) {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(parts.uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut outgoing = None;
+    for (name, value) in &parts.headers {
+        if name == http::header::TRANSFER_ENCODING {
+            outgoing = Some(Outgoing::Chunked);
+        } else if name == http::header::CONTENT_LENGTH && outgoing.is_none() {
+            let n = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+            outgoing = Some(if n == 0 { Outgoing::Empty } else { Outgoing::Length(n) });
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let outgoing = match outgoing {
+        Some(o) => o,
+        None if body.is_end_stream() => {
+            if says_empty_length(&parts.method) {
+                out.extend_from_slice(b"content-length: 0\r\n");
+            }
+            Outgoing::Empty
+        }
+        None => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Outgoing::Chunked
+        }
+    };
+    out.extend_from_slice(b"\r\n");
+    (out, outgoing)
+}
+
+/// A worker's response head as an `http` response (its fields' values are slices of the head
+/// as read: nothing copied), with its body.
+fn response(head: &ResponseHead, body: UpstreamBody) -> Response<UpstreamBody> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::from_u16(head.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+    *resp.version_mut() = match head.version() {
+        keyroute_http1::Version::Http10 => http::Version::HTTP_10,
+        keyroute_http1::Version::Http11 => http::Version::HTTP_11,
+    };
+    let headers = resp.headers_mut();
+    let fields = head.fields();
+    headers.reserve(fields.len());
+    for (i, (name, _)) in fields.iter().enumerate() {
+        let (Ok(name), Some(value)) = (HeaderName::from_bytes(name.as_bytes()), fields.value_bytes(i)) else {
+            continue;
+        };
+        if let Ok(value) = HeaderValue::from_maybe_shared(value) {
+            headers.append(name, value);
+        }
+    }
+    resp
+}
+
+/// The bytes of an upgraded connection: the socket, and what the worker sent past its 101.
+pub(crate) type Upgraded = (TcpStream, Bytes);

@@ -17,14 +17,13 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::guarded::{Guarded, Upload};
 use super::respond::worker_head;
 use crate::body::{self, ProxyBody};
 use crate::pool::{InFlight, Snapshot, WorkerState};
-use crate::upstream::{Conn, SendError};
+use crate::upstream::{SendError, Upgraded, UpstreamBody};
 
 pub(super) fn idempotent(m: &Method) -> bool {
     matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
@@ -68,7 +67,7 @@ pub(super) enum Try {
     Answered(Response<ProxyBody>),
     /// The worker switched protocols (101): the response to send, and the worker's side of the
     /// tunnel with the in-flight count that lasts as long as it does.
-    Upgraded(Response<ProxyBody>, hyper::upgrade::OnUpgrade, InFlight),
+    Upgraded(Response<ProxyBody>, Upgraded, InFlight),
     Failed(Failure),
     /// Not the worker's fault (the client's upload failed or stalled, or the gateway ran out of
     /// resources): answered without blaming the worker, and not retried.
@@ -97,9 +96,9 @@ pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> T
     classify(&ctx, result, sent, guard)
 }
 
-/// What a send gave: the worker's response head and its connection, the transport's error, or
-/// the try's own end (timeout, stall).
-type Sent = Result<Result<(Response<Incoming>, Conn), SendError>, Failure>;
+/// What a send gave: the worker's response (its body holds the connection), the transport's
+/// error, or the try's own end (timeout, stall).
+type Sent = Result<Result<Response<UpstreamBody>, SendError>, Failure>;
 
 /// Sends the request to the worker and waits for its response head, until the try's deadline or
 /// (for a try that may be abandoned) the worker stalls while another could take the request. A
@@ -161,12 +160,12 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
     let arrived = Instant::now();
     let latency = arrived.saturating_duration_since(sent);
     let failure = match result {
-        Ok(Ok((resp, conn)))
+        Ok(Ok(resp))
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS && parts.headers.contains_key(header::UPGRADE) =>
         {
-            return switched(ctx, resp, conn, arrived, latency, guard);
+            return switched(ctx, resp, arrived, latency, guard);
         }
-        Ok(Ok((resp, conn))) => {
+        Ok(Ok(resp)) => {
             worker.headers_arrived(arrived);
             let status = resp.status();
             // The worker's own cache result, when it reports one: slow start reads it.
@@ -190,7 +189,6 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
             let guarded = Guarded::new(
                 incoming,
                 guard,
-                conn,
                 Arc::clone(worker),
                 Arc::clone(snap),
                 status.as_u16(),
@@ -255,8 +253,7 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
 /// the worker's side of the tunnel (its connection is the tunnel's now, never back to the pool).
 fn switched(
     ctx: &TryCtx<'_>,
-    mut resp: Response<Incoming>,
-    conn: Conn,
+    resp: Response<UpstreamBody>,
     arrived: Instant,
     latency: Duration,
     guard: InFlight,
@@ -270,14 +267,12 @@ fn switched(
     let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
     if !offered(chosen.trim_ascii()) {
         // RFC 9110 §7.8: a server switches only to a protocol the client offered.
-        drop(conn);
         return Try::Failed(Failure::Unoffered);
     }
     worker.observe_success();
-    let worker_side = hyper::upgrade::on(&mut resp);
+    let (mut head, body) = resp.into_parts();
     // The connection is the tunnel's now: never back to the pool.
-    drop(conn);
-    let (mut head, _) = resp.into_parts();
+    let Some(worker_side) = body.into_upgraded() else { return Try::Failed(Failure::Unoffered) };
     let protocol = head.headers.get(header::UPGRADE).cloned();
     worker_head(&mut head, snap, worker);
     head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));

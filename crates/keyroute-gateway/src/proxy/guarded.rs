@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 
 use crate::body::BoxError;
 use crate::pool::{InFlight, Snapshot, WorkerState};
-use crate::upstream::Conn;
+use crate::upstream::UpstreamBody;
 
 /// What the proxy learns of the client's upload.
 #[derive(Debug, Default)]
@@ -109,7 +109,7 @@ where
 
 /// The worker's response body on its way to the client. See the [module documentation](self).
 pub(crate) struct Guarded {
-    inner: Incoming,
+    inner: UpstreamBody,
     state: Option<Finish>,
 }
 
@@ -122,7 +122,6 @@ impl std::fmt::Debug for Guarded {
 /// What the end of a response settles.
 struct Finish {
     guard: InFlight,
-    conn: Conn,
     worker: Arc<WorkerState>,
     snapshot: Arc<Snapshot>,
     status: u16,
@@ -133,15 +132,14 @@ impl Guarded {
     /// Wraps a response body; a body that is already complete (HEAD, 204, 304, an empty 200) is
     /// settled at once, since nothing will poll it.
     pub(crate) fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         guard: InFlight,
-        conn: Conn,
         worker: Arc<WorkerState>,
         snapshot: Arc<Snapshot>,
         status: u16,
         upload: Arc<Upload>,
     ) -> Self {
-        let mut g = Guarded { inner, state: Some(Finish { guard, conn, worker, snapshot, status, upload }) };
+        let mut g = Guarded { inner, state: Some(Finish { guard, worker, snapshot, status, upload }) };
         if g.inner.is_end_stream() {
             g.complete();
         }
@@ -157,15 +155,16 @@ impl Guarded {
             }
             drop(f.guard);
             // A connection whose request body is still going out (the worker answered early) is
-            // not reusable yet: drop it rather than make the next request wait behind the upload.
-            if f.upload.done() {
-                f.worker.upstream.checkin(f.conn);
+            // not reusable yet: it is dropped rather than make the next request wait behind the
+            // upload (the body says so).
+            if let Some(conn) = self.inner.take_reusable() {
+                f.worker.upstream.checkin(conn);
             }
         }
     }
 
     /// The worker's body failed mid-way: an upstream failure.
-    fn fail(&mut self, error: &hyper::Error) {
+    fn fail(&mut self, error: &keyroute_http1::ExchangeError) {
         if let Some(f) = self.state.take() {
             // The client's own upload broke the exchange, or a 5xx already counted as a failure:
             // nothing more against the worker.

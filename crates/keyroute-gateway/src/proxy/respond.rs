@@ -69,7 +69,7 @@ pub(super) async fn answered(
 pub(super) fn upgraded(
     mut resp: Response<ProxyBody>,
     client_side: Option<hyper::upgrade::OnUpgrade>,
-    worker_side: hyper::upgrade::OnUpgrade,
+    worker_side: crate::upstream::Upgraded,
     in_flight: InFlight,
     worker: &Arc<WorkerState>,
     route: &Route<'_>,

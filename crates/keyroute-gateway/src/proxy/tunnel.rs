@@ -123,13 +123,47 @@ pub(crate) struct Tunnel {
     pub(crate) metrics: Option<Arc<ListenerMetrics>>,
 }
 
-/// Waits for both sides to finish switching, then runs the tunnel to its end (on its own task).
-pub(crate) fn spawn(client: OnUpgrade, worker_side: OnUpgrade, t: Tunnel) {
+/// The worker's side of a tunnel: its socket, and the bytes it sent past its 101, which are
+/// read first.
+struct Prefixed {
+    rest: bytes::Bytes,
+    io: tokio::net::TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.rest.is_empty() {
+            let n = self.rest.len().min(buf.remaining());
+            buf.put_slice(&self.rest.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Waits for the client's side to finish switching, then runs the tunnel to its end (on its own
+/// task).
+pub(crate) fn spawn(client: OnUpgrade, worker_side: crate::upstream::Upgraded, t: Tunnel) {
     tokio::spawn(async move {
-        let (up, down, closed) = match tokio::try_join!(client, worker_side) {
-            Ok((c, w)) => {
-                let (c, w): (TokioIo<Upgraded>, TokioIo<Upgraded>) = (TokioIo::new(c), TokioIo::new(w));
-                join(c, w, t.idle).await
+        let (io, rest) = worker_side;
+        let (up, down, closed) = match client.await {
+            Ok(c) => {
+                let c: TokioIo<Upgraded> = TokioIo::new(c);
+                join(c, Prefixed { rest, io }, t.idle).await
             }
             Err(e) => {
                 tracing::debug!(request_id = %t.request_id, worker = %t.worker, error = %e, "upgrade failed");

@@ -1,0 +1,99 @@
+//! The runtime thread's read buffer: every connection of a thread reads into it, so that a
+//! connection owns no buffer while it waits.
+//!
+//! A read appends to the thread's [`BytesMut`] and the bytes read are split off at once as a
+//! [`Bytes`]: a slice of the same allocation, which the message that holds it keeps alive. The
+//! thread's buffer is therefore always empty between reads and only its spare capacity is reused;
+//! when that runs low a new 64 KiB block is allocated, and an old one is freed when the last
+//! message that points into it is dropped (the head of a request in flight, a body chunk being
+//! written). A connection between requests holds nothing of it.
+//!
+//! Readiness: tokio keeps a socket marked readable until a read fails with `WouldBlock`, which
+//! costs a read syscall that finds nothing after every message that arrived whole. A read that
+//! returns less than it asked for has drained the socket, so the mark is cleared then, without
+//! a syscall ([`TcpStream::try_io`] with `WouldBlock`; tokio clears it only if no new readiness
+//! event came in between).
+
+use std::cell::RefCell;
+use std::io;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// The size of a new block of the thread's buffer.
+pub const BLOCK: usize = 64 * 1024;
+
+/// Below this much spare capacity, the next read gets a new block (so that one read can take a
+/// whole ordinary response or request at once).
+const MIN_SPARE: usize = 16 * 1024;
+
+thread_local! {
+    static READ: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// Reads what `io` has into the thread's buffer, without waiting: `Ok(None)` when nothing is
+/// there, `Ok(Some(bytes))` with the bytes read (empty at the end of the stream).
+///
+/// # Errors
+///
+/// The socket's error.
+pub fn try_read(io: &TcpStream) -> io::Result<Option<Bytes>> {
+    let read = READ.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.capacity() - buf.len() < MIN_SPARE {
+            buf.reserve(BLOCK);
+        }
+        let spare = buf.capacity() - buf.len();
+        match io.try_read_buf(&mut *buf) {
+            Ok(n) => Ok(Some((buf.split_to(n).freeze(), n < spare))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    })?;
+    Ok(read.map(|(bytes, short)| {
+        if short && !bytes.is_empty() {
+            clear_readable(io);
+        }
+        bytes
+    }))
+}
+
+/// Waits until `io` is readable, then reads what it has (see [`try_read`]); empty at the end of
+/// the stream.
+///
+/// # Errors
+///
+/// The socket's error.
+pub fn poll_read(io: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+    loop {
+        ready!(io.poll_read_ready(cx))?;
+        if let Some(bytes) = try_read(io)? {
+            return Poll::Ready(Ok(bytes));
+        }
+    }
+}
+
+/// Forgets that `io` was readable (it has just been drained), so that the next wait does not
+/// begin with a read that finds nothing.
+fn clear_readable(io: &TcpStream) {
+    let _ = io.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+}
+
+/// Writes all of `buf`, trying at once and waiting for writability only when the socket is full.
+///
+/// # Errors
+///
+/// The socket's error; `WriteZero` if it takes nothing.
+pub async fn write_all(io: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match io.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
