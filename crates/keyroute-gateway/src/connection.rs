@@ -20,20 +20,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use keyroute_http1::{
+    HeadError, Limits, ReadError, RequestHead, Respond, RespondError, ServerConn, Transport, Version,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::access::{self, Pending};
 use crate::body::ProxyBody;
-use crate::listener::{ClockedBody, ClockedRequest, OpenConn, TimedIo};
+use crate::listener::OpenConn;
 use crate::metrics::ListenerMetrics;
-use crate::proxy::{self, Peer};
+use crate::proxy::{self, Peer, tunnel};
 use crate::state::{Shared, stopped};
 
 /// How long an idle HTTP/2 connection's GOAWAY may take to be written before the connection is
@@ -107,7 +112,7 @@ async fn serve_tls<H: Send + 'static>(
     if h2 {
         serve_h2(tls, Peer::with(remote, true, true), shared, settings, held, first).await;
     } else {
-        serve_h1(tls, Peer::with(remote, true, false), shared, settings, held, first).await;
+        serve_h1(Tls(tls), Peer::with(remote, true, false), shared, settings, held, first).await;
     }
 }
 
@@ -360,6 +365,110 @@ fn access_conn(peer: &Peer) -> access::Conn {
     access::Conn { client: peer.addr, h2: peer.h2, tls: peer.tls }
 }
 
+/// A TLS stream as the HTTP/1 engine's transport: rustls decrypts into the thread's buffer.
+struct Tls(tokio_rustls::server::TlsStream<TcpStream>);
+
+impl AsyncRead for Tls {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Tls {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl Transport for Tls {}
+
+/// The bytes sent when a request head times out.
+const TIMEOUT_RESPONSE: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+/// How long the gateway's own last words on a connection (a 408, a refused head) may wait for
+/// the client to take them.
+const LAST_WORDS: Duration = Duration::from_secs(1);
+
+/// After a last response that left bytes of the client's unread (an upload nobody read, the rest
+/// of a refused request), how long and how much is read and dropped before the close, so that
+/// the close does not reset the connection under the response (see `ServerConn::linger`).
+const LINGER: (Duration, u64) = (Duration::from_secs(2), 1 << 20);
+
+/// The answer to a head the parser refused: the status, and the reason class as JSON (no
+/// request id: there was no request).
+fn refusal(e: HeadError) -> Vec<u8> {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let body = format!("{{\"status\":{},\"reason\":\"{}\",\"message\":\"{e}\"}}\n", e.status(), e.reason());
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        status.as_str(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A parsed head as an `http` request whose body reads from the connection; `None` for a head
+/// `http` cannot represent (answered 400).
+fn to_request<B>(head: &RequestHead, body: B) -> Option<Request<B>> {
+    let method = Method::from_bytes(head.method().as_bytes()).ok()?;
+    let uri = Uri::from_maybe_shared(head.target_bytes()).ok()?;
+    let mut req = Request::new(body);
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = match head.version() {
+        Version::Http10 => http::Version::HTTP_10,
+        Version::Http11 => http::Version::HTTP_11,
+    };
+    let fields = head.fields();
+    let headers = req.headers_mut();
+    headers.reserve(fields.len());
+    for (i, (name, _)) in fields.iter().enumerate() {
+        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+        let value = HeaderValue::from_maybe_shared(fields.value_bytes(i)?).ok()?;
+        headers.append(name, value);
+    }
+    Some(req)
+}
+
+/// Serves HTTP/1.1 on keyroute's own engine ([`keyroute_http1`]): a head (within the head
+/// timeout: 408 when bytes of one came, or on a connection's first; a silent close for an idle
+/// keep-alive connection), the request path, the response (each wait for the client within the
+/// send timeout), and again; after a 101, the connection becomes the tunnel.
 async fn serve_h1<S, H>(
     io: S,
     peer: Peer,
@@ -368,72 +477,113 @@ async fn serve_h1<S, H>(
     held: (OpenConn, H),
     first: tokio::time::Instant,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Transport,
     H: Send + 'static,
 {
-    let stop_rx = shared.stop_accepting.subscribe();
-    let (io, clock) =
-        TimedIo::new(io, settings.header_timeout, first, settings.send_timeout, Arc::clone(&settings.metrics));
-    let mut builder = http1::Builder::new();
-    builder.max_buf_size(settings.max_buf.max(8192));
-    // hyper parses into an inline array of 100 headers unless told another count, and then
-    // fills a vector of that size for every request: set it only when it differs.
-    if settings.max_headers != 100 {
-        builder.max_headers(settings.max_headers);
-    }
-    builder
-        .writev(false)
-        .timer(TokioTimer::new())
-        // The head timeout is TimedIo's, which answers 408.
-        .header_read_timeout(None);
-    let remote = peer.addr;
-    let peer = Arc::new(peer);
-    let settings2 = Arc::clone(&settings);
-    let svc = service_fn(move |req: Request<Incoming>| {
-        use hyper::body::Body as _;
-        clock.head_received(!req.body().is_end_stream());
-        let shared = Arc::clone(&shared);
-        let peer = Arc::clone(&peer);
-        let clock = Arc::clone(&clock);
-        let settings = Arc::clone(&settings2);
-        async move {
-            let resp: Response<ProxyBody> = match settings.index {
-                Some(i) => {
-                    let log = shared.front.access_logs.get(i).and_then(Option::as_ref);
-                    let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
-                    let req = req.map(|b| ClockedRequest::new(b, Arc::clone(&clock)));
-                    let resp = proxy::handle(&shared.front, i, req, &peer).await;
-                    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                        settings.metrics.upgrades.fetch_add(1, Relaxed);
-                        clock.upgraded();
-                    }
-                    match (log, pending) {
-                        (Some(log), Some(p)) => access::logged(log, p, resp),
-                        _ => resp,
-                    }
+    let conn = ServerConn::new(io);
+    let limits = Limits { max_head_bytes: settings.max_buf.max(8192), max_headers: settings.max_headers };
+    let mut stop = shared.stop_accepting.subscribe();
+    let mut deadline = first;
+    let mut first_request = true;
+    loop {
+        let read = tokio::select! {
+            r = conn.read_head(&limits) => Some(r),
+            () = tokio::time::sleep_until(deadline) => None,
+            // The gateway stops: an idle connection closes now (one with a request in progress
+            // finishes it first, below).
+            _ = stopped(&mut stop), if !conn.has_partial_head() => break,
+        };
+        let head = match read {
+            None => {
+                if conn.has_partial_head() || first_request {
+                    settings.metrics.header_timeouts.fetch_add(1, Relaxed);
+                    let _ = conn.write_raw(TIMEOUT_RESPONSE, LAST_WORDS).await;
                 }
-                None => {
-                    // The admin API reads its (small) bodies whole before it answers.
-                    clock.body_finished();
-                    crate::admin::handle(&shared, req, peer.addr).await
+                break;
+            }
+            Some(Ok(h)) => h,
+            Some(Err(ReadError::Head(e))) => {
+                tracing::debug!(remote = %peer.addr, error = %e, "request head refused");
+                if conn.write_raw(&refusal(e), LAST_WORDS).await.is_ok() {
+                    conn.linger(LINGER.0, LINGER.1).await;
                 }
-            };
-            Ok::<_, std::convert::Infallible>(resp.map(|b| ClockedBody::new(b, clock)))
+                break;
+            }
+            Some(Err(_)) => break,
+        };
+        first_request = false;
+        let respond =
+            Respond { head_request: head.method() == "HEAD", version: head.version(), keep_alive: head.keep_alive() };
+        let Some(req) = to_request(&head, conn.body(&head)) else {
+            let _ = conn.write_raw(&refusal(HeadError::Syntax), LAST_WORDS).await;
+            break;
+        };
+        drop(head);
+        let resp: Response<ProxyBody> = match settings.index {
+            Some(i) => {
+                let req = req.map(|b| b.map_err(crate::body::BoxError::from).boxed_unsync());
+                let log = shared.front.access_logs.get(i).and_then(Option::as_ref);
+                let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
+                // Boxed: the connection's task is as small as its idle state between requests.
+                let fut: std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> =
+                    Box::pin(proxy::handle(&shared.front, i, req, &peer));
+                let resp = fut.await;
+                match (log, pending) {
+                    (Some(log), Some(p)) => access::logged(log, p, resp),
+                    _ => resp,
+                }
+            }
+            None => {
+                // The admin API's bodies are small: read whole first (a larger one is refused).
+                let (parts, body) = req.into_parts();
+                match http_body_util::Limited::new(body, crate::admin::MAX_BODY).collect().await {
+                    Ok(b) => {
+                        let req = Request::from_parts(parts, http_body_util::Full::new(b.to_bytes()));
+                        crate::admin::handle_boxed(Arc::clone(&shared), req, peer.addr).await
+                    }
+                    Err(_) => crate::body::error(
+                        StatusCode::BAD_REQUEST,
+                        "the body could not be read (at most 1024 KiB)",
+                        "bad_request_body",
+                        "-",
+                    ),
+                }
+            }
+        };
+        let (mut parts, body) = resp.into_parts();
+        let tunnel = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
+            .then(|| parts.extensions.remove::<tunnel::Pending>())
+            .flatten();
+        match conn.respond(&parts, body, respond, settings.send_timeout).await {
+            Ok(_) if tunnel.is_some() => {
+                settings.metrics.upgrades.fetch_add(1, Relaxed);
+                if let (Some(t), Some((io, rest))) = (tunnel, conn.into_upgraded()) {
+                    t.start(keyroute_http1::Prefixed::new(rest, io));
+                }
+                drop(held);
+                return;
+            }
+            // A body left unread (the response came first) is not drained: the connection closes,
+            // lingering so that the close does not reset it under the response.
+            Ok(keep) if keep && conn.body_done() && !*stop.borrow() => {}
+            Ok(_) if !conn.body_done() => {
+                conn.linger(LINGER.0, LINGER.1).await;
+                break;
+            }
+            Ok(_) => {
+                conn.shutdown().await;
+                break;
+            }
+            Err(RespondError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+                settings.metrics.send_timeouts.fetch_add(1, Relaxed);
+                break;
+            }
+            Err(e) => {
+                tracing::debug!(remote = %peer.addr, error = %e, "response ended with an error");
+                break;
+            }
         }
-    });
-    let mut stop = stop_rx.clone();
-    let conn = builder.serve_connection(TokioIo::new(io), svc).with_upgrades();
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stopped(&mut stop) => {
-            // The gateway stops: finish the request in progress (if any), then close.
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, %remote, "connection ended with an error");
+        deadline = tokio::time::Instant::now() + settings.header_timeout;
     }
     drop(held);
 }

@@ -16,10 +16,11 @@
 
 use std::cell::RefCell;
 use std::io;
+use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::Interest;
+use tokio::io::{AsyncRead, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// The size of a new block of the thread's buffer.
@@ -73,6 +74,29 @@ pub fn poll_read(io: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>
             return Poll::Ready(Ok(bytes));
         }
     }
+}
+
+/// Reads what any transport has into the thread's buffer (a TLS stream, which decrypts into it);
+/// empty at the end of the stream.
+///
+/// # Errors
+///
+/// The transport's error.
+pub fn poll_read_into<S: AsyncRead + ?Sized>(io: Pin<&mut S>, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+    READ.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.capacity() - buf.len() < MIN_SPARE {
+            buf.reserve(BLOCK);
+        }
+        let mut rb = ReadBuf::uninit(buf.spare_capacity_mut());
+        ready!(io.poll_read(cx, &mut rb))?;
+        let n = rb.filled().len();
+        // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity (a
+        // `ReadBuf`'s filled part is always initialised), and the buffer was empty before.
+        let len = buf.len() + n;
+        unsafe { buf.set_len(len) };
+        Poll::Ready(Ok(buf.split_to(n).freeze()))
+    })
 }
 
 /// Forgets that `io` was readable (it has just been drained), so that the next wait does not

@@ -558,6 +558,11 @@ impl RequestHead {
         name_str(&self.head.bytes[self.target.range()])
     }
 
+    /// The request target as a slice of the head's buffer (no copy).
+    pub fn target_bytes(&self) -> Bytes {
+        self.head.bytes.slice(self.target.range())
+    }
+
     /// HTTP/1.0 or HTTP/1.1.
     pub fn version(&self) -> Version {
         self.head.version

@@ -27,7 +27,9 @@
 pub mod body;
 pub mod buf;
 pub mod client;
+mod date;
 pub mod head;
+pub mod server;
 
 pub use body::{BodyDecoder, BodyError, ChunkedDecoder};
 pub use client::{BoxError, ClientConn, ExchangeError, Outgoing, RequestBody, ResponseBody, SendError, send};
@@ -35,3 +37,4 @@ pub use head::{
     ConnectionOptions, Fields, Framing, HeadError, Limits, Parsed, RequestHead, ResponseHead, Version, parse_request,
     parse_response,
 };
+pub use server::{Prefixed, ReadBodyError, ReadError, Respond, RespondError, ServerBody, ServerConn, Transport};

@@ -44,11 +44,17 @@ use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::body::{self, ProxyBody};
+
+/// An admin request's body, read whole by the connection before the request is handled (admin
+/// bodies are small: [`MAX_BODY`]).
+pub(crate) type AdminBody = http_body_util::Full<bytes::Bytes>;
+
+/// The largest admin request body (the batch placement's).
+pub(crate) const MAX_BODY: usize = 1 << 20;
 use crate::config::{EtcdConfig, MembershipConfig, validate_worker};
 use crate::exposition::Scrape;
 use crate::key::{percent_decode, query_value};
@@ -66,7 +72,7 @@ fn fail(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
     json(status, serde_json::json!({ "error": message.into(), "status": status.as_u16() }))
 }
 
-fn param(req: &Request<Incoming>, name: &str) -> Option<String> {
+fn param(req: &Request<AdminBody>, name: &str) -> Option<String> {
     query_value(req.uri().query().unwrap_or(""), name).map(|v| percent_decode(v).into_owned())
 }
 
@@ -138,7 +144,17 @@ struct PatchWorker {
 }
 
 /// Handles one admin request: [`gate`], then the endpoint's function.
-pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote: SocketAddr) -> Response<ProxyBody> {
+/// [`handle`] as a boxed future made here, where its type is concrete (so that a caller generic
+/// over its connection's transport need not prove it `Send` itself).
+pub(crate) fn handle_boxed(
+    shared: Arc<Shared>,
+    req: Request<AdminBody>,
+    remote: SocketAddr,
+) -> std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send>> {
+    Box::pin(async move { handle(&shared, req, remote).await })
+}
+
+pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<AdminBody>, remote: SocketAddr) -> Response<ProxyBody> {
     let path = req.uri().path().to_owned();
     let endpoint = match gate(shared, &req, &path, remote) {
         Ok(e) => e,
@@ -191,7 +207,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<Incoming>, remote:
 /// throttle. `Err` is the answer to send instead.
 fn gate(
     shared: &Shared,
-    req: &Request<Incoming>,
+    req: &Request<AdminBody>,
     path: &str,
     remote: SocketAddr,
 ) -> Result<Endpoint, Response<ProxyBody>> {
@@ -274,8 +290,8 @@ fn metrics(shared: &Shared, routing: &crate::routing::Routing) -> Response<Proxy
 }
 
 /// `POST /placement`: each key's owner.
-async fn place_batch(pool: &Pool, req: Request<Incoming>) -> Response<ProxyBody> {
-    let batch: PlaceBatch = match read_json_limited(req, 1 << 20).await {
+async fn place_batch(pool: &Pool, req: Request<AdminBody>) -> Response<ProxyBody> {
+    let batch: PlaceBatch = match read_json_limited(req, MAX_BODY).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -286,7 +302,7 @@ async fn place_batch(pool: &Pool, req: Request<Incoming>) -> Response<ProxyBody>
 }
 
 /// `POST /workers` on a static pool.
-async fn add_worker(shared: &Shared, pool: Arc<Pool>, req: Request<Incoming>) -> Response<ProxyBody> {
+async fn add_worker(shared: &Shared, pool: Arc<Pool>, req: Request<AdminBody>) -> Response<ProxyBody> {
     let add: AddWorker = match read_json(req).await {
         Ok(v) => v,
         Err(r) => return r,
@@ -316,7 +332,7 @@ async fn remove_worker(pool: Arc<Pool>, name: String) -> Response<ProxyBody> {
 }
 
 /// `PATCH /workers/NAME` on a static pool.
-async fn patch_worker(pool: Arc<Pool>, name: String, req: Request<Incoming>) -> Response<ProxyBody> {
+async fn patch_worker(pool: Arc<Pool>, name: String, req: Request<AdminBody>) -> Response<ProxyBody> {
     let patch: PatchWorker = match read_json(req).await {
         Ok(v) => v,
         Err(r) => return r,
@@ -458,12 +474,12 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
     )
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Response<ProxyBody>> {
+async fn read_json<T: serde::de::DeserializeOwned>(req: Request<AdminBody>) -> Result<T, Response<ProxyBody>> {
     read_json_limited(req, 64 * 1024).await
 }
 
 async fn read_json_limited<T: serde::de::DeserializeOwned>(
-    req: Request<Incoming>,
+    req: Request<AdminBody>,
     limit: usize,
 ) -> Result<T, Response<ProxyBody>> {
     let body = Limited::new(req.into_body(), limit).collect().await.map_err(|_| {
@@ -549,7 +565,7 @@ async fn etcd_change(
     shared: &Arc<Shared>,
     pool: Arc<Pool>,
     endpoint: Endpoint,
-    req: Request<Incoming>,
+    req: Request<AdminBody>,
     name: String,
 ) -> Response<ProxyBody> {
     let Some(cfg) = etcd_of(&pool) else { return fail(StatusCode::CONFLICT, "the pool's source changed") };

@@ -85,7 +85,7 @@ pub(crate) fn upgrade_of(version: http::Version, headers: &HeaderMap, allowed: &
 /// Rewrites a routed request's head into the upstream request's: hop-by-hop headers removed (an
 /// allowed upgrade kept, with `Connection: upgrade`), a body of unknown length sent on chunked,
 /// `Forwarded` and `X-Forwarded-*` added, this gateway's `Via` entry appended, the request id set.
-/// Returns the client's side of an upgrade, if one was allowed (HTTP/1.1 only).
+/// An upgrade is kept only if the route allows it (HTTP/1.1 only).
 pub(crate) fn upstream_head(
     parts: &mut http::request::Parts,
     upgrades: &[String],
@@ -93,9 +93,8 @@ pub(crate) fn upstream_head(
     peer: &Peer,
     via: &Via,
     id: &str,
-) -> Option<hyper::upgrade::OnUpgrade> {
+) {
     let upgrade = upgrade_of(parts.version, &parts.headers, upgrades);
-    let client_side = upgrade.as_ref().and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     strip_hop_by_hop(&mut parts.headers);
     if let Some(u) = upgrade {
         parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -111,7 +110,6 @@ pub(crate) fn upstream_head(
     if let Ok(v) = HeaderValue::try_from(id) {
         parts.headers.insert(REQUEST_ID.clone(), v);
     }
-    client_side
 }
 
 /// Whether an offered protocol (`name` or `name/version`) is one of `allowed`. `h2c` never is.

@@ -157,7 +157,7 @@ where
         cache::Looked::Skip => (None, false),
     };
     // Head.
-    let client_side = headers::upstream_head(parts, route.upgrades, body.is_end_stream(), peer, &shared.via, id);
+    headers::upstream_head(parts, route.upgrades, body.is_end_stream(), peer, &shared.via, id);
     // Steer and attempt, worker after worker.
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
@@ -198,16 +198,7 @@ where
                 return respond::answered(&snap, parts, resp, caching, waited).await;
             }
             Try::Upgraded(resp, worker_side, in_flight) => {
-                return respond::upgraded(
-                    resp,
-                    client_side,
-                    worker_side,
-                    in_flight,
-                    &worker,
-                    &route,
-                    id,
-                    placed.is_some(),
-                );
+                return respond::upgraded(resp, worker_side, in_flight, &worker, &route, id, placed.is_some());
             }
             Try::ClientFault(resp) => return resp,
             Try::Failed(f) => {

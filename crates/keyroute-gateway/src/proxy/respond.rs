@@ -62,13 +62,12 @@ pub(super) async fn answered(
     }
 }
 
-/// The worker switched protocols: the 101 goes back, and the two sides are joined in a tunnel
-/// that holds the worker's in-flight count until it closes. With an access log, the request's
-/// line waits for the tunnel's end.
-#[allow(clippy::too_many_arguments)]
+/// The worker switched protocols: the 101 goes back, carrying the tunnel that the client's
+/// connection starts once it has written it ([`tunnel::Pending`]); the tunnel holds the worker's
+/// in-flight count until it closes. With an access log, the request's line waits for the
+/// tunnel's end.
 pub(super) fn upgraded(
     mut resp: Response<ProxyBody>,
-    client_side: Option<hyper::upgrade::OnUpgrade>,
     worker_side: crate::upstream::Upgraded,
     in_flight: InFlight,
     worker: &Arc<WorkerState>,
@@ -76,9 +75,6 @@ pub(super) fn upgraded(
     id: &str,
     logged: bool,
 ) -> Response<ProxyBody> {
-    // Only a caller without a connection (`ProxyService::call`) has no client side to join: the
-    // worker's side closes.
-    let Some(client) = client_side else { return resp };
     let end = logged.then(|| {
         let (tx, rx) = tokio::sync::oneshot::channel();
         resp.extensions_mut().insert(crate::access::TunnelLine::new(rx));
@@ -92,7 +88,7 @@ pub(super) fn upgraded(
         end,
         metrics: route.tunnel.map(|t| Arc::clone(&t.1)),
     };
-    tunnel::spawn(client, worker_side, t);
+    resp.extensions_mut().insert(tunnel::Pending::new(worker_side, t));
     resp
 }
 

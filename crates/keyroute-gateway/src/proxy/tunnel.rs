@@ -13,8 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::upgrade::{OnUpgrade, Upgraded};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
@@ -123,65 +121,46 @@ pub(crate) struct Tunnel {
     pub(crate) metrics: Option<Arc<ListenerMetrics>>,
 }
 
-/// The worker's side of a tunnel: its socket, and the bytes it sent past its 101, which are
-/// read first.
-struct Prefixed {
-    rest: bytes::Bytes,
-    io: tokio::net::TcpStream,
-}
+/// A tunnel waiting for its 101 to be written: the worker's side and the tunnel's details. It
+/// travels in the response's extensions to the client's connection, which starts it with its own
+/// transport ([`Pending::start`]); dropped unstarted (a caller without a connection), it closes
+/// the worker's side and releases its in-flight count.
+#[derive(Clone)]
+pub(crate) struct Pending(Arc<parking_lot::Mutex<Option<(crate::upstream::Upgraded, Tunnel)>>>);
 
-impl AsyncRead for Prefixed {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if !self.rest.is_empty() {
-            let n = self.rest.len().min(buf.remaining());
-            buf.put_slice(&self.rest.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.io).poll_read(cx, buf)
+impl Pending {
+    pub(crate) fn new(worker_side: crate::upstream::Upgraded, t: Tunnel) -> Self {
+        Pending(Arc::new(parking_lot::Mutex::new(Some((worker_side, t)))))
+    }
+
+    /// Runs the tunnel between `client` and the worker to its end, on its own task.
+    pub(crate) fn start<C>(self, client: C)
+    where
+        C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Some(((io, rest), t)) = self.0.lock().take() else { return };
+        tokio::spawn(run(client, keyroute_http1::Prefixed::new(rest, io), t));
     }
 }
 
-impl AsyncWrite for Prefixed {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+/// Copies until the tunnel ends, then logs it and releases its in-flight count.
+async fn run<C, W>(client: C, worker: W, t: Tunnel)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    W: AsyncRead + AsyncWrite + Unpin,
+{
+    let (up, down, closed) = join(client, worker, t.idle).await;
+    if closed == Closed::Idle
+        && let Some(m) = &t.metrics
+    {
+        m.tunnel_idle_closed.fetch_add(1, Relaxed);
     }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+    tracing::debug!(request_id = %t.request_id, worker = %t.worker, up, down, ?closed, "tunnel closed");
+    if let Some(end) = t.end {
+        let _ = end.send(TunnelEnd { up, down });
     }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-/// Waits for the client's side to finish switching, then runs the tunnel to its end (on its own
-/// task).
-pub(crate) fn spawn(client: OnUpgrade, worker_side: crate::upstream::Upgraded, t: Tunnel) {
-    tokio::spawn(async move {
-        let (io, rest) = worker_side;
-        let (up, down, closed) = match client.await {
-            Ok(c) => {
-                let c: TokioIo<Upgraded> = TokioIo::new(c);
-                join(c, Prefixed { rest, io }, t.idle).await
-            }
-            Err(e) => {
-                tracing::debug!(request_id = %t.request_id, worker = %t.worker, error = %e, "upgrade failed");
-                (0, 0, Closed::Failed)
-            }
-        };
-        if closed == Closed::Idle
-            && let Some(m) = &t.metrics
-        {
-            m.tunnel_idle_closed.fetch_add(1, Relaxed);
-        }
-        tracing::debug!(request_id = %t.request_id, worker = %t.worker, up, down, ?closed, "tunnel closed");
-        if let Some(end) = t.end {
-            let _ = end.send(TunnelEnd { up, down });
-        }
-        // The tunnel counted as one request in flight on its worker until now.
-        drop(t.in_flight);
-    });
+    // The tunnel counted as one request in flight on its worker until now.
+    drop(t.in_flight);
 }
 
 #[cfg(test)]
