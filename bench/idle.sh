@@ -11,6 +11,12 @@
 #
 # Usage:  bench/idle.sh                 (COUNTS="5000 10000 50000")
 #         COUNTS="10000" bench/idle.sh
+#         MODE=tls bench/idle.sh  the connections are TLS (a self-signed certificate made with
+#                                 openssl; TLS 1.3, the proxies' defaults otherwise)
+#         MODE=ws bench/idle.sh   each connection is a WebSocket tunnel: the GET asks for an
+#                                 upgrade, a Python backend (bench/gateway/ws_backend.py) answers
+#                                 101 and holds it; the figure includes each tunnel's upstream
+#                                 socket, for every proxy alike
 #         FLOOR=1 bench/idle.sh   also the do-nothing proxy of keyroute's own HTTP/1 design
 #                                 (crates/keyroute-bench/examples/floor_own.rs, issue 20's spike),
 #                                 as "floor-own"; it holds one upstream connection per client, so
@@ -21,6 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 COUNTS=${COUNTS:-5000 10000 50000}
+MODE=${MODE:-plain}
 BACKEND=18181
 PORT=18100
 LIMIT=200000
@@ -44,6 +51,22 @@ fi
 TMP=$(mktemp -d /tmp/keyroute-idle.XXXXXX)
 chmod 755 "$TMP"
 mkdir -p "$TMP"/{b,n}/{logs,tmp}
+LISTEN_NGINX="127.0.0.1:$PORT"
+BIND_HAPROXY="127.0.0.1:$PORT"
+TLS_KEYROUTE=""
+NGINX_EXTRA=""
+if [[ $MODE == tls ]]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=bench.test \
+        -addext subjectAltName=DNS:bench.test -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
+    cat "$TMP/cert.pem" "$TMP/key.pem" >"$TMP/combined.pem"
+    LISTEN_NGINX="$LISTEN_NGINX ssl"
+    NGINX_EXTRA="ssl_certificate $TMP/cert.pem; ssl_certificate_key $TMP/key.pem;"
+    BIND_HAPROXY="$BIND_HAPROXY ssl crt $TMP/combined.pem alpn http/1.1"
+    TLS_KEYROUTE=$(printf '[[listener.tls.certificate]]\ncert = "%s"\nkey = "%s"\n' "$TMP/cert.pem" "$TMP/key.pem")
+fi
+if [[ $MODE == ws ]]; then
+    NGINX_EXTRA="map \$http_upgrade \$conn_up { default upgrade; '' ''; }"
+fi
 
 common() { # $1 dir
     cat <<EOF
@@ -58,7 +81,12 @@ EOF
   echo "  server { listen 127.0.0.1:$BACKEND; keepalive_requests 1000000; location / { return 200 \"ok\\n\"; } } }"; } >"$TMP/backend.conf"
 { common n; echo "http { access_log off; keepalive_timeout 600; client_body_temp_path $TMP/n/tmp/b; proxy_temp_path $TMP/n/tmp/p;"
   echo "  upstream be { hash \$arg_k consistent; server 127.0.0.1:$BACKEND; keepalive 64; }"
-  echo "  server { listen 127.0.0.1:$PORT; location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection \"\"; } } }"; } >"$TMP/nginx.conf"
+  echo "  $NGINX_EXTRA"
+  if [[ $MODE == ws ]]; then
+      echo "  server { listen $LISTEN_NGINX; location / { proxy_pass http://be; proxy_http_version 1.1; proxy_read_timeout 600s; proxy_set_header Upgrade \$http_upgrade; proxy_set_header Connection \$conn_up; } } }"
+  else
+      echo "  server { listen $LISTEN_NGINX; location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection \"\"; } } }"
+  fi; } >"$TMP/nginx.conf"
 cat >"$TMP/haproxy.cfg" <<EOF
 global
     nbthread 1
@@ -71,8 +99,9 @@ defaults
     timeout client 600s
     timeout server 30s
     timeout http-keep-alive 600s
+    timeout tunnel 600s
 frontend fe
-    bind 127.0.0.1:$PORT
+    bind $BIND_HAPROXY
     default_backend be
 backend be
     balance url_param k
@@ -85,7 +114,9 @@ listen = "127.0.0.1:19191"
 [[listener]]
 listen = "127.0.0.1:$PORT"
 header_timeout_ms = 600000
+tunnel_idle_timeout_ms = 600000
 max_connections = 18000
+$TLS_KEYROUTE
 [[pool]]
 name = "p"
 key = "{query.k}"
@@ -105,7 +136,11 @@ fi
 HAPROXY_MAX=$(((LIMIT - 200) / 2))
 sed -i "s/worker_rlimit_nofile [0-9]*;/worker_rlimit_nofile $LIMIT;/; s/worker_connections [0-9]*;/worker_connections $((LIMIT - 100));/" "$TMP/backend.conf" "$TMP/nginx.conf"
 sed -i "s/maxconn [0-9]*/maxconn $HAPROXY_MAX/" "$TMP/haproxy.cfg"
-"${RUN[@]}" nginx -p "$TMP/b" -c "$TMP/backend.conf" -g 'daemon off;' &
+if [[ $MODE == ws ]]; then
+    "${RUN[@]}" python3 "$ROOT/bench/gateway/ws_backend.py" "$BACKEND" &
+else
+    "${RUN[@]}" nginx -p "$TMP/b" -c "$TMP/backend.conf" -g 'daemon off;' &
+fi
 PIDS+=($!)
 sleep 0.5
 
@@ -119,6 +154,8 @@ rss_kb() { # PIDs -> summed VmRSS in kB
 }
 procs() { echo "$1" $(pgrep -P "$1" || true); }
 
+echo "mode: $MODE"
+echo
 echo "| proxy | connections | RSS before (MB) | RSS with them (MB) | per connection (KB) |"
 echo "|---|---:|---:|---:|---:|"
 for n in $COUNTS; do
@@ -139,12 +176,12 @@ for n in $COUNTS; do
         esac
         pid=$!
         PIDS+=("$pid")
-        for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$PORT/?k=1" && break; sleep 0.1; done
-        # Warm: a few hundred requests on fresh connections, then measure.
-        for i in $(seq 20); do curl -s -o /dev/null "http://127.0.0.1:$PORT/?k=$i"; done
+        for _ in $(seq 50); do python3 "$ROOT/bench/gateway/idle.py" "$PORT" 1 "$MODE" </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
+        # Warm: a few connections first, then measure.
+        python3 "$ROOT/bench/gateway/idle.py" "$PORT" 20 "$MODE" </dev/null >/dev/null
         sleep 0.5
         before=$(rss_kb $(procs "$pid"))
-        coproc HOLD { exec "${RUN[@]}" python3 "$ROOT/bench/gateway/idle.py" "$PORT" "$n"; }
+        coproc HOLD { exec "${RUN[@]}" python3 "$ROOT/bench/gateway/idle.py" "$PORT" "$n" "$MODE"; }
         read -r line <&"${HOLD[0]}"
         [[ "$line" == "held $n" ]] || { log "$p: idle.py said '$line'"; exit 1; }
         sleep 1

@@ -4,8 +4,10 @@
 //!   HTTP/2 if the client chose `h2` by ALPN, else HTTP/1.1.
 //! - **Plain listeners** serve HTTP/1.1, or, with `h2c` on, HTTP/2 when the connection opens with
 //!   the HTTP/2 preface (prior knowledge).
-//! - **HTTP/1.1** keeps the head timeout ([`TimedIo`]) and serves upgrades: after a 101 the
-//!   connection is a tunnel to the worker (see `proxy::forward`) and is never timed again.
+//! - **HTTP/1.1** is keyroute's own engine ([`keyroute_http1::ServerConn`]), driven by
+//!   [`serve_h1`]: a head within the head timeout, the request path, the response within the send
+//!   timeout, and again; after a 101 the connection's transport becomes the tunnel to the worker
+//!   ([`tunnel::Pending`]) and is never timed again.
 //! - **HTTP/2** is hyper's server with its stream limits (`max_concurrent_streams`) and h2's
 //!   rapid-reset protections; requests go to the worker as HTTP/1.1 (`:authority` becomes `Host`).
 //!   The client's preface must arrive within the head timeout; a connection with no stream open
@@ -21,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
@@ -446,7 +448,7 @@ fn refusal(e: HeadError) -> Vec<u8> {
 /// `http` cannot represent (answered 400).
 fn to_request<B>(head: &RequestHead, body: B) -> Option<Request<B>> {
     let method = Method::from_bytes(head.method().as_bytes()).ok()?;
-    let uri = Uri::from_maybe_shared(head.target_bytes()).ok()?;
+    let uri = head.uri().clone();
     let mut req = Request::new(body);
     *req.method_mut() = method;
     *req.uri_mut() = uri;
@@ -483,12 +485,14 @@ async fn serve_h1<S, H>(
     let conn = ServerConn::new(io);
     let limits = Limits { max_head_bytes: settings.max_buf.max(8192), max_headers: settings.max_headers };
     let mut stop = shared.stop_accepting.subscribe();
-    let mut deadline = first;
+    // One timer for the connection's life, moved on after each response.
+    let head_timer = tokio::time::sleep_until(first);
+    tokio::pin!(head_timer);
     let mut first_request = true;
     loop {
         let read = tokio::select! {
             r = conn.read_head(&limits) => Some(r),
-            () = tokio::time::sleep_until(deadline) => None,
+            () = head_timer.as_mut() => None,
             // The gateway stops: an idle connection closes now (one with a request in progress
             // finishes it first, below).
             _ = stopped(&mut stop), if !conn.has_partial_head() => break,
@@ -558,7 +562,7 @@ async fn serve_h1<S, H>(
             Ok(_) if tunnel.is_some() => {
                 settings.metrics.upgrades.fetch_add(1, Relaxed);
                 if let (Some(t), Some((io, rest))) = (tunnel, conn.into_upgraded()) {
-                    t.start(keyroute_http1::Prefixed::new(rest, io));
+                    t.start(io, rest);
                 }
                 drop(held);
                 return;
@@ -583,7 +587,7 @@ async fn serve_h1<S, H>(
                 break;
             }
         }
-        deadline = tokio::time::Instant::now() + settings.header_timeout;
+        head_timer.as_mut().reset(tokio::time::Instant::now() + settings.header_timeout);
     }
     drop(held);
 }

@@ -53,8 +53,8 @@
 //! | `health` | pure machines: `machine` (rise/fall), `eject` (passive ejection) |
 //! | `metrics` | counters owned by what they count |
 //! | `access` | access log lines, queued to a writer thread that reopens its file on demand |
-//! | `listener` | accepting within limits, the head and send timeouts |
-//! | `upstream` | per-worker connection pools |
+//! | `listener` | accepting within limits (connection limits, back-off, open files) |
+//! | `upstream` | per-worker, per-thread pools of [`keyroute_http1`] client connections |
 //! | `cache` | the RFC 9111 cache for hot keys, with request coalescing |
 //! | `pool` | `endpoint` (a worker's live state, by concern: health, progress, warm-up, load), `hot` (a pool's hot keys: detector, set, cache), `snapshot` (what a request reads; its decision is the core's steering rule, [`keyroute::steer`]), the pool (every member set, from any source, applied by one function: build, then swap) |
 //! | `error` | the errors of starting and reloading |
@@ -65,7 +65,7 @@
 //! | [`membership`] | `record` (the members a prefix's records give), `saved` (the last members on disk), `source` (the watch task) |
 //! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
 //! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints |
-//! | `connection` | one connection: TLS and ALPN, HTTP/1.1 (head and send timeouts, upgrades) or HTTP/2 |
+//! | `connection` | one connection: TLS and ALPN, HTTP/1.1 on [`keyroute_http1`] (head and send timeouts, upgrades) or HTTP/2 on hyper |
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, the hot-key ticker, reload, shutdown |
 
 #![deny(missing_docs)]

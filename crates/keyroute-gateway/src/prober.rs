@@ -84,7 +84,8 @@ async fn probe(worker: &crate::pool::WorkerState, path: &str, timeout: Duration)
     }
     req.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
     let fut = async {
-        let resp = worker.upstream.send(req, false).await.ok()?;
+        let (parts, body) = req.into_parts();
+        let resp = worker.upstream.send(&parts, body, false).await.ok()?;
         let ok = resp.status().is_success();
         resp.into_body().collect().await.ok()?;
         Some(ok)

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body::Body as _;
 use keyroute_http1::{ClientConn, ExchangeError, Limits, Outgoing, ResponseHead};
 use parking_lot::Mutex;
@@ -189,9 +189,13 @@ impl Upstream {
     ///
     /// [`SendError::Connect`] when no connection could be made, [`SendError::Local`] when the
     /// gateway itself is out of descriptors or memory, [`SendError::Request`] otherwise.
-    pub(crate) async fn send(&self, req: Request<ProxyBody>, reuse: bool) -> Result<Response<UpstreamBody>, SendError> {
-        let (parts, mut body) = req.into_parts();
-        let (head, outgoing) = request_head(&parts, &body);
+    pub(crate) async fn send(
+        &self,
+        parts: &http::request::Parts,
+        mut body: ProxyBody,
+        reuse: bool,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let (head, outgoing) = request_head(parts, &body, self.addr);
         let head_request = parts.method == Method::HEAD;
         while reuse && let Some(conn) = self.take_idle() {
             match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
@@ -229,9 +233,10 @@ fn says_empty_length(method: &Method) -> bool {
 }
 
 /// The HTTP/1.1 head of an upstream request, and how its body goes: chunked when the head says
-/// so, else its `Content-Length`, else none.
-fn request_head(parts: &http::request::Parts, body: &ProxyBody) -> (Vec<u8>, Outgoing) {
-    let mut out = Vec::with_capacity(256);
+/// so, else its `Content-Length`, else none. A request without Host (HTTP/1.0) gets the worker's
+/// address.
+fn request_head(parts: &http::request::Parts, body: &ProxyBody, addr: SocketAddr) -> (Vec<u8>, Outgoing) {
+    let mut out = Vec::with_capacity(512);
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(parts.uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
@@ -248,6 +253,10 @@ fn request_head(parts: &http::request::Parts, body: &ProxyBody) -> (Vec<u8>, Out
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    }
+    if !parts.headers.contains_key(http::header::HOST) {
+        use std::io::Write as _;
+        let _ = write!(out, "host: {addr}\r\n");
     }
     let outgoing = match outgoing {
         Some(o) => o,

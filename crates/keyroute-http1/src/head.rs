@@ -249,6 +249,8 @@ pub struct RequestHead {
     head: Fields,
     method: Span,
     target: Span,
+    /// The target as `http` reads it (parsed once, here: a target it refuses is refused).
+    uri: http::Uri,
     framing: Framing,
     expect_continue: bool,
 }
@@ -305,10 +307,11 @@ pub fn parse_request(buf: &Bytes, limits: &Limits) -> Result<Parsed<RequestHead>
         let target = Span::of(base, path.as_bytes());
         check_line_endings(&base[..len])?;
         check_target(method.as_bytes(), path.as_bytes())?;
+        let uri = http::Uri::from_maybe_shared(buf.slice(target.range())).map_err(|_| HeadError::Syntax)?;
         let (fields, first) = index(base, method_span.start, req.headers, len)?;
         let head = Fields { bytes: buf.slice(..len), version, fields, connection: ConnectionOptions::default(), first };
         let mut head =
-            RequestHead { head, method: method_span, target, framing: Framing::Empty, expect_continue: false };
+            RequestHead { head, method: method_span, target, uri, framing: Framing::Empty, expect_continue: false };
         head.read_fields()?;
         Ok(Parsed::Complete(head, len))
     })
@@ -493,19 +496,20 @@ fn read_framing_fields(head: &mut Fields) -> (FramingFields, Option<Span>) {
             for coding in list(value) {
                 any = true;
                 ff.codings += 1;
-                if coding.eq_ignore_ascii_case(b"chunked") {
-                    ff.chunked_twice |= ff.chunked_last;
-                    ff.chunked_last = true;
-                } else {
-                    ff.chunked_twice |= ff.chunked_last;
-                    ff.chunked_last = false;
-                    ff.other_coding = true;
-                }
+                ff.chunked_twice |= ff.chunked_last;
+                ff.chunked_last = coding.eq_ignore_ascii_case(b"chunked");
+                ff.other_coding |= !ff.chunked_last;
             }
             if !any {
                 // An empty Transfer-Encoding frames nothing.
                 ff.codings += 1;
                 ff.other_coding = true;
+            }
+            // An empty element (`chunked,`) is refused, not skipped: hyper refuses it too, and
+            // two readings of one list are what smuggling is made of.
+            if value.split(|&b| b == b',').any(|e| e.trim_ascii().is_empty()) {
+                ff.other_coding = true;
+                ff.chunked_last = false;
             }
         } else if name.eq_ignore_ascii_case(b"connection") {
             for option in list(value) {
@@ -561,6 +565,11 @@ impl RequestHead {
     /// The request target as a slice of the head's buffer (no copy).
     pub fn target_bytes(&self) -> Bytes {
         self.head.bytes.slice(self.target.range())
+    }
+
+    /// The request target as `http` reads it.
+    pub fn uri(&self) -> &http::Uri {
+        &self.uri
     }
 
     /// HTTP/1.0 or HTTP/1.1.
@@ -752,6 +761,11 @@ mod tests {
             ),
             ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: \r\n\r\n", Err(TransferEncoding)),
             ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n", Err(TransferEncoding)),
+            // Found by the differential test: an empty element after chunked.
+            ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked,\r\n\r\n", Err(TransferEncoding)),
+            // Found by the differential test: targets http's URI parser refuses.
+            ("GET /` HTTP/1.1\r\nHost: x\r\n\r\n", Err(Syntax)),
+            ("GET http://a.e<xample/x HTTP/1.1\r\nHost: x\r\n\r\n", Err(Syntax)),
             // Both framings; TE on HTTP/1.0
             (
                 "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",

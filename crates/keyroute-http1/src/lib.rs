@@ -30,6 +30,7 @@ pub mod client;
 mod date;
 pub mod head;
 pub mod server;
+pub mod tunnel;
 
 pub use body::{BodyDecoder, BodyError, ChunkedDecoder};
 pub use client::{BoxError, ClientConn, ExchangeError, Outgoing, RequestBody, ResponseBody, SendError, send};

@@ -614,7 +614,8 @@ impl<S: Transport> Body for ServerBody<S> {
     }
 
     fn is_end_stream(&self) -> bool {
-        lock(&self.shared).decoder.is_done()
+        // Most requests have no body: known without the lock.
+        self.exact == Some(0) || lock(&self.shared).decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
@@ -114,16 +114,8 @@ async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> 
     let mut fresh = false;
     let until = sent + per_try;
     loop {
-        let mut upstream = Request::new(body.take().unwrap_or_else(body::empty));
-        *upstream.method_mut() = parts.method.clone();
-        *upstream.uri_mut() = parts.uri.clone();
-        *upstream.headers_mut() = parts.headers.clone();
-        if !upstream.headers().contains_key(header::HOST)
-            && let Ok(v) = HeaderValue::try_from(worker.address.to_string())
-        {
-            upstream.headers_mut().insert(header::HOST, v);
-        }
-        let send = worker.upstream.send(upstream, !fresh);
+        // The head is written straight from the client's (rewritten) one: nothing is cloned.
+        let send = worker.upstream.send(parts, body.take().unwrap_or_else(body::empty), !fresh);
         tokio::pin!(send);
         let r = loop {
             // Wake at the try's deadline, or when the worker would have stalled (re-read after

@@ -28,7 +28,7 @@ use http::{Uri, Version};
 pub(crate) use crate::hop::HOP_BY_HOP;
 
 /// Removes the hop-by-hop headers and those `Connection` lists; a message that came with
-/// `Transfer-Encoding` also loses `Content-Length` (the length is the chunked body's, and hyper
+/// `Transfer-Encoding` also loses `Content-Length` (the length is the chunked body's, and the engine
 /// re-frames what it forwards).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the (few) headers, instead of a hash lookup per hop-by-hop name.
@@ -100,8 +100,8 @@ pub(crate) fn upstream_head(
         parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         parts.headers.insert(header::UPGRADE, u);
     }
-    // A body whose length is not known (it came chunked) goes on chunked: hyper would otherwise
-    // send a GET or HEAD without it.
+    // A body whose length is not known (it came chunked) goes on chunked: a head without framing
+    // fields would send a GET or HEAD without it.
     if !body_end && !parts.headers.contains_key(header::CONTENT_LENGTH) {
         parts.headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
     }

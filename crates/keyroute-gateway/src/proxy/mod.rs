@@ -35,8 +35,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
+use http_body::Body;
 use http_body_util::BodyExt;
-use hyper::body::Body;
 use tokio::time::Instant;
 
 use self::attempt::{Failure, Try, TryCtx, idempotent, try_once};

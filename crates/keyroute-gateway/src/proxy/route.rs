@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Response, StatusCode};
-use hyper::body::Body;
+use http_body::Body;
 
 use super::headers::{self, Peer};
 use super::{Front, Route, forward};
