@@ -115,7 +115,7 @@ listen = "127.0.0.1:19191"
 listen = "127.0.0.1:$PORT"
 header_timeout_ms = 600000
 tunnel_idle_timeout_ms = 600000
-max_connections = 18000
+max_connections = 19500
 $TLS_KEYROUTE
 [[pool]]
 name = "p"

@@ -27,10 +27,10 @@ def main():
         ctx.verify_mode = ssl.CERT_NONE
     upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n" if mode == "ws" else ""
     want_status = b"HTTP/1.1 101" if mode == "ws" else b"HTTP/1.1 200"
-    want = n + 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(n + 1024, hard)
     if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(want, soft), max(want, hard)))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     conns = []
     per_ip = 10_000
     a = 1 + os.getpid() % 250

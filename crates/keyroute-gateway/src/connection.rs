@@ -467,6 +467,88 @@ fn to_request<B>(head: &RequestHead, body: B) -> Option<Request<B>> {
     Some(req)
 }
 
+/// What an HTTP/1.1 connection does after a request.
+enum Next {
+    /// Another request may come.
+    KeepAlive,
+    /// Close; `linger` when the request's body was left unread (see `ServerConn::linger`).
+    Close { linger: bool },
+    /// The connection is the tunnel's now.
+    Upgrade(tunnel::Pending),
+    /// The connection failed, or its request was refused: drop it.
+    Drop,
+}
+
+/// One request on an HTTP/1.1 connection, from its parsed head to the end of its response.
+async fn exchange<S: Transport>(
+    conn: &ServerConn<S>,
+    head: RequestHead,
+    peer: &Peer,
+    shared: &Arc<Shared>,
+    settings: &Settings,
+) -> Next {
+    let respond =
+        Respond { head_request: head.method() == "HEAD", version: head.version(), keep_alive: head.keep_alive() };
+    let Some(req) = to_request(&head, conn.body(&head)) else {
+        let _ = conn.write_raw(&refusal(HeadError::Syntax), LAST_WORDS).await;
+        return Next::Drop;
+    };
+    drop(head);
+    let resp: Response<ProxyBody> = match settings.index {
+        Some(i) => {
+            let req = req.map(|b| b.map_err(crate::body::BoxError::from).boxed_unsync());
+            let log = shared.front.access_logs.get(i).and_then(Option::as_ref);
+            let pending = log.map(|_| Pending::new(&req, access_conn(peer)));
+            let fut: std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> =
+                Box::pin(proxy::handle(&shared.front, i, req, peer));
+            let resp = fut.await;
+            match (log, pending) {
+                (Some(log), Some(p)) => access::logged(log, p, resp),
+                _ => resp,
+            }
+        }
+        None => {
+            // The admin API's bodies are small: read whole first (a larger one is refused).
+            let (parts, body) = req.into_parts();
+            match http_body_util::Limited::new(body, crate::admin::MAX_BODY).collect().await {
+                Ok(b) => {
+                    let req = Request::from_parts(parts, http_body_util::Full::new(b.to_bytes()));
+                    crate::admin::handle_boxed(Arc::clone(shared), req, peer.addr).await
+                }
+                Err(_) => crate::body::error(
+                    StatusCode::BAD_REQUEST,
+                    "the body could not be read (at most 1024 KiB)",
+                    "bad_request_body",
+                    "-",
+                ),
+            }
+        }
+    };
+    let (mut parts, body) = resp.into_parts();
+    let tunnel = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| parts.extensions.remove::<tunnel::Pending>())
+        .flatten();
+    match conn.respond(&parts, body, respond, settings.send_timeout).await {
+        Ok(_) if tunnel.is_some() => {
+            settings.metrics.upgrades.fetch_add(1, Relaxed);
+            tunnel.map_or(Next::Drop, Next::Upgrade)
+        }
+        // A body left unread (the response came first) is not drained: the connection closes,
+        // lingering so that the close does not reset it under the response.
+        Ok(_) if !conn.body_done() => Next::Close { linger: true },
+        Ok(true) => Next::KeepAlive,
+        Ok(false) => Next::Close { linger: false },
+        Err(RespondError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+            settings.metrics.send_timeouts.fetch_add(1, Relaxed);
+            Next::Drop
+        }
+        Err(e) => {
+            tracing::debug!(remote = %peer.addr, error = %e, "response ended with an error");
+            Next::Drop
+        }
+    }
+}
+
 /// Serves HTTP/1.1 on keyroute's own engine ([`keyroute_http1`]): a head (within the head
 /// timeout: 408 when bytes of one came, or on a connection's first; a silent close for an idle
 /// keep-alive connection), the request path, the response (each wait for the client within the
@@ -516,76 +598,25 @@ async fn serve_h1<S, H>(
             Some(Err(_)) => break,
         };
         first_request = false;
-        let respond =
-            Respond { head_request: head.method() == "HEAD", version: head.version(), keep_alive: head.keep_alive() };
-        let Some(req) = to_request(&head, conn.body(&head)) else {
-            let _ = conn.write_raw(&refusal(HeadError::Syntax), LAST_WORDS).await;
-            break;
-        };
-        drop(head);
-        let resp: Response<ProxyBody> = match settings.index {
-            Some(i) => {
-                let req = req.map(|b| b.map_err(crate::body::BoxError::from).boxed_unsync());
-                let log = shared.front.access_logs.get(i).and_then(Option::as_ref);
-                let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
-                // Boxed: the connection's task is as small as its idle state between requests.
-                let fut: std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> =
-                    Box::pin(proxy::handle(&shared.front, i, req, &peer));
-                let resp = fut.await;
-                match (log, pending) {
-                    (Some(log), Some(p)) => access::logged(log, p, resp),
-                    _ => resp,
-                }
+        // Boxed: between requests the connection's task is only as large as its wait for a head.
+        match Box::pin(exchange(&conn, head, &peer, &shared, &settings)).await {
+            Next::KeepAlive if !*stop.borrow() => {}
+            Next::KeepAlive | Next::Close { linger: false } => {
+                conn.shutdown().await;
+                break;
             }
-            None => {
-                // The admin API's bodies are small: read whole first (a larger one is refused).
-                let (parts, body) = req.into_parts();
-                match http_body_util::Limited::new(body, crate::admin::MAX_BODY).collect().await {
-                    Ok(b) => {
-                        let req = Request::from_parts(parts, http_body_util::Full::new(b.to_bytes()));
-                        crate::admin::handle_boxed(Arc::clone(&shared), req, peer.addr).await
-                    }
-                    Err(_) => crate::body::error(
-                        StatusCode::BAD_REQUEST,
-                        "the body could not be read (at most 1024 KiB)",
-                        "bad_request_body",
-                        "-",
-                    ),
-                }
+            Next::Close { linger: true } => {
+                conn.linger(LINGER.0, LINGER.1).await;
+                break;
             }
-        };
-        let (mut parts, body) = resp.into_parts();
-        let tunnel = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
-            .then(|| parts.extensions.remove::<tunnel::Pending>())
-            .flatten();
-        match conn.respond(&parts, body, respond, settings.send_timeout).await {
-            Ok(_) if tunnel.is_some() => {
-                settings.metrics.upgrades.fetch_add(1, Relaxed);
-                if let (Some(t), Some((io, rest))) = (tunnel, conn.into_upgraded()) {
+            Next::Upgrade(t) => {
+                if let Some((io, rest)) = conn.into_upgraded() {
                     t.start(io, rest);
                 }
                 drop(held);
                 return;
             }
-            // A body left unread (the response came first) is not drained: the connection closes,
-            // lingering so that the close does not reset it under the response.
-            Ok(keep) if keep && conn.body_done() && !*stop.borrow() => {}
-            Ok(_) if !conn.body_done() => {
-                conn.linger(LINGER.0, LINGER.1).await;
-                break;
-            }
-            Ok(_) => {
-                conn.shutdown().await;
-                break;
-            }
-            Err(RespondError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
-                settings.metrics.send_timeouts.fetch_add(1, Relaxed);
-                break;
-            }
-            Err(e) => {
-                tracing::debug!(remote = %peer.addr, error = %e, "response ended with an error");
-                break;
-            }
+            Next::Drop => break,
         }
         head_timer.as_mut().reset(tokio::time::Instant::now() + settings.header_timeout);
     }
