@@ -139,7 +139,12 @@ impl<S: Transport> ServerConn<S> {
                         }
                         // A partial head waits in a buffer of its own: the thread's block it was
                         // read into is not pinned by a client that stops half-way.
-                        Ok(Parsed::Partial) => sh.tail = Bytes::copy_from_slice(&bytes),
+                        Ok(Parsed::Partial) => {
+                            sh.tail = match bytes.try_into_mut() {
+                                Ok(own) => own.freeze(),
+                                Err(shared) => Bytes::copy_from_slice(&shared),
+                            }
+                        }
                         Err(e) => return Err(ReadError::Head(e)),
                     }
                 }
@@ -157,8 +162,11 @@ impl<S: Transport> ServerConn<S> {
                 Ok(b) if b.is_empty() => return Err(ReadError::Closed { partial: !sh.tail.is_empty() }),
                 Ok(b) if sh.tail.is_empty() => sh.tail = b,
                 Ok(b) => {
-                    let mut joined = BytesMut::with_capacity(sh.tail.len() + b.len());
-                    joined.extend_from_slice(&sh.tail);
+                    // The partial head is this connection's own buffer (copied out of the
+                    // thread's once): it grows in place, so a head that trickles in a byte at a
+                    // time costs linear copying, not quadratic.
+                    let mut joined =
+                        std::mem::take(&mut sh.tail).try_into_mut().unwrap_or_else(|t| BytesMut::from(&t[..]));
                     joined.extend_from_slice(&b);
                     sh.tail = joined.freeze();
                 }
@@ -663,5 +671,78 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn a_head_that_trickles_in_a_byte_at_a_time_is_read() {
+        let (ours, mut client) = tokio::io::duplex(64);
+        let conn = ServerConn::new(ours);
+        let text = b"GET /x HTTP/1.1\r\nHost: a\r\nX-Long: 0123456789\r\n\r\nGET /next HTTP/1.1\r\n";
+        let writer = tokio::spawn(async move {
+            for byte in text {
+                client.write_all(&[*byte]).await.expect("write");
+                tokio::task::yield_now().await;
+            }
+            client
+        });
+        let head = conn.read_head(&Limits::default()).await.expect("a head");
+        assert_eq!((head.target(), head.header("x-long")), ("/x", Some(&b"0123456789"[..])));
+        let _client = writer.await.expect("writer");
+        // The pipelined next head's first bytes are read, and wait in the connection's own buffer.
+        let next = tokio::time::timeout(Duration::from_millis(50), conn.read_head(&Limits::default())).await;
+        assert!(next.is_err() && conn.has_partial_head());
+    }
+
+    #[tokio::test]
+    async fn a_response_without_a_length_is_chunked_for_http_11_and_closes_for_http_10() {
+        use http_body_util::{BodyExt, StreamBody};
+        use tokio::io::AsyncReadExt;
+        for (version, chunked) in [(Version::Http11, true), (Version::Http10, false)] {
+            let (ours, mut client) = tokio::io::duplex(4096);
+            let conn = ServerConn::new(ours);
+            let frames = vec![Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"hello")))];
+            let body = StreamBody::new(futures_iter(frames)).boxed_unsync();
+            let (parts, ()) = http::Response::new(()).into_parts();
+            let keep = conn
+                .respond(
+                    &parts,
+                    body,
+                    Respond { head_request: false, version, keep_alive: true },
+                    Duration::from_secs(1),
+                )
+                .await
+                .expect("written");
+            drop(conn);
+            let mut out = Vec::new();
+            client.read_to_end(&mut out).await.expect("read");
+            let out = String::from_utf8_lossy(&out);
+            assert_eq!(keep, chunked, "{out}");
+            if chunked {
+                assert!(
+                    out.contains("transfer-encoding: chunked\r\n") && out.ends_with("\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+                    "{out}"
+                );
+            } else {
+                assert!(out.contains("connection: close\r\n") && out.ends_with("\r\n\r\nhello"), "{out}");
+            }
+        }
+    }
+
+    /// A stream of the given items (no `futures` dependency for one test).
+    fn futures_iter<T: Unpin>(items: Vec<T>) -> impl futures_core::Stream<Item = T> + Unpin {
+        struct Iter<T>(std::vec::IntoIter<T>);
+        impl<T: Unpin> futures_core::Stream for Iter<T> {
+            type Item = T;
+            fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<T>> {
+                Poll::Ready(self.0.next())
+            }
+        }
+        Iter(items.into_iter())
     }
 }
