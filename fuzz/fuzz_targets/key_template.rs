@@ -13,7 +13,7 @@
 #![no_main]
 
 use keyroute_fuzz::{decode, line};
-use keyroute_gateway::key::KeyTemplate;
+use keyroute_gateway::key::{HttpRequest, KeyTemplate};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -32,9 +32,9 @@ fuzz_target!(|data: &[u8]| {
     let (parts, ()) = d.head.into_parts();
     let ip = d.options.peer.ip();
     let mut out = String::new();
-    let first = t.render(&parts, ip, &mut out);
+    let first = t.render(&HttpRequest::new(&parts, ip), &mut out);
     let mut again = String::from("stale text that render must clear");
-    let second = t.render(&parts, ip, &mut again);
+    let second = t.render(&HttpRequest::new(&parts, ip), &mut again);
     assert_eq!(first, second, "render is not deterministic");
     if first.is_ok() {
         assert_eq!(out, again, "render did not clear its output, or is not deterministic");
