@@ -8,6 +8,9 @@
 //! trailer section have limits ([`MAX_CHUNK_LINE`], [`MAX_TRAILERS`]). Extensions are read and
 //! dropped; so are trailer fields (a proxy that re-frames a body may, RFC 9112 section 7.1.2).
 
+use std::io;
+use std::task::{Context, Poll, ready};
+
 use bytes::{Buf, Bytes};
 
 use crate::head::Framing;
@@ -377,6 +380,57 @@ impl BodyDecoder {
                 Ok(())
             }
             _ => Err(BodyError::Truncated),
+        }
+    }
+}
+
+/// Why [`BodyDecoder::poll_data`] stopped short.
+#[derive(Debug)]
+pub enum PollError {
+    /// The framing was malformed, or the connection closed before the body ended
+    /// ([`BodyError::Truncated`]).
+    Framing(BodyError),
+    /// The transport failed.
+    Io(io::Error),
+}
+
+impl BodyDecoder {
+    /// The next piece of body: from `buffered` first, then from `read` (a read of the
+    /// connection, empty at its end) as `buffered` runs out; `None` once the body has ended. The
+    /// one decode-and-read loop of both sides' bodies.
+    ///
+    /// # Errors
+    ///
+    /// See [`PollError`]; the body cannot go on after one.
+    pub fn poll_data(
+        &mut self,
+        buffered: &mut Bytes,
+        cx: &mut Context<'_>,
+        mut read: impl FnMut(&mut Context<'_>) -> Poll<io::Result<Bytes>>,
+    ) -> Poll<Option<Result<Bytes, PollError>>> {
+        loop {
+            match self.next(buffered) {
+                Err(e) => return Poll::Ready(Some(Err(PollError::Framing(e)))),
+                Ok(Next::End) => return Poll::Ready(None),
+                Ok(Next::Data(d)) => {
+                    if let Err(e) = self.settle(buffered) {
+                        return Poll::Ready(Some(Err(PollError::Framing(e))));
+                    }
+                    if !d.is_empty() {
+                        return Poll::Ready(Some(Ok(d)));
+                    }
+                }
+                Ok(Next::More) => match ready!(read(cx)) {
+                    Ok(b) if b.is_empty() => {
+                        return Poll::Ready(match self.eof() {
+                            Ok(()) => None,
+                            Err(e) => Some(Err(PollError::Framing(e))),
+                        });
+                    }
+                    Ok(b) => *buffered = b,
+                    Err(e) => return Poll::Ready(Some(Err(PollError::Io(e)))),
+                },
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 
-use crate::body::{BodyDecoder, BodyError, LAST_CHUNK, Next, chunk_header};
+use crate::body::{BodyDecoder, BodyError, LAST_CHUNK, PollError, chunk_header};
 use crate::buf;
 use crate::head::{HeadError, Limits, Parsed, ResponseHead, parse_response};
 
@@ -452,39 +452,16 @@ impl Body for ResponseBody {
                 return Poll::Ready(Some(Err(e)));
             }
         }
-        loop {
-            match this.decoder.next(&mut this.buffered) {
-                Err(e) => {
-                    this.failed = true;
-                    return Poll::Ready(Some(Err(ExchangeError::Body(e))));
-                }
-                Ok(Next::End) => return Poll::Ready(None),
-                Ok(Next::Data(d)) => {
-                    if let Err(e) = this.decoder.settle(&mut this.buffered) {
-                        this.failed = true;
-                        return Poll::Ready(Some(Err(ExchangeError::Body(e))));
-                    }
-                    if !d.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(d))));
-                    }
-                }
-                Ok(Next::More) => match ready!(buf::poll_read(&conn.io, cx)) {
-                    Ok(b) if b.is_empty() => {
-                        this.keep_alive = false;
-                        return match this.decoder.eof() {
-                            Ok(()) => Poll::Ready(None),
-                            Err(e) => {
-                                this.failed = true;
-                                Poll::Ready(Some(Err(ExchangeError::Body(e))))
-                            }
-                        };
-                    }
-                    Ok(b) => this.buffered = b,
-                    Err(e) => {
-                        this.failed = true;
-                        return Poll::Ready(Some(Err(ExchangeError::Io(e))));
-                    }
-                },
+        let (decoder, buffered) = (&mut this.decoder, &mut this.buffered);
+        match ready!(decoder.poll_data(buffered, cx, |cx| buf::poll_read(&conn.io, cx))) {
+            None => Poll::Ready(None),
+            Some(Ok(d)) => Poll::Ready(Some(Ok(Frame::data(d)))),
+            Some(Err(e)) => {
+                this.failed = true;
+                Poll::Ready(Some(Err(match e {
+                    PollError::Framing(e) => ExchangeError::Body(e),
+                    PollError::Io(e) => ExchangeError::Io(e),
+                })))
             }
         }
     }

@@ -236,6 +236,16 @@ impl Fields {
     pub fn as_bytes(&self) -> &Bytes {
         &self.bytes
     }
+
+    /// Whether the version and `Connection` let the connection carry another message (RFC 9112
+    /// section 9.3: HTTP/1.1 unless `close`, HTTP/1.0 only with `keep-alive`).
+    fn persistent(&self) -> bool {
+        let c = self.connection;
+        match self.version {
+            Version::Http11 => !c.close,
+            Version::Http10 => c.keep_alive && !c.close,
+        }
+    }
 }
 
 /// httparse checked that names are tokens (ASCII): never the empty default.
@@ -594,11 +604,7 @@ impl RequestHead {
 
     /// Whether the connection stays open after this request's response (RFC 9112 section 9.3).
     pub fn keep_alive(&self) -> bool {
-        let c = self.head.connection;
-        match self.head.version {
-            Version::Http11 => !c.close,
-            Version::Http10 => c.keep_alive && !c.close,
-        }
+        self.head.persistent()
     }
 
     /// The head's bytes and fields.
@@ -667,12 +673,7 @@ impl ResponseHead {
 
     /// Whether the connection may carry another request after this response's body.
     pub fn keep_alive(&self) -> bool {
-        let c = self.head.connection;
-        let persistent = match self.head.version {
-            Version::Http11 => !c.close,
-            Version::Http10 => c.keep_alive && !c.close,
-        };
-        persistent && self.framing != Framing::UntilClose
+        self.head.persistent() && self.framing != Framing::UntilClose
     }
 
     /// The head's bytes and fields.

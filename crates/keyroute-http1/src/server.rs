@@ -25,7 +25,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::body::{BodyDecoder, BodyError, LAST_CHUNK, Next, chunk_header};
+use crate::body::{BodyDecoder, BodyError, LAST_CHUNK, PollError, chunk_header};
 use crate::client::{BoxError, RequestBody};
 use crate::head::{Framing, HeadError, Limits, Parsed, RequestHead, Version, parse_request};
 
@@ -587,36 +587,18 @@ impl<S: Transport> Body for ServerBody<S> {
                 }
             }
         }
-        loop {
-            match sh.decoder.next(&mut sh.tail) {
-                Err(e) => {
-                    sh.broken = true;
-                    return Poll::Ready(Some(Err(ReadBodyError::Framing(e))));
-                }
-                Ok(Next::End) => return Poll::Ready(None),
-                Ok(Next::Data(d)) => {
-                    if let Err(e) = sh.decoder.settle(&mut sh.tail) {
-                        sh.broken = true;
-                        return Poll::Ready(Some(Err(ReadBodyError::Framing(e))));
-                    }
-                    if !d.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(d))));
-                    }
-                }
-                Ok(Next::More) => {
-                    let Some(io) = sh.io.as_mut() else { return Poll::Ready(Some(Err(ReadBodyError::Closed))) };
-                    match ready!(Pin::new(io).poll_read_bytes(cx)) {
-                        Ok(b) if b.is_empty() => {
-                            sh.broken = true;
-                            return Poll::Ready(Some(Err(ReadBodyError::Closed)));
-                        }
-                        Ok(b) => sh.tail = b,
-                        Err(e) => {
-                            sh.broken = true;
-                            return Poll::Ready(Some(Err(ReadBodyError::Io(e))));
-                        }
-                    }
-                }
+        let Shared { io, tail, decoder, broken, .. } = sh;
+        let Some(io) = io.as_mut() else { return Poll::Ready(Some(Err(ReadBodyError::Closed))) };
+        match ready!(decoder.poll_data(tail, cx, |cx| Pin::new(&mut *io).poll_read_bytes(cx))) {
+            None => Poll::Ready(None),
+            Some(Ok(d)) => Poll::Ready(Some(Ok(Frame::data(d)))),
+            Some(Err(e)) => {
+                *broken = true;
+                Poll::Ready(Some(Err(match e {
+                    PollError::Framing(BodyError::Truncated) => ReadBodyError::Closed,
+                    PollError::Framing(e) => ReadBodyError::Framing(e),
+                    PollError::Io(e) => ReadBodyError::Io(e),
+                })))
             }
         }
     }
