@@ -23,6 +23,9 @@
 #         BASELINE=FILE     also a keyroute binary to compare with in the same run (for example one
 #                           built from the commit before a change), as proxy "baseline" on
 #                           BASELINE_PORT=18040 with the same configuration
+#         VIEWERS=N         with BASELINE: N dashboard subscribers (curl -N .../events) on the
+#                           baseline gateway, none on keyroute; with BASELINE=target/release/keyroute
+#                           this measures what watching the dashboard costs, in one run
 #         H2=1              HTTP/2 over TLS (ALPN h2 on all three); load by h2load (package
 #                           nghttp2-client) over the same 100,000 URIs, STREAMS=10 per connection
 # Ports (override if taken): BACKEND_PORT=18081 (..+7) KEYROUTE_PORT=18000 NGINX_PORT=18010
@@ -53,6 +56,7 @@ FLOOR_PORT=${FLOOR_PORT:-18030}
 [[ "$FLOOR" == 1 ]] && PROXIES+=(floor floor-own)
 BASELINE=${BASELINE:-}
 BASELINE_PORT=${BASELINE_PORT:-18040}
+VIEWERS=${VIEWERS:-0}
 [[ -n "$BASELINE" ]] && PROXIES+=(baseline)
 PROXY_THREADS=${PROXY_THREADS:-1}
 H2=${H2:-0}
@@ -375,6 +379,17 @@ expect_200() { # $1 = label, $2 = port, $3 = PID that must stay alive
 for port in "${BPORTS[@]}"; do expect_200 backends "$port" "$BACKENDS_PID"; done
 for p in "${PROXIES[@]}"; do expect_200 "$p" "${PORT[$p]}" "${PID[$p]}"; done
 log "backends and proxies answer 200"
+if ((VIEWERS > 0)); then
+    [[ -n "$BASELINE" ]] || die "VIEWERS needs BASELINE (the watched gateway)"
+    for ((v = 0; v < VIEWERS; v++)); do
+        curl -sN "http://127.0.0.1:$((ADMIN_PORT + 1))/events" >/dev/null 2>&1 &
+        PIDS+=($!)
+    done
+    sleep 2
+    viewers=$(curl -s "http://127.0.0.1:$((ADMIN_PORT + 1))/metrics" | awk '$1 == "keyroute_dashboard_viewers" {print $2}')
+    [[ "$viewers" == "$VIEWERS" ]] || die "the baseline gateway counts '$viewers' dashboard viewers, not $VIEWERS"
+    log "$VIEWERS dashboard viewers on the baseline gateway"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # CPU accounting: user+sys clock ticks (/proc/PID/stat fields 14 and 15) summed over the

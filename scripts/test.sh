@@ -9,6 +9,9 @@
 #   nginx, haproxy, redis-server (and its redis-tools, for redis-cli): the live differential tests
 #   of the compatibility modes (keyroute-gateway/tests/compat_live.rs) run the real programs the
 #   same way, and compare their placements with keyroute's.
+#   chromium, chromium-driver (and a font): the dashboard's browser test
+#   (keyroute-gateway/tests/dashboard.rs) drives headless Chromium through ChromeDriver on
+#   127.0.0.1, both started by the test and stopped by pid.
 #
 # Nothing is started: packages are installed with services disabled (policy-rc.d), and the tests
 # start what they need themselves, on 127.0.0.1.
@@ -23,6 +26,8 @@ have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 have nginx || need+=(nginx)
 have haproxy || need+=(haproxy)
 { have redis-server && have redis-cli; } || need+=(redis-server)
+{ have chromium && have chromedriver; } || need+=(chromium chromium-driver)
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
 if ((${#need[@]})); then
     echo "scripts/test.sh: installing ${need[*]} (Debian packages the tests use)" >&2

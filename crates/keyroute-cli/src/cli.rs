@@ -69,6 +69,14 @@ pub struct DemoArgs {
     /// Keep the generated images and caches (their directory is printed).
     #[arg(long)]
     pub keep: bool,
+    /// Instead of the runs, keep one fleet up (8 workers, the gateway, keyed traffic with a hot
+    /// image, a worker killed and one added) and serve the operator's dashboard at this address
+    /// (default 127.0.0.1:9901): open http://ADDRESS/dashboard. Ctrl-C stops it.
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:9901", value_name = "ADDRESS")]
+    pub dashboard: Option<std::net::SocketAddr>,
+    /// With --dashboard: stop after this many seconds (default: run until Ctrl-C).
+    #[arg(long, requires = "dashboard")]
+    pub dashboard_seconds: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -137,9 +137,12 @@ pub struct CaseReport {
     pub hot_replicas: Option<usize>,
     /// The 99th percentile of the hot image's requests, and of the others', ms (hot-image).
     pub hot_p99_ms: Option<(f64, f64)>,
-    /// Requests per worker per half second, for the chart.
+    /// Requests per second per worker, per half second (the bin's middle, its rate), for the chart.
     #[serde(skip)]
-    timeline: Vec<(String, Vec<u32>)>,
+    timeline: Vec<(String, Vec<(f64, f64)>)>,
+    /// The worker cache hit rate per half second (the bin's middle, its rate), for the chart.
+    #[serde(skip)]
+    hit_timeline: Vec<(f64, f64)>,
     /// Latency CDF points.
     #[serde(skip)]
     cdf: Vec<(f64, f64)>,
@@ -231,20 +234,29 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("keyroute-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let result = run_all(args, &dir, &cases, seconds, rate);
+    let result = match args.dashboard {
+        Some(admin) => live(&dir, admin, args.rate.unwrap_or(80.0), args.dashboard_seconds),
+        None => run_all(args, &dir, &cases, seconds, rate),
+    };
     if !args.keep {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
 }
 
-fn run_all(args: &DemoArgs, dir: &Path, cases: &[Case], seconds: f64, rate: f64) -> Result<()> {
+/// The demo's source images (generated in `dir`), the thumbnail keys over them, and a runtime.
+fn prepare(dir: &Path) -> Result<(PathBuf, Vec<String>, tokio::runtime::Runtime)> {
     let images_dir = dir.join("images");
     eprintln!("generating {IMAGES} source images (1024x768) in {} ...", images_dir.display());
     let images = keyroute_worker::generate_images(&images_dir, IMAGES, 1024, 768, 7).context("generating images")?;
     let keys: Vec<String> =
         images.iter().flat_map(|img| SIZES.iter().map(move |(w, h)| format!("/thumb/{img}?w={w}&h={h}"))).collect();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("runtime")?;
+    Ok((images_dir, keys, rt))
+}
+
+fn run_all(args: &DemoArgs, dir: &Path, cases: &[Case], seconds: f64, rate: f64) -> Result<()> {
+    let (images_dir, keys, rt) = prepare(dir)?;
     let bar = ProgressBar::new(cases.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} {msg:36} [{bar:30}] {pos}/{len} ({eta} left)")
@@ -261,7 +273,6 @@ fn run_all(args: &DemoArgs, dir: &Path, cases: &[Case], seconds: f64, rate: f64)
         bar.inc(1);
     }
     bar.finish_and_clear();
-    rt.shutdown_timeout(Duration::from_secs(2));
     if args.json {
         serde_json::to_writer_pretty(std::io::stdout().lock(), &reports)?;
         println!();
@@ -270,9 +281,115 @@ fn run_all(args: &DemoArgs, dir: &Path, cases: &[Case], seconds: f64, rate: f64)
         println!("\n{LEGEND}");
     }
     if let Some(path) = &args.report {
-        std::fs::write(path, html(&reports, seconds, rate)).with_context(|| format!("writing {}", path.display()))?;
+        let thumbnails = rt.block_on(thumbnails(&images_dir, dir, &keys));
+        rt.shutdown_timeout(Duration::from_secs(2));
+        std::fs::write(path, html(&reports, &thumbnails, seconds, rate))
+            .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("report written to {}", path.display());
     }
+    eprintln!("see a fleet live, with the operator's dashboard: keyroute demo --dashboard");
+    Ok(())
+}
+
+/// A few thumbnails as a worker makes them (for the report): four images, at 240x180, from a
+/// worker started for this alone. A thumbnail that fails is left out.
+async fn thumbnails(images: &Path, dir: &Path, keys: &[String]) -> Vec<(String, Vec<u8>)> {
+    let Ok(worker) = start_worker(images, dir.join("gallery"), "gallery".into(), 1.0, None).await else {
+        return Vec::new();
+    };
+    let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut out = Vec::new();
+    for key in keys.iter().filter(|k| k.ends_with("w=240&h=180")).step_by(5).take(4) {
+        let Ok(url) = format!("http://{}{key}", worker.addr).parse::<hyper::Uri>() else { continue };
+        if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(20), client.get(url)).await
+            && resp.status() == 200
+            && let Ok(body) = resp.into_body().collect().await
+        {
+            out.push((key.clone(), body.to_bytes().to_vec()));
+        }
+    }
+    let _ = worker.stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), worker.task).await;
+    out
+}
+
+/// `demo --dashboard`: one fleet kept up for the operator's dashboard. Rendezvous with hot-key
+/// replicas over 8 workers, Zipf traffic at `rate`, and a timeline that gives the page something
+/// to show: a hot image from 20 s to 50 s, w3 killed at 60 s, w9 added at 90 s.
+fn live(dir: &Path, admin: SocketAddr, rate: f64, seconds: Option<f64>) -> Result<()> {
+    if seconds.is_some_and(|s| !(s > 0.0 && s <= 86_400.0)) {
+        return Err(Usage("--dashboard-seconds must be in (0, 86400]".into()).into());
+    }
+    let (images_dir, keys, rt) = prepare(dir)?;
+    rt.block_on(async {
+        let mut workers = Vec::new();
+        for i in 0..=WORKERS {
+            let name = format!("w{}", i + 1);
+            workers.push(start_worker(&images_dir, dir.join(&name), name, 1.0, None).await?);
+        }
+        let text = gateway_config(Strategy::Rendezvous, &["replicas".to_owned()], &workers, WORKERS)
+            .replace("[admin]\nlisten = \"127.0.0.1:0\"", &format!("[admin]\nlisten = \"{admin}\""));
+        let config = Config::parse(&text, "demo.toml").map_err(|e| anyhow::anyhow!("{e}"))?;
+        let gateway =
+            Gateway::bind(config).await.with_context(|| format!("starting the gateway (admin at {admin})"))?;
+        let front = gateway.local_addrs()[0];
+        let handle = gateway.handle();
+        let gw_task = tokio::spawn(async move {
+            let _ = gateway.run(std::future::pending()).await;
+        });
+        println!("dashboard: http://{admin}/dashboard");
+        println!("gateway:   http://{front}{}", keys[0]);
+        println!("timeline: a hot image from 20 s to 50 s, w3 killed at 60 s, w9 added at 90 s; Ctrl-C stops");
+        let client: Client<HttpConnector, Empty<Bytes>> =
+            Client::builder(TokioExecutor::new()).pool_max_idle_per_host(512).build_http();
+        let zipf = Zipf::new(keys.len(), 1.0);
+        let mut rng = SplitMix64::new(42);
+        let hot_key = &keys[keys.len() - 1];
+        let start = Instant::now();
+        let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+        let (mut n, mut hot_n) = (0u64, 0u64);
+        let (mut killed, mut added) = (false, false);
+        loop {
+            let next = start + Duration::from_secs_f64(n as f64 / rate);
+            let next_hot = start + Duration::from_secs_f64(20.0 + hot_n as f64 / HOT_RATE);
+            let hot = next_hot < next && next_hot < start + Duration::from_secs(50);
+            let at = if hot { next_hot } else { next };
+            if seconds.is_some_and(|s| at.saturating_duration_since(start).as_secs_f64() >= s) {
+                break;
+            }
+            tokio::select! {
+                _ = &mut ctrl_c => break,
+                () = tokio::time::sleep_until(at) => {}
+            }
+            let t = start.elapsed().as_secs_f64();
+            if !killed && t >= 60.0 {
+                eprintln!("{t:.0} s: w3 killed");
+                workers[2].task.abort();
+                killed = true;
+            }
+            if !added && t >= 90.0 {
+                let share = join(&handle, &workers[WORKERS..], &keys).await?;
+                eprintln!("{t:.0} s: w9 added ({:.1}% of the keys moved)", share * 100.0);
+                added = true;
+            }
+            let key = if hot {
+                hot_n += 1;
+                hot_key
+            } else {
+                n += 1;
+                &keys[zipf.sample(&mut rng)]
+            };
+            let url: hyper::Uri = format!("http://{front}{key}").parse().context("url")?;
+            tokio::spawn(fetch(client.clone(), url, start, hot));
+        }
+        handle.shutdown();
+        let _ = tokio::time::timeout(Duration::from_secs(5), gw_task).await;
+        for w in &workers {
+            let _ = w.stop.send(true);
+        }
+        anyhow::Ok(())
+    })?;
+    rt.shutdown_timeout(Duration::from_secs(2));
     Ok(())
 }
 
@@ -591,10 +708,21 @@ fn summarise(
     let mut hist = Histogram::default();
     let mut per_worker: HashMap<String, u64> = HashMap::new();
     let (mut ok, mut hits, mut served) = (0u64, 0u64, 0u64);
-    let buckets = (elapsed * 2.0).ceil() as usize + 1;
+    // Half-second bins over the time requests were sent: the last bin may be shorter, and its
+    // rate is counted over its own length (a bin past the sending would show a drop to zero).
+    let span = case.seconds.max(0.5);
+    let buckets = (span * 2.0).ceil() as usize;
+    let bin_of = |at: f64| ((at * 2.0) as usize).min(buckets - 1);
+    let width = |b: usize| if b + 1 == buckets { span - b as f64 / 2.0 } else { 0.5 };
     let mut names: Vec<String> = (1..=WORKERS + 1).map(|i| format!("w{i}")).collect();
     let mut timeline = vec![vec![0u32; buckets]; names.len()];
+    let mut hit_bins = vec![(0u32, 0u32); buckets];
     for s in samples {
+        if let Some(h) = s.hit {
+            let bin = &mut hit_bins[bin_of(s.at)];
+            bin.0 += u32::from(h);
+            bin.1 += 1;
+        }
         if s.status == 200 {
             ok += 1;
             hist.record(s.latency.as_nanos() as u64);
@@ -610,8 +738,7 @@ fn summarise(
                 timeline.push(vec![0; buckets]);
                 names.len() - 1
             });
-            let b = ((s.at * 2.0) as usize).min(buckets - 1);
-            timeline[wi][b] += 1;
+            timeline[wi][bin_of(s.at)] += 1;
         }
     }
     let mut per_worker: Vec<(String, u64)> = per_worker.into_iter().collect();
@@ -653,12 +780,27 @@ fn summarise(
             }
             (hot.summary().p99_ms, cold.summary().p99_ms)
         }),
-        timeline: names.into_iter().zip(timeline).filter(|(_, t)| t.iter().any(|&c| c > 0)).collect(),
+        timeline: names
+            .into_iter()
+            .zip(timeline)
+            .filter(|(_, t)| t.iter().any(|&c| c > 0))
+            .map(|(name, t)| {
+                let rates =
+                    t.iter().enumerate().map(|(b, &c)| (b as f64 / 2.0 + width(b) / 2.0, f64::from(c) / width(b)));
+                (name, rates.collect())
+            })
+            .collect(),
+        hit_timeline: hit_bins
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, served))| *served > 0)
+            .map(|(b, &(hits, served))| (b as f64 / 2.0 + width(b) / 2.0, f64::from(hits) / f64::from(served)))
+            .collect(),
         cdf: hist.cdf_points(100),
     }
 }
 
-fn html(reports: &[CaseReport], seconds: f64, rate: f64) -> String {
+fn html(reports: &[CaseReport], thumbnails: &[(String, Vec<u8>)], seconds: f64, rate: f64) -> String {
     let mut scenarios: Vec<&str> = reports.iter().map(|r| r.scenario.as_str()).collect();
     scenarios.dedup();
     let sections: Vec<Section> = scenarios
@@ -669,24 +811,34 @@ fn html(reports: &[CaseReport], seconds: f64, rate: f64) -> String {
                 title: sc.to_owned(),
                 table: None,
                 cdfs: rs.iter().map(|r| (r.strategy.clone(), r.cdf.clone())).collect(),
+                hits: rs.iter().map(|r| (r.strategy.clone(), r.hit_timeline.clone())).collect(),
+                moved: rs.iter().filter_map(|r| Some((r.strategy.clone(), r.keys_remapped?))).collect(),
                 load: rs
                     .iter()
                     .map(|r| {
-                        let series = r
-                            .timeline
-                            .iter()
-                            .map(|(name, t)| {
-                                let points =
-                                    t.iter().enumerate().map(|(b, &c)| (b as f64 / 2.0, f64::from(c) * 2.0)).collect();
-                                (name.clone(), points)
-                            })
-                            .collect();
-                        (format!("{sc} / {}: requests per second per worker", r.strategy), "seconds", "req/s", series)
+                        (
+                            format!("{sc} / {}: requests per second per worker", r.strategy),
+                            "time (s)",
+                            "requests per second",
+                            r.timeline.clone(),
+                        )
                     })
                     .collect(),
+                figures: Vec::new(),
             }
         })
         .collect();
+    let mut sections = sections;
+    if !thumbnails.is_empty() {
+        let figures = thumbnails
+            .iter()
+            .map(|(key, jpeg)| (key.clone(), format!("data:image/jpeg;base64,{}", keyroute_sim::report::base64(jpeg))))
+            .collect();
+        sections.insert(
+            0,
+            Section { title: "Thumbnails, as the workers served them".into(), figures, ..Section::default() },
+        );
+    }
     let intro = [
         format!(
             "{WORKERS} workers, {IMAGES} source images x {} sizes, Zipf(1.0), {rate} requests/s for {seconds} s per run, cold caches.",

@@ -24,6 +24,8 @@ pub(crate) struct Scrape {
     pub(crate) pools: Vec<Arc<Pool>>,
     pub(crate) listeners: Vec<(String, u64, Arc<ListenerMetrics>)>,
     pub(crate) admin_auth_failures: u64,
+    /// Subscribers of the dashboard's feed now.
+    pub(crate) dashboard_viewers: u64,
     /// (listener, certificate file, seconds until it expires: negative once it has).
     pub(crate) certificates: Vec<(String, String, i64)>,
 }
@@ -453,6 +455,13 @@ impl Scrape {
             "Admin requests refused for a missing or wrong token.",
             MetricType::Counter,
             [(Labels::new(), Value::Int(self.admin_auth_failures))],
+        )?;
+        family(
+            encoder,
+            "keyroute_dashboard_viewers",
+            "Subscribers of the dashboard's feed (GET /events) now.",
+            MetricType::Gauge,
+            [(Labels::new(), Value::Int(self.dashboard_viewers))],
         )
     }
 }

@@ -80,6 +80,7 @@ pub mod config;
 mod connection;
 mod error;
 mod exposition;
+mod feed;
 mod health;
 mod hop;
 pub mod key;

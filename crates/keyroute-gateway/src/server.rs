@@ -194,6 +194,7 @@ impl Gateway {
                 grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
                 auth: AuthThrottle::default(),
                 reload: Mutex::new(()),
+                dashboard: Default::default(),
             }),
             listeners,
             acceptors,

@@ -114,6 +114,8 @@ pub(crate) struct Shared {
     pub(crate) auth: AuthThrottle,
     /// Serialises reloads.
     pub(crate) reload: Mutex<()>,
+    /// The dashboard's subscribers and sampler.
+    pub(crate) dashboard: crate::feed::Hub,
 }
 
 impl Shared {

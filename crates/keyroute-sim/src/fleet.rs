@@ -375,6 +375,9 @@ pub struct Series {
     pub times_s: Vec<f64>,
     /// `in_flight[w][i]`: worker `w` at sample `i`.
     pub in_flight: Vec<Vec<u32>>,
+    /// The worker cache hit rate of the requests served since the previous sample (`None` when
+    /// none were).
+    pub hit_rate: Vec<Option<f64>>,
 }
 
 /// The outcome of a fleet run.
@@ -602,6 +605,8 @@ struct Sim<'a> {
     latency: Histogram,
     remaps: Vec<RemapEvent>,
     series: Series,
+    /// Worker cache hits and requests served at the last sample of the series.
+    sampled_served: (u64, u64),
     now: u64,
     last_completion: u64,
 }
@@ -668,6 +673,7 @@ impl<'a> Sim<'a> {
             latency: Histogram::default(),
             remaps: Vec::new(),
             series: Series::default(),
+            sampled_served: (0, 0),
             now: 0,
             last_completion: 0,
         };
@@ -1130,6 +1136,10 @@ impl<'a> Sim<'a> {
             s.resize(samples - 1, 0);
             s.push(worker.in_flight.min(u64::from(u32::MAX)) as u32);
         }
+        let (hits, served) = self.workers.iter().fold((0, 0), |a, w| (a.0 + w.hits, a.1 + w.requests));
+        let (h0, s0) = self.sampled_served;
+        self.series.hit_rate.push((served > s0).then(|| hits.saturating_sub(h0) as f64 / (served - s0) as f64));
+        self.sampled_served = (hits, served);
         if self.running() {
             self.events.push(self.now + self.sample_every, Event::Sample);
         }

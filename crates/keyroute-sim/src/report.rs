@@ -183,17 +183,14 @@ pub fn choices_text(r: &ChoicesReport) -> String {
     out
 }
 
-const COLORS: [&str; 12] = [
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
-    "#1f77b4", "#8c564b",
-];
-
 /// Escapes text for HTML and SVG.
 pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
-/// A line chart: `series` of `(label, points)`, with axis titles; `log_x` for a logarithmic x axis.
+/// A line chart drawn by `plotters` as SVG: `series` of `(label, points)`, with axis titles (their
+/// units in parentheses); `log_x` for a logarithmic x axis. Points that are not finite are left
+/// out; a chart with no point says so.
 pub fn line_chart(
     title: &str,
     x_title: &str,
@@ -201,89 +198,174 @@ pub fn line_chart(
     series: &[(String, Vec<(f64, f64)>)],
     log_x: bool,
 ) -> String {
-    let (w, h, left, right, top, bottom) = (760.0, 300.0, 60.0, 150.0, 30.0, 40.0);
-    let fx = |x: f64| if log_x { x.max(1e-3).log10() } else { x };
+    let series: Vec<(String, Vec<(f64, f64)>)> = series
+        .iter()
+        .map(|(l, p)| {
+            let p = p.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite() && (!log_x || *x > 0.0));
+            (l.clone(), p.collect())
+        })
+        .collect();
     let pts = series.iter().flat_map(|(_, p)| p.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     for &(x, y) in pts {
-        x0 = x0.min(fx(x));
-        x1 = x1.max(fx(x));
+        x0 = x0.min(x);
+        x1 = x1.max(x);
         y1 = y1.max(y);
     }
     if !x0.is_finite() || x1 <= x0 {
-        x0 = 0.0;
-        x1 = 1.0;
+        (x0, x1) = if log_x { (0.1, 1.0) } else { (0.0, 1.0) };
     }
     if y1 <= 0.0 {
         y1 = 1.0;
     }
-    let sx = |x: f64| left + (fx(x) - x0) / (x1 - x0) * (w - left - right);
-    let sy = |y: f64| top + (1.0 - y / y1) * (h - top - bottom);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\
-         <text x=\"{left}\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{}</text>\
-         <line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\
-         <line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"#333\"/>",
-        esc(title),
-        h - bottom,
-        w - right,
-        h - bottom,
-        h - bottom
-    );
-    for i in 0..=4 {
-        let fy = y1 * f64::from(i) / 4.0;
-        let _ = write!(
-            svg,
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-            left - 4.0,
-            sy(fy) + 4.0,
-            short(fy)
-        );
-        let fxv = x0 + (x1 - x0) * f64::from(i) / 4.0;
-        let label = if log_x { 10f64.powf(fxv) } else { fxv };
-        let px = left + (fxv - x0) / (x1 - x0) * (w - left - right);
-        let _ = write!(
-            svg,
-            "<text x=\"{px:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-            h - bottom + 14.0,
-            short(label)
-        );
+    let y_range = 0.0..y1 * 1.05;
+    let drawn = if log_x {
+        svg_chart(title, x_title, y_title, &series, plotters::prelude::IntoLogRange::log_scale(x0..x1), y_range)
+    } else {
+        svg_chart(title, x_title, y_title, &series, x0..x1, y_range)
+    };
+    drawn.unwrap_or_else(|e| format!("<p>{}: the chart could not be drawn ({})</p>", esc(title), esc(&e)))
+}
+
+/// The chart size, in pixels.
+const CHART: (u32, u32) = (760, 320);
+
+fn svg_chart<X>(
+    title: &str,
+    x_title: &str,
+    y_title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    x: X,
+    y: std::ops::Range<f64>,
+) -> Result<String, String>
+where
+    X: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+    X::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Debug| format!("{e:?}");
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, CHART).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(38)
+            .y_label_area_size(58)
+            .build_cartesian_2d(x, y)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_title)
+            .y_desc(y_title)
+            .light_line_style(RGBColor(238, 238, 238))
+            .y_label_formatter(&|v| short(*v))
+            .draw()
+            .map_err(|e| err(&e))?;
+        if series.iter().all(|(_, p)| p.is_empty()) {
+            root.draw(&Text::new("no data", (CHART.0 as i32 / 2 - 20, CHART.1 as i32 / 2), ("sans-serif", 13)))
+                .map_err(|e| err(&e))?;
+        }
+        for (i, (label, points)) in series.iter().enumerate() {
+            let color = color(i);
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(3)));
+        }
+        if !series.is_empty() {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(RGBColor(200, 200, 200))
+                .label_font(("sans-serif", 11))
+                .draw()
+                .map_err(|e| err(&e))?;
+        }
+        root.present().map_err(|e| err(&e))?;
     }
-    let _ = write!(
-        svg,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-        (left + w - right) / 2.0,
-        h - 6.0,
-        esc(x_title)
-    );
-    let _ = write!(
-        svg,
-        "<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">{}</text>",
-        h / 2.0,
-        h / 2.0,
-        esc(y_title)
-    );
-    for (i, (label, p)) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        let path: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
-        let _ = write!(
-            svg,
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>",
-            path.join(" ")
-        );
-        let ly = top + 14.0 * i as f64;
-        let _ = write!(
-            svg,
-            "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{}\" y=\"{}\">{}</text>",
-            w - right + 10.0,
-            ly,
-            w - right + 24.0,
-            ly + 9.0,
-            esc(label)
-        );
-    }
-    svg.push_str("</svg>");
-    svg
+    Ok(svg)
+}
+
+/// A bar chart drawn by `plotters` as SVG: one bar per `(label, value)`, values as percentages
+/// of 1 when `percent`.
+pub fn bar_chart(title: &str, y_title: &str, bars: &[(String, f64)], percent: bool) -> String {
+    use plotters::prelude::*;
+    let draw = || -> Result<String, String> {
+        let err = |e: &dyn std::fmt::Debug| format!("{e:?}");
+        let scale = if percent { 100.0 } else { 1.0 };
+        let top = bars.iter().map(|(_, v)| v * scale).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-9) * 1.15;
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (CHART.0, 260)).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| err(&e))?;
+            let n = bars.len().max(1) as u32;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(title, ("sans-serif", 15))
+                .margin(10)
+                .x_label_area_size(38)
+                .y_label_area_size(58)
+                .build_cartesian_2d((0u32..n).into_segmented(), 0.0..top)
+                .map_err(|e| err(&e))?;
+            let labels: Vec<String> = bars.iter().map(|(l, _)| l.clone()).collect();
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .y_desc(y_title)
+                .x_labels(bars.len().max(1))
+                .x_label_formatter(&|v| match v {
+                    SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+                    _ => String::new(),
+                })
+                .y_label_formatter(&|v| short(*v))
+                .light_line_style(RGBColor(238, 238, 238))
+                .draw()
+                .map_err(|e| err(&e))?;
+            chart
+                .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+                    let i = i as u32;
+                    let mut r = Rectangle::new(
+                        [(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), (v * scale).max(0.0))],
+                        color(i as usize).filled(),
+                    );
+                    r.set_margin(0, 0, 12, 12);
+                    r
+                }))
+                .map_err(|e| err(&e))?;
+            chart
+                .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+                    let label = if percent { format!("{:.1}%", v * 100.0) } else { short(*v) };
+                    Text::new(label, (SegmentValue::CenterOf(i as u32), v * scale), ("sans-serif", 11))
+                }))
+                .map_err(|e| err(&e))?;
+            root.present().map_err(|e| err(&e))?;
+        }
+        Ok(svg)
+    };
+    draw().unwrap_or_else(|e| format!("<p>{}: the chart could not be drawn ({})</p>", esc(title), esc(&e)))
+}
+
+/// Series colours: distinct, readable on white.
+fn color(i: usize) -> plotters::style::RGBColor {
+    const C: [(u8, u8, u8); 12] = [
+        (31, 119, 180),
+        (255, 127, 14),
+        (44, 160, 44),
+        (214, 39, 40),
+        (148, 103, 189),
+        (140, 86, 75),
+        (227, 119, 194),
+        (127, 127, 127),
+        (188, 189, 34),
+        (23, 190, 207),
+        (0, 0, 128),
+        (128, 128, 0),
+    ];
+    let (r, g, b) = C[i % C.len()];
+    plotters::style::RGBColor(r, g, b)
 }
 
 fn short(v: f64) -> String {
@@ -293,8 +375,9 @@ fn short(v: f64) -> String {
 /// A chart's data: its title, axis titles and `(label, points)` series.
 pub type Chart = (String, &'static str, &'static str, Vec<(String, Vec<(f64, f64)>)>);
 
-/// One part of an HTML report: a heading, a preformatted table, a latency CDF of every run, and
-/// one load-over-time chart per run.
+/// One part of an HTML report: a heading, a preformatted table, then its charts: a latency CDF
+/// of every run, the worker cache hit rate over time of every run, the keys each run moved, and
+/// one load-over-time chart per run; and pictures. A part without data draws no chart.
 #[derive(Clone, Debug, Default)]
 pub struct Section {
     /// The heading.
@@ -303,16 +386,23 @@ pub struct Section {
     pub table: Option<String>,
     /// `(label, (ms, fraction) points)` per run.
     pub cdfs: Vec<(String, Vec<(f64, f64)>)>,
+    /// `(label, (seconds, hit rate) points)` per run.
+    pub hits: Vec<(String, Vec<(f64, f64)>)>,
+    /// `(label, share of the keys moved)` per run that changed its members.
+    pub moved: Vec<(String, f64)>,
     /// Per-run charts of load over time.
     pub load: Vec<Chart>,
+    /// `(caption, data: URI)` pictures.
+    pub figures: Vec<(String, String)>,
 }
 
 /// A self-contained HTML page: paragraphs of introduction, an optional summary table, then the
 /// sections, each with its table and SVG charts.
 pub fn page(title: &str, intro: &[String], summary: Option<&str>, sections: &[Section]) -> String {
     let mut out = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}\
-         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}.grid{{display:flex;flex-wrap:wrap}}</style></head><body><h1>{t}</h1>",
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>body{{font-family:sans-serif;max-width:1560px;margin:2em auto;padding:0 1em}}\
+         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}.grid{{display:flex;flex-wrap:wrap;gap:8px}}\
+         figure{{margin:0 12px 12px 0}}figcaption{{font-size:12px;color:#555}}</style></head><body><h1>{t}</h1>",
         t = esc(title)
     );
     for p in intro {
@@ -326,20 +416,64 @@ pub fn page(title: &str, intro: &[String], summary: Option<&str>, sections: &[Se
         if let Some(t) = &s.table {
             let _ = write!(out, "<pre>{}</pre>", esc(t));
         }
-        out.push_str(&line_chart(
-            &format!("{}: latency CDF", s.title),
-            "latency (ms, log scale)",
-            "fraction of requests",
-            &s.cdfs,
-            true,
-        ));
         out.push_str("<div class=\"grid\">");
+        if !s.cdfs.is_empty() {
+            out.push_str(&line_chart(
+                &format!("{}: latency CDF", s.title),
+                "latency (ms, log scale)",
+                "fraction of requests",
+                &s.cdfs,
+                true,
+            ));
+        }
+        if s.hits.iter().any(|(_, p)| !p.is_empty()) {
+            out.push_str(&line_chart(
+                &format!("{}: worker cache hit rate", s.title),
+                "time (s)",
+                "hit rate (fraction of requests)",
+                &s.hits,
+                false,
+            ));
+        }
+        if !s.moved.is_empty() {
+            out.push_str(&bar_chart(
+                &format!("{}: keys moved by the change", s.title),
+                "keys moved (%)",
+                &s.moved,
+                true,
+            ));
+        }
         for (title, x, y, series) in &s.load {
             out.push_str(&line_chart(title, x, y, series, false));
+        }
+        for (caption, uri) in &s.figures {
+            let _ = write!(
+                out,
+                "<figure><img src=\"{}\" alt=\"{c}\"><figcaption>{c}</figcaption></figure>",
+                esc(uri),
+                c = esc(caption)
+            );
         }
         out.push_str("</div>");
     }
     out.push_str("</body></html>\n");
+    out
+}
+
+/// Standard base64 (RFC 4648), for pictures embedded in a page.
+pub fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = u32::from(c[0]) << 16 | u32::from(*c.get(1).unwrap_or(&0)) << 8 | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(char::from(A[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
     out
 }
 
@@ -352,6 +486,15 @@ pub fn html(title: &str, scenarios: &[(String, Vec<FleetReport>)]) -> String {
             title: name.clone(),
             table: Some(fleet_table(reports)),
             cdfs: reports.iter().map(|r| (r.config.label(), r.latency_cdf.clone())).collect(),
+            hits: reports
+                .iter()
+                .map(|r| {
+                    let points = r.series.times_s.iter().zip(&r.series.hit_rate);
+                    (r.config.label(), points.filter_map(|(&t, h)| h.map(|h| (t, h))).collect())
+                })
+                .collect(),
+            moved: reports.iter().filter_map(|r| Some((r.config.label(), r.remaps.first()?.moved_share?))).collect(),
+            figures: Vec::new(),
             load: reports
                 .iter()
                 .map(|r| {
@@ -383,8 +526,24 @@ mod tests {
     #[test]
     fn charts_escape_and_close() {
         let svg = line_chart("a <b>", "x", "y", &[("s&t".into(), vec![(1.0, 2.0), (3.0, 4.0)])], true);
-        assert!(svg.contains("a &lt;b&gt;") && svg.contains("s&amp;t") && svg.ends_with("</svg>"));
+        assert!(svg.contains("a &lt;b&gt;") && svg.contains("s&amp;t"), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
         let empty = line_chart("e", "x", "y", &[], false);
-        assert!(empty.ends_with("</svg>"));
+        assert!(empty.trim_end().ends_with("</svg>") && empty.contains("no data"));
+        // Points that cannot be drawn are left out, not drawn at infinity.
+        let odd =
+            line_chart("n", "x", "y", &[("s".into(), vec![(f64::NAN, 1.0), (0.0, 1.0), (1.0, f64::INFINITY)])], true);
+        assert!(odd.trim_end().ends_with("</svg>"));
+        let bars = bar_chart("moved", "keys moved (%)", &[("ring".into(), 0.11), ("mod<n>".into(), 0.89)], true);
+        assert!(bars.contains("89.0%") && bars.contains("mod&lt;n&gt;"), "{bars}");
+    }
+
+    #[test]
+    fn base64_is_rfc_4648() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"M"), "TQ==");
+        assert_eq!(base64(b"Ma"), "TWE=");
+        assert_eq!(base64(b"Man"), "TWFu");
+        assert_eq!(base64(b"\xff\xfe\xfd\xfc"), "//79/A==");
     }
 }

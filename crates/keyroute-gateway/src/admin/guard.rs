@@ -154,11 +154,54 @@ fn declared_json(headers: &HeaderMap) -> bool {
     })
 }
 
-/// The token of `Authorization: Bearer TOKEN` (the scheme in any case, spaces after it).
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+/// The token a request presents: `Authorization: Bearer TOKEN`, or, for a browser (which can
+/// send no bearer token with a page or an `EventSource`), `Authorization: Basic` with the token as
+/// the password and any user name (RFC 7617). The scheme in any case, spaces after it.
+pub(crate) fn credential(headers: &HeaderMap) -> Option<Vec<u8>> {
     let v = headers.get(header::AUTHORIZATION)?.as_bytes();
     let (scheme, rest) = v.split_at(v.iter().position(|&b| b == b' ')?);
-    scheme.eq_ignore_ascii_case(b"bearer").then(|| rest.trim_ascii())
+    if scheme.eq_ignore_ascii_case(b"bearer") {
+        return Some(rest.trim_ascii().to_vec());
+    }
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return None;
+    }
+    let pair = base64_decode(rest.trim_ascii())?;
+    let colon = pair.iter().position(|&b| b == b':')?;
+    Some(pair[colon + 1..].to_vec())
+}
+
+/// Standard base64 with its padding (RFC 4648 §4), as Basic credentials are sent.
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    fn value(c: u8) -> Option<u32> {
+        Some(u32::from(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        }))
+    }
+    if !text.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let quads = text.len() / 4;
+    for (q, quad) in text.chunks_exact(4).enumerate() {
+        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 || (pad > 0 && q + 1 != quads) {
+            return None;
+        }
+        let mut n = 0u32;
+        for &c in &quad[..4 - pad] {
+            n = n << 6 | value(c)?;
+        }
+        n <<= 6 * pad as u32;
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..4 - pad]);
+    }
+    Some(out)
 }
 
 /// Whether `given` is `token`, in time independent of where they differ.
@@ -235,13 +278,33 @@ mod tests {
     }
 
     #[test]
+    fn basic_credentials_carry_the_token_as_their_password() {
+        let t = "0123456789abcdef";
+        // "operator:0123456789abcdef", ":0123456789abcdef", and a password holding a colon.
+        for ok in ["Basic b3BlcmF0b3I6MDEyMzQ1Njc4OWFiY2RlZg==", "basic OjAxMjM0NTY3ODlhYmNkZWY="] {
+            assert!(token_matches(credential(&head(&[("authorization", ok)])).as_deref(), t), "{ok}");
+        }
+        assert_eq!(credential(&head(&[("authorization", "Basic dTphOmI=")])).as_deref(), Some(&b"a:b"[..]));
+        // No colon, bad base64, the token as the user name, padding inside.
+        for bad in ["Basic MDEyMzQ1Njc4OWFiY2RlZg==", "Basic %%%%", "Basic MDEyMzQ1Njc4OWFiY2RlZjo=", "Basic YQ==YQ=="]
+        {
+            assert!(!token_matches(credential(&head(&[("authorization", bad)])).as_deref(), t), "{bad}");
+        }
+        assert_eq!(base64_decode(b"").as_deref(), Some(&b""[..]));
+        assert_eq!(base64_decode(b"TWFu").as_deref(), Some(&b"Man"[..]));
+        assert_eq!(base64_decode(b"TWE=").as_deref(), Some(&b"Ma"[..]));
+        assert_eq!(base64_decode(b"TQ==").as_deref(), Some(&b"M"[..]));
+        assert_eq!(base64_decode(b"TQ="), None);
+    }
+
+    #[test]
     fn bearer_tokens() {
         let t = "0123456789abcdef";
         for ok in ["Bearer 0123456789abcdef", "bearer 0123456789abcdef", "BEARER   0123456789abcdef"] {
-            assert!(token_matches(bearer(&head(&[("authorization", ok)])), t), "{ok}");
+            assert!(token_matches(credential(&head(&[("authorization", ok)])).as_deref(), t), "{ok}");
         }
         for bad in ["Bearer 0123456789abcdeF", "Basic 0123456789abcdef", "Bearer", "Bearer0123456789abcdef"] {
-            assert!(!token_matches(bearer(&head(&[("authorization", bad)])), t), "{bad}");
+            assert!(!token_matches(credential(&head(&[("authorization", bad)])).as_deref(), t), "{bad}");
         }
         assert!(!token_matches(None, t));
     }

@@ -11,6 +11,9 @@
 //! | `DELETE /workers/NAME[?pool=P&drain=true]` | remove now, or drain (no new requests) then remove |
 //! | `PATCH /workers/NAME[?pool=P]` | `{"weight": W}` |
 //! | `GET /placement?key=K[&pool=P]` | the key's ranking and where it would go now |
+//! | `GET /placement?key=K&add=NAME[:W]&remove=NAME&weight=NAME:W` | the same, and where the key would go after that change (each parameter may repeat): `what_if` |
+//! | `GET /dashboard` | the operator's page (see [`dashboard`]) |
+//! | `GET /events` | the page's feed: a snapshot a second as server-sent events (see [`dashboard`]) |
 //! | `POST /placement[?pool=P]` | `{"keys": [...]}` (up to 1 MiB): each key's owner, `{"generation", "owners": [...]}` |
 //!
 //! On a pool whose members come from etcd, `POST`, `PATCH` and `DELETE /workers` write the change
@@ -33,6 +36,7 @@
 // API is not a hot path, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub(crate) mod dashboard;
 mod guard;
 
 use self::guard::Hosts;
@@ -59,7 +63,7 @@ use crate::config::{EtcdConfig, MembershipConfig, validate_worker};
 use crate::exposition::Scrape;
 use crate::key::{percent_decode, query_value};
 use crate::metrics::CLASSES;
-use crate::pool::{MembershipError, Pool};
+use crate::pool::{MembershipError, Pool, WhatIf};
 use crate::state::{AUTH_WINDOW, Shared};
 use keyroute_etcd::record::{RecordState, WorkerRecord};
 use keyroute_etcd::registry::{ChangeError, Registry};
@@ -86,6 +90,8 @@ enum Endpoint {
     Worker,
     Placement,
     HotKeys,
+    Dashboard,
+    Events,
 }
 
 impl Endpoint {
@@ -97,6 +103,8 @@ impl Endpoint {
             "/workers" => Endpoint::Workers,
             "/placement" => Endpoint::Placement,
             "/hotkeys" => Endpoint::HotKeys,
+            "/dashboard" => Endpoint::Dashboard,
+            "/events" => Endpoint::Events,
             p if p.strip_prefix("/workers/").is_some_and(|n| !n.is_empty() && !n.contains('/')) => Endpoint::Worker,
             _ => return None,
         })
@@ -162,8 +170,11 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<AdminBody>, remote
     };
     let routing = shared.front.routing.load_full();
     let pool_name = param(&req, "pool");
-    if matches!(endpoint, Endpoint::Metrics) {
-        return metrics(shared, &routing);
+    match endpoint {
+        Endpoint::Metrics => return metrics(shared, &routing),
+        Endpoint::Dashboard => return dashboard::page(),
+        Endpoint::Events => return dashboard::events(shared),
+        _ => {}
     }
     if matches!(endpoint, Endpoint::HotKeys) || (endpoint == Endpoint::Workers && req.method() == Method::GET) {
         let pools: Vec<Arc<Pool>> = match &pool_name {
@@ -186,9 +197,10 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<AdminBody>, remote
             etcd_change(shared, pool, endpoint, req, worker_name).await
         }
         (Endpoint::Placement, Method::POST) => place_batch(&pool, req).await,
-        (Endpoint::Placement, _) => match param(&req, "key") {
-            Some(key) => placement(&pool, &key),
-            None => fail(StatusCode::BAD_REQUEST, "?key= is required"),
+        (Endpoint::Placement, _) => match (param(&req, "key"), what_if_of(&req)) {
+            (None, _) => fail(StatusCode::BAD_REQUEST, "?key= is required"),
+            (_, Err(message)) => fail(StatusCode::BAD_REQUEST, message),
+            (Some(key), Ok(change)) => placement(pool, key, change).await,
         },
         (Endpoint::Workers, _) => add_worker(shared, pool, req).await,
         (Endpoint::Worker, Method::DELETE) if param(&req, "drain").as_deref() == Some("true") => {
@@ -196,9 +208,15 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<AdminBody>, remote
         }
         (Endpoint::Worker, Method::DELETE) => remove_worker(pool, worker_name).await,
         (Endpoint::Worker, _) => patch_worker(pool, worker_name, req).await,
-        (Endpoint::Healthz | Endpoint::Readyz | Endpoint::Metrics | Endpoint::HotKeys, _) => {
-            fail(StatusCode::NOT_FOUND, "no such admin endpoint")
-        }
+        (
+            Endpoint::Healthz
+            | Endpoint::Readyz
+            | Endpoint::Metrics
+            | Endpoint::HotKeys
+            | Endpoint::Dashboard
+            | Endpoint::Events,
+            _,
+        ) => fail(StatusCode::NOT_FOUND, "no such admin endpoint"),
     }
 }
 
@@ -229,7 +247,10 @@ fn gate(
         _ => {}
     }
     let now = Instant::now();
-    let authorized = shared.admin_token.as_ref().is_none_or(|t| guard::token_matches(guard::bearer(req.headers()), t));
+    let authorized = shared
+        .admin_token
+        .as_ref()
+        .is_none_or(|t| guard::token_matches(guard::credential(req.headers()).as_deref(), t));
     // The right token always works; wrong ones from a throttled address are not even counted.
     if !authorized && shared.auth.blocked(remote.ip(), now) {
         let mut resp = fail(StatusCode::TOO_MANY_REQUESTS, "too many failed token attempts; try again later");
@@ -240,7 +261,12 @@ fn gate(
         shared.auth.fail(remote.ip(), now);
         tracing::warn!(%remote, %path, "admin request without a valid token");
         let mut resp = fail(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        // A browser asks for Basic credentials (the token as the password) when offered them.
+        let challenge = match endpoint {
+            Endpoint::Dashboard | Endpoint::Events => "Bearer, Basic realm=\"keyroute admin\", charset=\"UTF-8\"",
+            _ => "Bearer",
+        };
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
         return Err(resp);
     }
     Ok(endpoint)
@@ -274,6 +300,7 @@ fn metrics(shared: &Shared, routing: &crate::routing::Routing) -> Response<Proxy
             .map(|((l, m), n)| (l.name.clone(), *n as u64, Arc::clone(m)))
             .collect(),
         admin_auth_failures: shared.auth.failures.load(Relaxed),
+        dashboard_viewers: shared.dashboard.viewers() as u64,
         certificates: shared
             .listeners
             .iter()
@@ -392,7 +419,7 @@ fn drain(pool: Arc<Pool>, name: &str) -> Response<ProxyBody> {
     json(StatusCode::ACCEPTED, serde_json::json!({ "draining": name, "pool": pool_name }))
 }
 
-/// A pool's hot keys: each with its key text when a sampled request showed it, hash, measured rate,
+/// A pool's hot keys (also the dashboard's): each with its key text when a sampled request showed it, hash, measured rate,
 /// replica count and replicas (the first of its ranking), plus the cache's figures.
 fn hot_keys(pool: &Pool) -> serde_json::Value {
     let snap = pool.snapshot();
@@ -438,7 +465,78 @@ fn hot_keys(pool: &Pool) -> serde_json::Value {
     })
 }
 
-fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
+/// Every value of a query parameter, decoded.
+fn params(req: &Request<AdminBody>, name: &str) -> Vec<String> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
+        .map(|v| percent_decode(v).into_owned())
+        .collect()
+}
+
+/// The largest hypothetical change `/placement` builds (each name one table entry or more).
+const MAX_WHAT_IF: usize = 64;
+
+/// `add=NAME[:W]`, `remove=NAME`, `weight=NAME:W`: a hypothetical change for `/placement`. A name
+/// may itself hold `:`; only a number after the last one is a weight.
+fn what_if_of(req: &Request<AdminBody>) -> Result<WhatIf, String> {
+    fn weighted(v: &str) -> Option<(String, u32)> {
+        let (name, w) = v.rsplit_once(':')?;
+        Some((name.to_owned(), w.parse().ok()?))
+    }
+    let add = params(req, "add").into_iter().map(|v| weighted(&v).unwrap_or((v, 1))).collect::<Vec<_>>();
+    let reweight = params(req, "weight")
+        .into_iter()
+        .map(|v| weighted(&v).ok_or_else(|| format!("weight={}: NAME:WEIGHT is expected", v.escape_debug())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let change = WhatIf { add, remove: params(req, "remove"), reweight };
+    if change.add.len() + change.remove.len() + change.reweight.len() > MAX_WHAT_IF {
+        return Err(format!("at most {MAX_WHAT_IF} changes"));
+    }
+    for (name, _) in &change.add {
+        // The same rule as a real worker's name (any address will do: only the name is checked).
+        let any = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        crate::config::validate_worker_with(name, "127.0.0.1:1", 1, None, &[], |_| Some(any))
+            .map_err(|e| format!("add={}: {}", name.escape_debug(), e.message))?;
+    }
+    Ok(change)
+}
+
+/// `GET /placement`: the key's ranking, and with a hypothetical change where it would go then
+/// (built on the blocking pool: a table can take a while).
+async fn placement(pool: Arc<Pool>, key: String, change: WhatIf) -> Response<ProxyBody> {
+    if change.is_empty() {
+        return json(StatusCode::OK, placement_now(&pool, &key));
+    }
+    off_thread(move || {
+        let mut answer = placement_now(&pool, &key);
+        let snap = pool.snapshot();
+        let (policy, names) = snap.what_if(&change).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+        let hash = snap.policy().key_hash(key.as_bytes());
+        let keyed = snap.policy().strategy().hashes_key(key.as_bytes());
+        let owner_now = |h: u64| snap.policy().owner(h).map(|i| snap.workers()[i].name.as_str());
+        let owner_then = |h: u64| policy.owner(h).map(|i| names[i].as_str());
+        let sample = pool.recent_keys();
+        let moved = sample.iter().filter(|&&h| owner_now(h) != owner_then(h)).count();
+        let owner = keyed.then(|| owner_then(hash)).flatten();
+        answer["what_if"] = serde_json::json!({
+            "add": change.add.iter().map(|(n, w)| serde_json::json!({ "name": n, "weight": w })).collect::<Vec<_>>(),
+            "remove": change.remove,
+            "weight": change.reweight.iter().map(|(n, w)| serde_json::json!({ "name": n, "weight": w })).collect::<Vec<_>>(),
+            "owner": owner,
+            "ranking": if keyed { policy.ranked(hash).take(8).map(|i| names[i].as_str()).collect::<Vec<_>>() } else { Vec::new() },
+            "moves": keyed && owner != owner_now(hash),
+            "remapped": if sample.is_empty() { 0.0 } else { moved as f64 / sample.len() as f64 },
+            "sampled_keys": sample.len(),
+        });
+        Ok(json(StatusCode::OK, answer))
+    })
+    .await
+}
+
+fn placement_now(pool: &Pool, key: &str) -> serde_json::Value {
     let snap = pool.snapshot();
     let now = Instant::now();
     let hash = snap.policy().key_hash(key.as_bytes());
@@ -458,9 +556,7 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
         })
         .collect();
     let decision = snap.decide(keyed.then_some(hash), &[], now);
-    json(
-        StatusCode::OK,
-        serde_json::json!({
+    serde_json::json!({
             "pool": pool.name,
             "strategy": snap.policy().strategy().name(),
             "generation": snap.generation(),
@@ -470,8 +566,7 @@ fn placement(pool: &Pool, key: &str) -> Response<ProxyBody> {
             "ranking": ranking,
             "would_go_to": decision.map(|d| snap.workers()[d.node].name.clone()),
             "unavailable": decision.is_none().then(|| snap.why_unavailable(now).to_string()),
-        }),
-    )
+    })
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(req: Request<AdminBody>) -> Result<T, Response<ProxyBody>> {

@@ -34,7 +34,7 @@ use keyroute::Policy;
 use tokio::time::Instant;
 
 pub(crate) use self::endpoint::{InFlight, State, WorkerState};
-pub(crate) use self::snapshot::Snapshot;
+pub(crate) use self::snapshot::{Snapshot, WhatIf};
 use crate::config::{MembershipConfig, PoolConfig, WorkerConfig};
 use crate::metrics::{PoolMetrics, SourceMetrics};
 use crate::table::{check_table_size, node_set};
@@ -59,6 +59,7 @@ impl RecentKeys {
         self.slots[i].store(hash, Relaxed);
     }
 
+    /// The distinct hashes seen recently (at most [`RECENT`]), sorted.
     fn sample(&self) -> Vec<u64> {
         let n = (self.next.load(Relaxed) as usize).min(RECENT);
         let mut v: Vec<u64> = self.slots[..n].iter().map(|s| s.load(Relaxed)).collect();
@@ -67,6 +68,31 @@ impl RecentKeys {
         v
     }
 }
+
+/// One membership change as the dashboard shows it: when, what changed, and the share of the
+/// recently seen keys it remapped.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct ChangeRecord {
+    /// Milliseconds since the Unix epoch.
+    pub(crate) at_ms: u64,
+    /// The generation it published.
+    pub(crate) generation: u64,
+    /// Members after it.
+    pub(crate) workers: usize,
+    /// Names that joined.
+    pub(crate) added: Vec<String>,
+    /// Names that left.
+    pub(crate) removed: Vec<String>,
+    /// Names whose weight changed.
+    pub(crate) reweighted: Vec<String>,
+    /// Of the recently seen keys, the share whose owner changed.
+    pub(crate) remapped: f64,
+    /// How many recently seen keys that share is of.
+    pub(crate) sampled_keys: usize,
+}
+
+/// Changes kept in a pool's log.
+const CHANGE_LOG: usize = 32;
 
 /// A membership change the pool refused.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +142,8 @@ pub(crate) struct Pool {
     pub name: String,
     snapshot: ArcSwap<Snapshot>,
     recent: RecentKeys,
+    /// The last [`CHANGE_LOG`] membership changes, oldest first.
+    changes: Mutex<std::collections::VecDeque<ChangeRecord>>,
     /// Serialises changes (readers never wait).
     change: Mutex<()>,
     /// Counters.
@@ -182,6 +210,7 @@ impl Pool {
             name,
             snapshot: ArcSwap::from_pointee(snapshot),
             recent: RecentKeys::new(),
+            changes: Mutex::new(std::collections::VecDeque::new()),
             change: Mutex::new(()),
             metrics: PoolMetrics::default(),
             source: SourceMetrics::default(),
@@ -341,6 +370,16 @@ impl Pool {
         self.snapshot.load_full()
     }
 
+    /// The distinct key hashes seen recently (up to 4,096), sorted.
+    pub(crate) fn recent_keys(&self) -> Vec<u64> {
+        self.recent.sample()
+    }
+
+    /// The last membership changes, oldest first.
+    pub(crate) fn changes(&self) -> Vec<ChangeRecord> {
+        self.changes.lock().iter().cloned().collect()
+    }
+
     /// Notes a key hash in the recent sample.
     pub(crate) fn record_key(&self, hash: u64) {
         self.recent.record(hash);
@@ -453,6 +492,34 @@ impl Pool {
         self.metrics.remapped_keys.fetch_add(moved as u64, Relaxed);
         self.metrics.last_remapped_ratio.store(ratio.to_bits(), Relaxed);
         let generation = next.generation;
+        fn weights(s: &Snapshot) -> std::collections::HashMap<&str, u32> {
+            s.workers.iter().enumerate().map(|(i, w)| (w.name.as_str(), s.weight(i))).collect()
+        }
+        let (before, after) = (weights(old), weights(&next));
+        let names = |f: &dyn Fn(&str) -> bool, from: &std::collections::HashMap<&str, u32>| {
+            let mut v: Vec<String> = from.keys().filter(|n| f(n)).map(|n| (*n).to_owned()).collect();
+            v.sort_by(|a, b| keyroute::node::canonical_cmp(a, b));
+            v
+        };
+        let record = ChangeRecord {
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            generation,
+            workers: next.workers.len(),
+            added: names(&|n| !before.contains_key(n), &after),
+            removed: names(&|n| !after.contains_key(n), &before),
+            reweighted: names(&|n| before.get(n).is_some_and(|w| after.get(n) != Some(w)), &before),
+            remapped: ratio,
+            sampled_keys: sample.len(),
+        };
+        {
+            let mut log = self.changes.lock();
+            if log.len() == CHANGE_LOG {
+                log.pop_front();
+            }
+            log.push_back(record);
+        }
         tracing::info!(
             pool = %self.name,
             generation,

@@ -63,6 +63,24 @@ impl Unavailable {
     }
 }
 
+/// A hypothetical change of a pool's members (see [`Snapshot::what_if`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WhatIf {
+    /// Workers to add, with their weights.
+    pub(crate) add: Vec<(String, u32)>,
+    /// Workers to remove.
+    pub(crate) remove: Vec<String>,
+    /// Workers to give a new weight.
+    pub(crate) reweight: Vec<(String, u32)>,
+}
+
+impl WhatIf {
+    /// Whether it changes nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty() && self.reweight.is_empty()
+    }
+}
+
 /// Everything a request needs from its pool, swapped atomically.
 #[derive(Debug)]
 pub(crate) struct Snapshot {
@@ -161,6 +179,52 @@ impl Snapshot {
                 }
             })
             .collect()
+    }
+
+    /// The table this pool would build after `change`, and its members' names in the table's
+    /// order: the simulator's `whatif` for one pool, over its live table. Built like the pool's
+    /// own (canonical name order, or the configured order for a static compatibility pool), and
+    /// refused past the pool's table size limit.
+    ///
+    /// # Errors
+    ///
+    /// A name to remove or reweight that is not a member, one to add that is, or a set the
+    /// strategy refuses, as text for the operator.
+    pub(crate) fn what_if(&self, change: &WhatIf) -> Result<(Policy, Vec<String>), String> {
+        let mut members: Vec<(String, u32, Option<String>, Option<u32>)> = self
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.name.clone(), self.weight(i), w.zone.clone(), w.id))
+            .collect();
+        let position = |members: &[(String, u32, Option<String>, Option<u32>)], name: &str| {
+            members.iter().position(|m| m.0 == name).ok_or_else(|| format!("no worker named '{}'", name.escape_debug()))
+        };
+        for name in &change.remove {
+            let i = position(&members, name)?;
+            members.remove(i);
+        }
+        for (name, weight) in &change.reweight {
+            let i = position(&members, name)?;
+            members[i].1 = *weight;
+        }
+        for (name, weight) in &change.add {
+            if position(&members, name).is_ok() {
+                return Err(format!("a worker named '{}' is already a member", name.escape_debug()));
+            }
+            members.push((name.clone(), *weight, None, None));
+        }
+        let keeps_order = matches!(self.config.strategy, keyroute::Strategy::Compat(_))
+            && self.config.membership == crate::config::MembershipConfig::Static;
+        if !keeps_order {
+            members.sort_by(|a, b| keyroute::node::canonical_cmp(&a.0, &b.0));
+        }
+        let nodes = crate::table::node_set(members.iter().map(|(n, w, z, id)| (n.as_str(), *w, z.as_deref(), *id)))
+            .map_err(|e| e.to_string())?;
+        crate::table::check_table_size(self.config.strategy, &self.config.options, &nodes)
+            .map_err(|e| e.to_string())?;
+        let policy = Policy::build(self.config.strategy, nodes, &self.config.options).map_err(|e| e.to_string())?;
+        Ok((policy, members.into_iter().map(|m| m.0).collect()))
     }
 
     /// Member `i`'s weight.

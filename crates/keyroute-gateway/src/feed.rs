@@ -1,0 +1,124 @@
+//! Who watches the dashboard (`GET /events`), and what a new subscriber is sent first: the one
+//! owner of the feed's subscribers, its sampler's running flag and the history the sampler keeps.
+//! The snapshots themselves are built by the admin API's dashboard module; this module knows nothing of
+//! them but their bytes.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+/// The subscribers and what a new one is sent first.
+#[derive(Debug, Default)]
+pub(crate) struct Hub {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    viewers: Vec<mpsc::Sender<Bytes>>,
+    running: bool,
+    history: HashMap<String, VecDeque<serde_json::Value>>,
+    last: Option<Bytes>,
+}
+
+/// A new subscriber's side.
+pub(crate) struct Subscription {
+    /// `retry`, the history event and the last snapshot.
+    pub(crate) first: Bytes,
+    /// The snapshots to come.
+    pub(crate) rx: mpsc::Receiver<Bytes>,
+    /// The sampler is not running: the caller starts it.
+    pub(crate) start_sampler: bool,
+}
+
+impl Hub {
+    /// Subscribers now.
+    pub(crate) fn viewers(&self) -> usize {
+        self.inner.lock().viewers.iter().filter(|v| !v.is_closed()).count()
+    }
+
+    /// Subscribes, with a queue of `queue` frames; `None` past `max` subscribers.
+    pub(crate) fn subscribe(&self, max: usize, queue: usize) -> Option<Subscription> {
+        let mut inner = self.inner.lock();
+        inner.viewers.retain(|v| !v.is_closed());
+        if inner.viewers.len() >= max {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(queue);
+        let mut first = String::from("retry: 2000\n\n");
+        let history = serde_json::json!({ "version": 1, "pools": inner.history });
+        first.push_str(&format!("event: history\ndata: {history}\n\n"));
+        if let Some(last) = &inner.last {
+            first.push_str(&String::from_utf8_lossy(last));
+        }
+        inner.viewers.push(tx);
+        let start_sampler = !inner.running;
+        inner.running = true;
+        Some(Subscription { first: Bytes::from(first), rx, start_sampler })
+    }
+
+    /// At a sampler's tick: how many watch, or `None` when nobody does, and then the sampler
+    /// ends (its history goes with it).
+    pub(crate) fn watched(&self) -> Option<usize> {
+        let mut inner = self.inner.lock();
+        inner.viewers.retain(|v| !v.is_closed());
+        if inner.viewers.is_empty() {
+            *inner = Inner::default();
+            return None;
+        }
+        Some(inner.viewers.len())
+    }
+
+    /// Sends a snapshot to every subscriber (one that is not reading misses it), and keeps each
+    /// pool's affinity point, up to `history` of them.
+    pub(crate) fn publish(&self, frame: Bytes, affinity: Vec<(String, serde_json::Value)>, history: usize) {
+        let mut inner = self.inner.lock();
+        inner.history.retain(|pool, _| affinity.iter().any(|(p, _)| p == pool));
+        for (pool, point) in affinity {
+            let h = inner.history.entry(pool).or_default();
+            if h.len() == history {
+                h.pop_front();
+            }
+            h.push_back(point);
+        }
+        for v in &inner.viewers {
+            let _ = v.try_send(frame.clone());
+        }
+        inner.last = Some(frame);
+    }
+
+    /// Ends every subscriber's stream and the sampler (shutdown).
+    pub(crate) fn close(&self) {
+        *self.inner.lock() = Inner::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sampler_runs_while_someone_watches() {
+        let hub = Hub::default();
+        let a = hub.subscribe(2, 4).expect("first");
+        assert!(a.start_sampler);
+        let mut b = hub.subscribe(2, 4).expect("second");
+        assert!(!b.start_sampler);
+        assert!(hub.subscribe(2, 4).is_none(), "past the limit");
+        assert_eq!(hub.watched(), Some(2));
+        hub.publish(Bytes::from_static(b"data: 1\n\n"), vec![("p".into(), serde_json::json!({"t": 1}))], 2);
+        assert_eq!(b.rx.try_recv().ok(), Some(Bytes::from_static(b"data: 1\n\n")));
+        // A new subscriber gets the history and the last snapshot first.
+        drop(a);
+        let c = hub.subscribe(2, 4).expect("a place freed");
+        let first = String::from_utf8_lossy(&c.first).into_owned();
+        assert!(first.contains(r#""pools":{"p":[{"t":1}]}"#) && first.ends_with("data: 1\n\n"), "{first}");
+        drop((b, c));
+        // Nobody left: the sampler ends and forgets; the next subscriber starts it again.
+        assert_eq!(hub.watched(), None);
+        let d = hub.subscribe(2, 4).expect("again");
+        assert!(d.start_sampler && String::from_utf8_lossy(&d.first).contains(r#""pools":{}"#));
+    }
+}

@@ -1,0 +1,500 @@
+//! The dashboard as an operator sees it (issue 21): a real browser (Debian's Chromium, driven
+//! through its ChromeDriver over the WebDriver protocol on 127.0.0.1) opens `/dashboard` on a
+//! gateway with live workers and keyed traffic, and the page's DOM is checked; `/events` is checked
+//! against its documented contract without a browser.
+//!
+//! The screenshot in the README is this test's: `KEYROUTE_SCREENSHOT=docs/dashboard.png cargo test
+//! -p keyroute-gateway --test dashboard` writes it there (every run writes one under the temporary
+//! directory).
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+
+/// ChromeDriver and the one session it runs; both end (by pid) when this is dropped.
+struct Browser {
+    driver: Child,
+    port: u16,
+    session: String,
+    _profile: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One WebDriver command over a fresh connection (`Connection: close`), answered within 60 s.
+fn webdriver(port: u16, method: &str, path: &str, body: Option<&Value>) -> Value {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to chromedriver");
+    s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("write");
+    // ChromeDriver keeps the connection open whatever the request says: read the head, then
+    // Content-Length bytes.
+    let mut r = BufReader::new(s);
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).expect("read a header line");
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().expect("content-length");
+        }
+    }
+    let mut buf = vec![0; length];
+    r.read_exact(&mut buf).expect("read the body");
+    let body = String::from_utf8_lossy(&buf);
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("chromedriver: {e}: {body}"));
+    if v["value"]["error"].is_string() {
+        panic!("webdriver {method} {path}: {}", v["value"]);
+    }
+    v["value"].clone()
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let driver_path = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("chromedriver (Debian's chromium-driver; scripts/test.sh installs it)");
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = probe.local_addr().expect("addr").port();
+        drop(probe);
+        let mut driver = Command::new(driver_path)
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn chromedriver");
+        let out = driver.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("chromedriver started within 20 s");
+            if line.contains("started successfully") {
+                break;
+            }
+        }
+        let profile = TempDir(std::env::temp_dir().join(format!("keyroute-chromium-{}-{port}", std::process::id())));
+        let caps = json!({ "capabilities": { "alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--window-size=1500,1100", "--no-first-run", "--no-default-browser-check",
+                         format!("--user-data-dir={}", profile.0.display())],
+            },
+        }}});
+        let mut b = Browser { driver, port, session: String::new(), _profile: profile };
+        let v = webdriver(port, "POST", "/session", Some(&caps));
+        b.session = v["sessionId"].as_str().expect("a session").to_owned();
+        b
+    }
+
+    fn go(&self, url: &str) {
+        webdriver(self.port, "POST", &format!("/session/{}/url", self.session), Some(&json!({ "url": url })));
+    }
+
+    /// Runs `script` (a function body; `arguments` holds `args`) in the page and returns its value.
+    fn js(&self, script: &str, args: Value) -> Value {
+        webdriver(
+            self.port,
+            "POST",
+            &format!("/session/{}/execute/sync", self.session),
+            Some(&json!({ "script": script, "args": args })),
+        )
+    }
+
+    /// Polls `script` until it returns something truthy, for at most `limit`.
+    fn wait_for(&self, limit: Duration, what: &str, script: &str, args: Value) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let v = self.js(script, args.clone());
+            if !(v.is_null() || v == false || v == 0 || v == "") {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "the page did not show {what} within {limit:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn screenshot(&self) -> Vec<u8> {
+        let v = webdriver(self.port, "GET", &format!("/session/{}/screenshot", self.session), None);
+        base64(v.as_str().expect("base64 png"))
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            // Closes Chromium; then ChromeDriver is killed by its pid.
+            let _ = std::panic::catch_unwind(|| {
+                webdriver(self.port, "DELETE", &format!("/session/{}", self.session), None)
+            });
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn base64(text: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = text.bytes().filter(|&c| c != b'=' && !c.is_ascii_whitespace()).map(val).collect();
+    bytes
+        .chunks(4)
+        .flat_map(|c| {
+            let n = c.iter().enumerate().fold(0u32, |n, (i, &v)| n | u32::from(v) << (18 - 6 * i));
+            n.to_be_bytes()[1..c.len()].to_vec()
+        })
+        .collect()
+}
+
+/// Keyed requests, a few hundred a second, until the returned sender is dropped.
+fn traffic(addr: SocketAddr) -> tokio::sync::oneshot::Sender<()> {
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let c = client();
+        let mut i = 0u64;
+        loop {
+            // A few keys are hot.
+            let k = if i.is_multiple_of(3) { "hot".to_owned() } else { format!("img-{}", i % 500) };
+            let url: hyper::Uri = format!("http://{addr}/thumb?k={k}").parse().expect("uri");
+            let _ = tokio::time::timeout(Duration::from_secs(2), c.get(url)).await;
+            i += 1;
+            tokio::select! {
+                _ = &mut rx => return,
+                () = tokio::time::sleep(Duration::from_millis(3)) => {}
+            }
+        }
+    });
+    tx
+}
+
+/// Reads `/events` over a raw connection until `frames` data events (after the history) arrived.
+async fn read_events(admin: SocketAddr, frames: usize) -> (Value, Vec<Value>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(admin).await.expect("connect");
+    s.write_all(format!("GET /events HTTP/1.1\r\nhost: {admin}\r\n\r\n").as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut chunk = [0u8; 65536];
+        let n = tokio::time::timeout_at(deadline, s.read(&mut chunk)).await.expect("events in time").expect("read");
+        assert!(n > 0, "the feed ended");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf);
+        let Some((head, _)) = text.split_once("\r\n\r\n") else { continue };
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+        // The body is chunked: data lines are whole within it, so they can be read off the text.
+        let events: Vec<&str> = text.split("\n\n").collect();
+        let history = events
+            .iter()
+            .find_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")).filter(|_| e.contains("event: history")));
+        let data: Vec<Value> = events
+            .iter()
+            .filter(|e| !e.contains("event: history"))
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .filter_map(|d| serde_json::from_str(d).ok())
+            .collect();
+        if let Some(h) = history
+            && data.len() >= frames
+        {
+            return (serde_json::from_str(h).expect("history json"), data);
+        }
+    }
+}
+
+/// `value` has every field of `shape`, each of the type given (`"n"` number, `"n?"` number or
+/// null, `"s"` string, `"s?"`, `"b"` bool, `"a"` array, `"o"` object), recursively for objects
+/// and the first element of arrays.
+fn conforms(path: &str, value: &Value, shape: &Value) {
+    match shape {
+        Value::Object(fields) => {
+            for (k, want) in fields {
+                let got = value.get(k).unwrap_or_else(|| panic!("{path}.{k} is missing in {value}"));
+                conforms(&format!("{path}.{k}"), got, want);
+            }
+        }
+        Value::Array(one) => {
+            let items = value.as_array().unwrap_or_else(|| panic!("{path} is not an array: {value}"));
+            assert!(!items.is_empty(), "{path} is empty");
+            for (i, item) in items.iter().enumerate() {
+                conforms(&format!("{path}[{i}]"), item, &one[0]);
+            }
+        }
+        Value::String(t) => {
+            let ok = match t.as_str() {
+                "n" => value.is_number(),
+                "n?" => value.is_number() || value.is_null(),
+                "s" => value.is_string(),
+                "s?" => value.is_string() || value.is_null(),
+                "b" => value.is_boolean(),
+                "a" => value.is_array(),
+                "o" => value.is_object(),
+                other => panic!("bad shape {other}"),
+            };
+            assert!(ok, "{path} should be {t}: {value}");
+        }
+        _ => panic!("bad shape at {path}"),
+    }
+}
+
+fn affinity_shape(with_t: bool) -> Value {
+    let mut v = json!({ "owner": "n", "replica": "n", "unavailable": "n", "overloaded": "n", "retry": "n",
+        "warming": "n", "unkeyed": "n", "no_worker": "n" });
+    if with_t {
+        v["t"] = json!("n");
+    }
+    v
+}
+
+/// The snapshot's documented shape (src/admin/dashboard.rs).
+fn snapshot_shape() -> Value {
+    json!({
+        "version": "n", "time": "n", "interval_ms": "n",
+        "gateway": { "version": "s", "uptime_s": "n", "ready": "b", "viewers": "n" },
+        "listeners": [{ "name": "s", "address": "s", "tls": "b", "admin": "b", "open": "n", "limit": "n?",
+            "accepted": "n", "accepts_per_s": "n", "limited": "n", "tls_errors": "n", "h2_connections": "n",
+            "upgrades": "n", "header_timeouts": "n", "send_timeouts": "n", "log_written": "n", "log_dropped": "n" }],
+        "pools": [{
+            "name": "s", "strategy": "s", "key": "s", "generation": "n", "source": { "kind": "s" },
+            "workers": [{ "name": "s", "address": "s", "zone": "s?", "weight": "n", "state": "s", "warm_up": "n",
+                "in_flight": "n", "rps": "n", "error_rate": "n", "p99_ms": "n?", "requests": "n", "errors": "n",
+                "ejections": "n", "retries": "n", "key_share": "n", "request_share": "n" }],
+            "affinity": affinity_shape(true), "affinity_total": affinity_shape(false),
+            "balance": { "sampled_keys": "n", "keys_max_over_mean": "n?", "requests_max_over_mean": "n?" },
+            "hot_keys": { "pool": "s", "enabled": "b", "keys": "a" },
+            "changes": [{ "at_ms": "n", "generation": "n", "workers": "n", "added": "a", "removed": "a",
+                "reweighted": "a", "remapped": "n", "sampled_keys": "n" }],
+            "remapped_keys": "n",
+        }],
+    })
+}
+
+const POOL: &str = "[pool.health]\npath = \"/healthz\"\ninterval_ms = 300\ntimeout_ms = 250\nrise = 1\nfall = 1\n\n[pool.hot_keys]\nthreshold = 40.0\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_feed_keeps_its_contract_and_costs_nothing_unwatched() {
+    let bs = backends(3).await;
+    let gw = start_gateway(&config_text(&bs.iter().collect::<Vec<_>>(), POOL, "")).await;
+    let stop = traffic(gw.addr);
+    // A change, so the membership log has an entry.
+    let (status, _) = admin(&gw, "PATCH", "/workers/w3", r#"{"weight":2}"#, None).await;
+    assert_eq!(status, 200);
+    let (history, data) = read_events(gw.admin, 3).await;
+    assert_eq!(history["version"], 1);
+    assert!(history["pools"].is_object());
+    for snap in &data {
+        conforms("snapshot", snap, &snapshot_shape());
+        assert_eq!(snap["version"], 1);
+    }
+    let last = data.last().expect("a snapshot");
+    let pool = &last["pools"][0];
+    assert_eq!(pool["workers"].as_array().map(Vec::len), Some(3));
+    assert_eq!(pool["changes"][0]["reweighted"], json!(["w3"]));
+    // Shares are shares: each sums to 1 over the pool.
+    for field in ["key_share", "request_share"] {
+        let sum: f64 =
+            pool["workers"].as_array().expect("workers").iter().map(|w| w[field].as_f64().unwrap_or(0.0)).sum();
+        assert!((sum - 1.0).abs() < 0.01, "{field} sums to {sum}");
+    }
+    let served: u64 = data.iter().map(|s| s["pools"][0]["affinity"]["owner"].as_u64().unwrap_or(0)).sum();
+    assert!(served > 0, "requests to owners are counted per second: {data:?}");
+    drop(stop);
+    // The reader has gone: nobody is counted, and at the next tick the sampler stops.
+    eventually(Duration::from_secs(5), "no viewer left", || async {
+        let (_, _, text) = get(&client(), &format!("http://{}/metrics", gw.admin)).await;
+        text.lines().any(|l| l == "keyroute_dashboard_viewers 0")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // So a second subscriber gets no history: a sampler keeps it only while it runs, and a
+    // new one starts empty.
+    let (history, _) = read_events(gw.admin, 1).await;
+    assert!(
+        history["pools"].as_object().is_some_and(|p| p.values().all(|v| v.as_array().is_some_and(|a| a.len() <= 1))),
+        "{history}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_sees_the_fleet_and_a_dead_worker_in_a_real_browser() {
+    let mut bs = backends(4).await;
+    let gw = start_gateway(&config_text(&bs.iter().collect::<Vec<_>>(), POOL, "")).await;
+    let stop = traffic(gw.addr);
+    let url = format!("http://{}/dashboard", gw.admin);
+    let browser = tokio::task::spawn_blocking(move || {
+        let b = Browser::start();
+        b.go(&url);
+        b
+    })
+    .await
+    .expect("browser");
+    let b = std::sync::Arc::new(browser);
+    let run = |script: &'static str, what: &'static str, args: Value| {
+        let b = std::sync::Arc::clone(&b);
+        async move {
+            tokio::task::spawn_blocking(move || b.wait_for(Duration::from_secs(20), what, script, args))
+                .await
+                .expect("js")
+        }
+    };
+    // Every worker, with its figures, once traffic has been sampled.
+    let rows = run(
+        r#"const rows = [...document.querySelectorAll('tr[data-worker]')].map(r => ({
+              name: r.dataset.worker, state: r.dataset.state,
+              weight: r.querySelector('.weight').textContent, rps: r.querySelector('.rps').textContent,
+              keys: r.querySelector('.key-share').textContent, requests: r.querySelector('.request-share').textContent,
+              p99: r.querySelector('.p99').textContent }));
+           return rows.length === 4 && rows.every(r => parseFloat(r.rps) > 0 && r.p99 !== '–') ? rows : null;"#,
+        "four workers serving",
+        json!([]),
+    )
+    .await;
+    let mut names: Vec<&str> = rows.as_array().expect("rows").iter().filter_map(|r| r["name"].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["w1", "w2", "w3", "w4"]);
+    for r in rows.as_array().expect("rows") {
+        assert_eq!(r["state"], "healthy", "{r}");
+        assert_eq!(r["weight"], "1", "{r}");
+        assert!(r["keys"].as_str().is_some_and(|k| k.ends_with('%')), "{r}");
+    }
+    // The affinity chart has drawn, the hot key is listed, the listener is there.
+    run(
+        r#"return document.querySelector('details.pool svg path') !== null
+             && document.querySelector('[data-outcome="owner"]').textContent.includes('%')
+             && document.querySelector('tr[data-listener="admin"]') !== null;"#,
+        "the affinity chart and the listeners",
+        json!([]),
+    )
+    .await;
+    // The placement box answers with the ranking and a what-if.
+    let answer = run(
+        r#"const f = document.querySelector('form.box');
+           if (!f.dataset.sent) { const [k, a] = f.querySelectorAll('input'); k.value = 'img-7'; a.value = 'w9';
+             f.dataset.sent = '1'; f.requestSubmit(); }
+           const t = f.querySelector('.answer').textContent;
+           return t.includes('after the change') ? t : null;"#,
+        "the placement box's answer",
+        json!([]),
+    )
+    .await;
+    assert!(answer.as_str().is_some_and(|t| t.contains("owner") && t.contains("would go to")), "{answer}");
+    // A worker dies: the page shows it not healthy within a few seconds.
+    let t0 = Instant::now();
+    bs[1].kill();
+    let state = run(
+        r#"const r = document.querySelector('tr[data-worker="w2"]');
+           return r && ['unhealthy', 'ejected'].includes(r.dataset.state) ? r.dataset.state : null;"#,
+        "w2 down",
+        json!([]),
+    )
+    .await;
+    eprintln!("w2 shown {state} {:.1} s after it was killed", t0.elapsed().as_secs_f64());
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    // Let the chart show the change, then keep a picture of it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b2 = std::sync::Arc::clone(&b);
+    let png = tokio::task::spawn_blocking(move || b2.screenshot()).await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 20_000, "a PNG of the page: {} bytes", png.len());
+    let path = std::env::temp_dir().join(format!("keyroute-dashboard-{}.png", std::process::id()));
+    std::fs::write(&path, &png).expect("write screenshot");
+    eprintln!("screenshot: {}", path.display());
+    if let Ok(dest) = std::env::var("KEYROUTE_SCREENSHOT") {
+        let dest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dest);
+        std::fs::write(&dest, &png).expect("write KEYROUTE_SCREENSHOT");
+    }
+    drop(stop);
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_pools_of_a_hundred_workers_stay_readable() {
+    // Workers at closed ports: nobody sends to them, the page only has to show them.
+    let mut text = String::from("[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n");
+    for i in 0..10 {
+        text.push_str(&format!("[[listener.route]]\npath_prefix = \"/p{i}/\"\npool = \"pool-{i}\"\n\n"));
+    }
+    for i in 0..10 {
+        text.push_str(&format!("[[pool]]\nname = \"pool-{i}\"\nkey = \"{{path}}\"\n"));
+        for w in 0..100 {
+            text.push_str(&format!(
+                "[[pool.worker]]\nname = \"w{w}\"\naddress = \"127.0.0.1:{}\"\n",
+                20_000 + i * 100 + w
+            ));
+        }
+    }
+    let gw = start_gateway(&text).await;
+    let (_, data) = read_events(gw.admin, 1).await;
+    let bytes = data[0].to_string().len();
+    eprintln!("a snapshot of 10 pools x 100 workers: {bytes} bytes");
+    assert_eq!(data[0]["pools"].as_array().map(Vec::len), Some(10));
+    let url = format!("http://{}/dashboard", gw.admin);
+    let out = tokio::task::spawn_blocking(move || {
+        let b = Browser::start();
+        b.go(&url);
+        // Ten pools, collapsed: no worker row is drawn until one is opened.
+        let pools = b.wait_for(
+            Duration::from_secs(20),
+            "ten pools",
+            "const d = document.querySelectorAll('details.pool'); return d.length === 10 ? [d.length, [...d].filter(x => x.open).length, document.querySelectorAll('tr[data-worker]').length] : null;",
+            json!([]),
+        );
+        assert_eq!(pools, json!([10, 0, 0]));
+        // Opening one shows its first rows and says how many more there are.
+        b.js("document.querySelector('details.pool[data-pool=\"pool-3\"]').open = true;", json!([]));
+        let first = b.wait_for(
+            Duration::from_secs(10),
+            "pool-3's first rows",
+            "const n = document.querySelectorAll('tr[data-pool=\"pool-3\"]').length; const m = document.querySelector('.more'); return n ? [n, m && m.textContent] : null;",
+            json!([]),
+        );
+        assert_eq!(first[0], 25, "{first}");
+        assert!(first[1].as_str().is_some_and(|t| t.contains("show all 100")), "{first}");
+        b.js("document.querySelector('.more button').click();", json!([]));
+        b.wait_for(Duration::from_secs(10), "all 100 rows", "return document.querySelectorAll('tr[data-pool=\"pool-3\"]').length === 100;", json!([]));
+        // Sorted by name, numbers as numbers; the filter narrows the rows.
+        b.js("[...document.querySelectorAll('details.pool[data-pool=\"pool-3\"] th')].find(t => t.textContent.startsWith('worker')).click();", json!([]));
+        let order = b.js("return [...document.querySelectorAll('tr[data-pool=\"pool-3\"]')].slice(0, 3).map(r => r.dataset.worker);", json!([]));
+        assert_eq!(order, json!(["w0", "w1", "w2"]));
+        b.js("const f = document.getElementById('filter'); f.value = 'w9'; f.dispatchEvent(new Event('input'));", json!([]));
+        b.wait_for(Duration::from_secs(10), "the filtered rows", "return document.querySelectorAll('tr[data-pool=\"pool-3\"]').length === 11;", json!([]))
+    })
+    .await;
+    out.expect("browser");
+}
