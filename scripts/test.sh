@@ -9,6 +9,8 @@
 #   nginx, haproxy, redis-server (and its redis-tools, for redis-cli): the live differential tests
 #   of the compatibility modes (keyroute-gateway/tests/compat_live.rs) run the real programs the
 #   same way, and compare their placements with keyroute's.
+#   memcached, nutcracker: the memcached listener's tests (keyroute-gateway/tests/memcache.rs)
+#   start real memcached servers, and real twemproxy beside keyroute on the same servers.
 #   chromium, chromium-driver (and a font): the dashboard's browser test
 #   (keyroute-gateway/tests/dashboard.rs) drives headless Chromium through ChromeDriver on
 #   127.0.0.1, both started by the test and stopped by pid.
@@ -27,6 +29,8 @@ have nginx || need+=(nginx)
 have haproxy || need+=(haproxy)
 { have redis-server && have redis-cli; } || need+=(redis-server)
 { have chromium && have chromedriver; } || need+=(chromium chromium-driver)
+have memcached || need+=(memcached)
+have nutcracker || need+=(nutcracker)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
 if ((${#need[@]})); then

@@ -38,6 +38,18 @@ pub enum Command {
     Register(RegisterArgs),
     /// The thumbnail service on this machine: 8 workers and the gateway, each strategy in turn.
     Demo(DemoArgs),
+    /// Convert a nutcracker (twemproxy) configuration to keyroute's: each memcached pool becomes a
+    /// memcached listener and a pool placed as nutcracker places it (no key moves). TOML on stdout.
+    FromNutcracker(FromNutcrackerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FromNutcrackerArgs {
+    /// The nutcracker YAML file.
+    pub file: PathBuf,
+    /// The admin API's address in the configuration made.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: std::net::SocketAddr,
 }
 
 #[derive(Debug, Args)]

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
         Command::Members(args) => members::members(&args),
         Command::Register(args) => members::register(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::FromNutcracker(args) => serve::from_nutcracker(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

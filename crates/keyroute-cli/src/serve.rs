@@ -161,3 +161,13 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
         Ok(())
     })
 }
+
+/// `keyroute from-nutcracker`: a nutcracker YAML file as keyroute's configuration, on stdout.
+pub fn from_nutcracker(args: &crate::cli::FromNutcrackerArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.file).map_err(|e| Usage(format!("{}: {e}", args.file.display())))?;
+    let toml = keyroute_gateway::config::from_nutcracker(&text, &args.file.display().to_string(), args.admin)
+        .map_err(|e| Usage(e.to_string()))?;
+    use std::io::Write as _;
+    std::io::stdout().lock().write_all(toml.as_bytes())?;
+    Ok(())
+}

@@ -588,3 +588,33 @@ fn whatif_answers_before_a_change() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `from-nutcracker`: a nutcracker YAML becomes a configuration `serve --check` accepts; what
+/// cannot be converted exits 64 naming the file, line and field.
+#[test]
+fn from_nutcracker_converts_or_says_why_not() {
+    let dir = temp("nutcracker");
+    let yml = dir.join("nutcracker.yml");
+    std::fs::write(
+        &yml,
+        "alpha:\n  listen: 127.0.0.1:22121\n  hash: md5\n  distribution: ketama\n  hash_tag: \"{}\"\n  auto_eject_hosts: true\n  servers:\n   - 127.0.0.1:11211:1\n   - 127.0.0.1:11212:2 cache-b\n",
+    )
+    .expect("write");
+    let o = keyroute(&["from-nutcracker", yml.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let toml = dir.join("keyroute.toml");
+    std::fs::write(&toml, &o.stdout).expect("write");
+    let check = keyroute(&["serve", "--check", "--config", toml.to_str().expect("utf8")]);
+    assert!(
+        check.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&check.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    std::fs::write(&yml, "alpha:\n  listen: 127.0.0.1:22121\n  hash: murmur\n  servers:\n   - 127.0.0.1:11211:1\n")
+        .expect("write");
+    let o = keyroute(&["from-nutcracker", yml.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("nutcracker.yml:3: alpha.hash:"), "{err}");
+}

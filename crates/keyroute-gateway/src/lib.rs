@@ -74,6 +74,7 @@
 // Alphabetical; the order of their imports is the layout table above.
 mod access;
 mod admin;
+mod base64;
 mod body;
 pub(crate) mod cache;
 pub mod config;
@@ -86,6 +87,7 @@ mod hop;
 pub mod key;
 mod listener;
 pub mod membership;
+mod memcache;
 mod metrics;
 mod pool;
 mod prober;
@@ -110,4 +112,5 @@ pub use table::TooLarge;
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::admin::fuzzing::{add_worker, patch_worker};
+    pub use crate::memcache::codec::check_invariants as memcache_codec;
 }

@@ -3,6 +3,7 @@
 //!
 //! See `examples/keyroute.toml` at the repository root for an annotated example of every field.
 
+mod nutcracker;
 mod raw;
 mod validate;
 
@@ -13,6 +14,7 @@ use std::time::Duration;
 use http::HeaderName;
 use keyroute::{Options, Strategy};
 
+pub use self::nutcracker::from_nutcracker;
 pub use self::validate::MAX_NAME_BYTES;
 use self::validate::{Ctx, field_at, validate};
 pub(crate) use self::validate::{points_at, resolve, validate_worker, validate_worker_with};
@@ -101,6 +103,26 @@ pub struct ListenerConfig {
     /// An upgraded connection (WebSocket) that carries nothing either way for this long is
     /// closed (NGINX's `proxy_read_timeout` applies to WebSockets too).
     pub tunnel_idle_timeout: Duration,
+    /// A listener that speaks a cache protocol instead of HTTP (`protocol = "memcached"`).
+    pub cache: Option<CacheListener>,
+}
+
+/// A listener of a cache protocol: `protocol`, `pool` and `max_item_bytes` on `[[listener]]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheListener {
+    /// The protocol.
+    pub protocol: CacheProtocol,
+    /// The pool of cache servers (an index into the pools).
+    pub pool: usize,
+    /// The largest value taken (memcached's `-I`; 1 MiB by default).
+    pub max_item_bytes: usize,
+}
+
+/// A cache protocol a listener speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheProtocol {
+    /// memcached's text protocol (1.6, meta commands included).
+    Memcached,
 }
 
 /// A listener's access log: one line per request, written off the request path.
@@ -399,6 +421,50 @@ weight = 2
             assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}");
             assert!(err.message.contains(needle), "{err}");
             assert!(err.to_string().starts_with(&format!("k.toml:{line}: {field}: ")), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_memcached_listener_takes_its_settings_and_refuses_http_ones() {
+        let mc = |extra: &str| {
+            GOOD.replace(
+                "listen = \"127.0.0.1:0\"\n",
+                &format!("listen = \"127.0.0.1:0\"\nprotocol = \"memcached\"\n{extra}"),
+            )
+        };
+        let c = Config::parse(&mc("max_item_bytes = 2048\n"), "k.toml").expect("valid");
+        assert_eq!(
+            c.listeners[0].cache,
+            Some(CacheListener { protocol: CacheProtocol::Memcached, pool: 0, max_item_bytes: 2048 })
+        );
+        assert!(c.listeners[0].routes.is_empty());
+        for (edit, line, field, needle) in [
+            (
+                GOOD.replace("listen = \"127.0.0.1:0\"\n", "listen = \"127.0.0.1:0\"\nprotocol = \"gopher\"\n"),
+                4,
+                "listener.listener-1.protocol",
+                "not a protocol",
+            ),
+            (mc("pool = \"nope\"\n"), 5, "listener.listener-1.pool", "no pool named 'nope'"),
+            (mc("max_item_bytes = 10\n"), 5, "listener.listener-1.max_item_bytes", "1024..="),
+            (mc("h2c = true\n"), 5, "listener.listener-1.h2c", "speaks no HTTP"),
+            (mc("[[listener.route]]\npool = \"thumbs\"\n"), 6, "listener.listener-1.route", "speaks no HTTP"),
+            (
+                GOOD.replace("listen = \"127.0.0.1:0\"\n", "listen = \"127.0.0.1:0\"\npool = \"thumbs\"\n"),
+                4,
+                "listener.listener-1.pool",
+                "listener.route",
+            ),
+            (
+                mc("").replace("weight = 2", "weight = 2\n[pool.health]\npath = \"/\""),
+                3,
+                "listener.listener-1.pool",
+                "health checks",
+            ),
+        ] {
+            let err = Config::parse(&edit, "k.toml").expect_err(&edit);
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}\n{edit}");
+            assert!(err.message.contains(needle), "{err}");
         }
     }
 

@@ -39,6 +39,9 @@ pub(super) struct RawListener {
     pub(super) reuse_port: Option<Spanned<bool>>,
     pub(super) send_timeout_ms: Option<Spanned<u64>>,
     pub(super) tunnel_idle_timeout_ms: Option<Spanned<u64>>,
+    pub(super) protocol: Option<Spanned<String>>,
+    pub(super) pool: Option<Spanned<String>>,
+    pub(super) max_item_bytes: Option<Spanned<usize>>,
     pub(super) tls: Option<RawTls>,
     pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]

@@ -328,7 +328,8 @@ fn validate_listener(
         Some(m) if (1..=1_000_000).contains(m.get_ref()) => Some(*m.get_ref()),
         Some(m) => return ctx.err(Some(m.span()), field("max_connections"), "must be in 1..=1000000"),
     };
-    let routes = validate_routes(ctx, l, &name, pools)?;
+    let cache = validate_protocol(ctx, l, &name, pools)?;
+    let routes = if cache.is_some() { Vec::new() } else { validate_routes(ctx, l, &name, pools)? };
     let flag = |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
     let tls = validate_tls(ctx, l, &name)?;
     let h2c = flag(&l.h2c, false);
@@ -360,7 +361,90 @@ fn validate_listener(
         reuse_port: flag(&l.reuse_port, false),
         send_timeout,
         tunnel_idle_timeout,
+        cache,
     })
+}
+
+/// A listener's `protocol`: HTTP (the default, `None`), or a cache protocol with its `pool` and
+/// `max_item_bytes`; the HTTP settings are refused on a cache listener, and the cache ones on an
+/// HTTP listener.
+fn validate_protocol(
+    ctx: &Ctx<'_>,
+    l: &super::raw::RawListener,
+    name: &str,
+    pools: &[PoolConfig],
+) -> Result<Option<CacheListener>, ConfigError> {
+    let field = |f: &str| format!("listener.{name}.{f}");
+    let protocol = match &l.protocol {
+        None => None,
+        Some(p) => match p.get_ref().as_str() {
+            "http" => None,
+            "memcached" => Some(CacheProtocol::Memcached),
+            other => {
+                let msg = format!("'{}' is not a protocol keyroute serves (http, memcached)", other.escape_debug());
+                return ctx.err(Some(p.span()), field("protocol"), msg);
+            }
+        },
+    };
+    let Some(protocol) = protocol else {
+        if let Some(p) = &l.pool {
+            return ctx.err(Some(p.span()), field("pool"), "an HTTP listener chooses pools by its [[listener.route]]s");
+        }
+        if let Some(m) = &l.max_item_bytes {
+            return ctx.err(Some(m.span()), field("max_item_bytes"), "only a memcached listener takes max_item_bytes");
+        }
+        return Ok(None);
+    };
+    // What only HTTP has.
+    let http_only: [(&str, Option<std::ops::Range<usize>>); 6] = [
+        ("route", l.route.first().map(|r| r.pool.span())),
+        ("tls", l.tls.as_ref().map(|_| l.listen.span())),
+        ("access_log", l.access_log.as_ref().map(|a| a.path.span())),
+        ("http2", l.http2.as_ref().map(Spanned::span)),
+        ("h2c", l.h2c.as_ref().map(Spanned::span)),
+        ("max_header_bytes", l.max_header_bytes.as_ref().map(Spanned::span)),
+    ];
+    if let Some((f, span)) = http_only.iter().find(|(_, s)| s.is_some()) {
+        return ctx.err(span.clone(), field(f), "a memcached listener speaks no HTTP: this setting does not apply");
+    }
+    let pool = match &l.pool {
+        Some(p) => match pools.iter().position(|x| x.name == *p.get_ref()) {
+            Some(i) => i,
+            None => {
+                let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+                let msg = format!("no pool named '{}' (pools: {})", p.get_ref().escape_debug(), known.join(", "));
+                return ctx.err(Some(p.span()), field("pool"), msg);
+            }
+        },
+        None if pools.len() == 1 => 0,
+        None => {
+            return ctx.err(
+                Some(l.listen.span()),
+                field("pool"),
+                "a memcached listener needs pool = NAME when there are several pools",
+            );
+        }
+    };
+    if pools[pool].health.path.is_some() {
+        let span = l.pool.as_ref().map_or_else(|| l.listen.span(), Spanned::span);
+        let msg = format!(
+            "pool '{}' has HTTP health checks ([pool.health] path), which memcached servers cannot answer: remove them (passive ejection watches a memcached pool)",
+            pools[pool].name
+        );
+        return ctx.err(Some(span), field("pool"), msg);
+    }
+    let max_item_bytes = match &l.max_item_bytes {
+        None => 1 << 20,
+        Some(m) if (1024..=1 << 30).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => {
+            return ctx.err(
+                Some(m.span()),
+                field("max_item_bytes"),
+                "must be in 1024..=1073741824 (memcached's -I range)",
+            );
+        }
+    };
+    Ok(Some(CacheListener { protocol, pool, max_item_bytes }))
 }
 
 /// A listener's `[[listener.route]]`s (one to the only pool when it has none).

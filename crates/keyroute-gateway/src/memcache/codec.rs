@@ -1,0 +1,476 @@
+//! The memcached text protocol as memcached 1.6 speaks it, sans IO: a client's command line
+//! parsed in place, and the length of one server response in a buffer.
+//!
+//! | command | routed by | the server's answer |
+//! |---|---|---|
+//! | `get`/`gets` `KEY...`, `gat`/`gats` `EXPTIME KEY...` | each key (split by owner, merged in the client's order) | `VALUE` blocks, `END` |
+//! | `set`/`add`/`replace`/`append`/`prepend` `KEY FLAGS EXPTIME BYTES [noreply]`, `cas ... CAS [noreply]` + data | the key | one line |
+//! | `delete KEY [noreply]`, `incr`/`decr KEY N [noreply]`, `touch KEY EXPTIME [noreply]` | the key | one line |
+//! | `mg`/`md`/`ma KEY FLAGS...`, `ms KEY SIZE FLAGS...` + data | the key (`b`: base64, decoded to place) | one line, or `VA` + data |
+//! | `mn` | - | `MN`, answered by the proxy in order |
+//! | `version` | - | the proxy's `VERSION` |
+//! | `quit` | - | the connection closes |
+//!
+//! Anything else (`stats`, `flush_all`, `verbosity`, `lru_crawler`, `watch`...) concerns one
+//! server, not a key: it is refused with `CLIENT_ERROR`, saying so (twemproxy refuses them too).
+//! Keys are 1 to 250 bytes without control bytes or spaces, as memcached takes them; anything else
+//! is `CLIENT_ERROR bad command line format`, the line memcached gives.
+
+/// The longest key memcached takes.
+pub(crate) const MAX_KEY: usize = 250;
+
+/// The longest command line read (a `get` of many keys): past it, `CLIENT_ERROR line too long`
+/// and the connection closes (memcached closes too: it cannot find the next command).
+pub(crate) const MAX_LINE: usize = 64 * 1024;
+
+/// What a retrieval command is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retrieval {
+    Get,
+    Gets,
+    Gat,
+    Gats,
+}
+
+/// The kind of one-key command, for framing its answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// One line.
+    Line,
+    /// A meta answer: one line, and a data block after a `VA SIZE` line.
+    Meta,
+}
+
+/// A parsed command line (slices of the line as read).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Command<'a> {
+    /// `get`, `gets`, `gat`, `gats`: `exptime` for the last two.
+    Retrieve { kind: Retrieval, exptime: Option<&'a [u8]>, keys: Vec<&'a [u8]> },
+    /// A command about one key, forwarded as its line (plus `data` bytes and CRLF after it).
+    Keyed {
+        /// The bytes placed: the key, decoded when a meta command says base64.
+        key: Vec<u8>,
+        /// Bytes of data that follow the line (without their CRLF), for storage commands.
+        data: Option<usize>,
+        /// The client asked for no answer (`noreply`), or a meta command's quiet mode (`q`).
+        quiet: bool,
+        /// Whether the answer is a meta answer.
+        answer: Answer,
+    },
+    /// `mn`.
+    MetaNoop,
+    /// `version`.
+    Version,
+    /// `quit`.
+    Quit,
+}
+
+/// Why a command line was refused; each is one line to the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Not a command memcached knows: `ERROR`.
+    Unknown,
+    /// A command of one server, not of a key.
+    NotProxied(&'static str),
+    /// A bad key or field: `CLIENT_ERROR bad command line format`.
+    Format,
+    /// A data block longer than the item size limit: the block is skipped.
+    TooLarge { skip: usize },
+}
+
+impl Refused {
+    /// The line sent to the client.
+    pub(crate) fn line(&self) -> Vec<u8> {
+        match self {
+            Refused::Unknown => b"ERROR\r\n".to_vec(),
+            Refused::NotProxied(cmd) => {
+                format!("CLIENT_ERROR '{cmd}' concerns one server, not a key: keyroute does not proxy it\r\n")
+                    .into_bytes()
+            }
+            Refused::Format => b"CLIENT_ERROR bad command line format\r\n".to_vec(),
+            Refused::TooLarge { .. } => b"SERVER_ERROR object too large for cache\r\n".to_vec(),
+        }
+    }
+}
+
+/// Commands of one server that are refused by name.
+const SERVER_COMMANDS: [&str; 12] = [
+    "stats",
+    "flush_all",
+    "verbosity",
+    "lru_crawler",
+    "watch",
+    "slabs",
+    "lru",
+    "cache_memlimit",
+    "shutdown",
+    "misbehave",
+    "me",
+    "extstore",
+];
+
+fn valid_key(k: &[u8]) -> bool {
+    !k.is_empty() && k.len() <= MAX_KEY && k.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+fn number(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || b.len() > 20 || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// A signed number (exptime may be negative).
+fn signed(b: &[u8]) -> bool {
+    let digits = b.strip_prefix(b"-").unwrap_or(b);
+    number(digits).is_some()
+}
+
+/// Parses one command line (without its CRLF). `max_item` bounds a storage command's data.
+///
+/// # Errors
+///
+/// [`Refused`]: what to answer instead.
+pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused> {
+    let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+    let Some(cmd) = words.next() else { return Err(Refused::Unknown) };
+    let args: Vec<&[u8]> = words.collect();
+    let noreply = |n: usize| match args.get(n) {
+        None => Ok(false),
+        Some(&b"noreply") if args.len() == n + 1 => Ok(true),
+        _ => Err(Refused::Format),
+    };
+    let key = |k: &[u8]| if valid_key(k) { Ok(k.to_vec()) } else { Err(Refused::Format) };
+    match cmd {
+        b"get" | b"gets" | b"gat" | b"gats" => {
+            let kind = match cmd {
+                b"get" => Retrieval::Get,
+                b"gets" => Retrieval::Gets,
+                b"gat" => Retrieval::Gat,
+                _ => Retrieval::Gats,
+            };
+            let (exptime, keys) = match kind {
+                Retrieval::Gat | Retrieval::Gats => {
+                    let (e, k) = args.split_first().ok_or(Refused::Format)?;
+                    if !signed(e) {
+                        return Err(Refused::Format);
+                    }
+                    (Some(*e), k.to_vec())
+                }
+                _ => (None, args),
+            };
+            if keys.is_empty() || !keys.iter().all(|k| valid_key(k)) {
+                return Err(Refused::Format);
+            }
+            Ok(Command::Retrieve { kind, exptime, keys })
+        }
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
+            let fixed = if cmd == b"cas" { 5 } else { 4 };
+            if args.len() < fixed {
+                return Err(Refused::Format);
+            }
+            let ok = number(args[1]).is_some_and(|f| f <= u64::from(u32::MAX))
+                && signed(args[2])
+                && (cmd != b"cas" || number(args[4]).is_some());
+            let bytes = number(args[3]).ok_or(Refused::Format)?;
+            let quiet = noreply(fixed)?;
+            if !ok {
+                return Err(Refused::Format);
+            }
+            let k = key(args[0])?;
+            let bytes = usize::try_from(bytes).map_err(|_| Refused::Format)?;
+            if bytes > max_item {
+                return Err(Refused::TooLarge { skip: bytes.saturating_add(2) });
+            }
+            Ok(Command::Keyed { key: k, data: Some(bytes), quiet, answer: Answer::Line })
+        }
+        b"delete" => {
+            let k = key(args.first().ok_or(Refused::Format)?)?;
+            // memcached still takes a legacy `0` time before noreply.
+            let rest = if args.get(1) == Some(&&b"0"[..]) { 2 } else { 1 };
+            Ok(Command::Keyed { key: k, data: None, quiet: noreply(rest)?, answer: Answer::Line })
+        }
+        b"incr" | b"decr" => {
+            if args.len() < 2 || number(args[1]).is_none() {
+                return Err(Refused::Format);
+            }
+            Ok(Command::Keyed { key: key(args[0])?, data: None, quiet: noreply(2)?, answer: Answer::Line })
+        }
+        b"touch" => {
+            if args.len() < 2 || !signed(args[1]) {
+                return Err(Refused::Format);
+            }
+            Ok(Command::Keyed { key: key(args[0])?, data: None, quiet: noreply(2)?, answer: Answer::Line })
+        }
+        b"mg" | b"ms" | b"md" | b"ma" => meta(cmd, &args, max_item),
+        b"mn" => Ok(Command::MetaNoop),
+        b"version" => Ok(Command::Version),
+        b"quit" => Ok(Command::Quit),
+        other => match SERVER_COMMANDS.iter().find(|c| c.as_bytes() == other) {
+            Some(c) => Err(Refused::NotProxied(c)),
+            None => Err(Refused::Unknown),
+        },
+    }
+}
+
+/// A meta command: `KEY [SIZE] FLAGS...`; flag `b` says the key is base64, `q` quiet mode.
+fn meta<'a>(cmd: &[u8], args: &[&'a [u8]], max_item: usize) -> Result<Command<'a>, Refused> {
+    let (raw, rest) = args.split_first().ok_or(Refused::Format)?;
+    let (data, flags) = if cmd == b"ms" {
+        let (size, flags) = rest.split_first().ok_or(Refused::Format)?;
+        let size = number(size).and_then(|s| usize::try_from(s).ok()).ok_or(Refused::Format)?;
+        if size > max_item {
+            return Err(Refused::TooLarge { skip: size.saturating_add(2) });
+        }
+        (Some(size), flags)
+    } else {
+        (None, rest)
+    };
+    // Each flag is one letter and its token, if any.
+    if !flags.iter().all(|f| f.first().is_some_and(u8::is_ascii_alphabetic)) {
+        return Err(Refused::Format);
+    }
+    let base64 = flags.iter().any(|f| *f == b"b");
+    let quiet = flags.iter().any(|f| *f == b"q");
+    let key = if base64 {
+        let k = crate::base64::decode(raw).ok_or(Refused::Format)?;
+        if k.is_empty() || k.len() > MAX_KEY {
+            return Err(Refused::Format);
+        }
+        k
+    } else if valid_key(raw) {
+        raw.to_vec()
+    } else {
+        return Err(Refused::Format);
+    };
+    Ok(Command::Keyed { key, data, quiet, answer: Answer::Meta })
+}
+
+/// The first line in `buf` (its length with the CRLF, the line without it), if complete.
+pub(crate) fn line(buf: &[u8]) -> Option<(usize, &[u8])> {
+    let end = memchr(b'\n', buf)?;
+    let l = &buf[..end];
+    Some((end + 1, l.strip_suffix(b"\r").unwrap_or(l)))
+}
+
+fn memchr(b: u8, buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|&c| c == b)
+}
+
+/// Why a server's answer cannot be framed: the connection is out of step and must close.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Garbled;
+
+/// The length of one complete answer at the start of `buf`, if it is all there.
+///
+/// - retrieval: `VALUE KEY FLAGS BYTES [CAS]` lines each with a data block, to `END`;
+///   an `ERROR`/`CLIENT_ERROR`/`SERVER_ERROR` line ends it too;
+/// - [`Answer::Line`]: one line;
+/// - [`Answer::Meta`]: one line, and after `VA SIZE ...` a data block of SIZE bytes and CRLF.
+///
+/// # Errors
+///
+/// A `VALUE` or `VA` line whose size cannot be read.
+pub(crate) fn answer_len(buf: &[u8], retrieval: bool, answer: Answer) -> Result<Option<usize>, Garbled> {
+    let mut at = 0;
+    loop {
+        let Some((n, l)) = line(&buf[at..]) else { return Ok(None) };
+        if retrieval {
+            if let Some(rest) = l.strip_prefix(b"VALUE ") {
+                let size = rest.split(|&b| b == b' ').nth(2).and_then(number).ok_or(Garbled)?;
+                let end = at + n + usize::try_from(size).map_err(|_| Garbled)? + 2;
+                if buf.len() < end {
+                    return Ok(None);
+                }
+                at = end;
+                continue;
+            }
+            return Ok(Some(at + n));
+        }
+        if answer == Answer::Meta
+            && let Some(rest) = l.strip_prefix(b"VA ")
+        {
+            let size = rest.split(|&b| b == b' ').next().and_then(number).ok_or(Garbled)?;
+            let end = n + usize::try_from(size).map_err(|_| Garbled)? + 2;
+            return Ok((buf.len() >= end).then_some(end));
+        }
+        return Ok(Some(n));
+    }
+}
+
+/// The `VALUE` blocks of a retrieval answer, each as (key, the whole block with its CRLFs).
+/// `END` and anything after it is not included; an error line yields no block.
+pub(crate) fn value_blocks(answer: &[u8]) -> Vec<(&[u8], &[u8])> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some((n, l)) = line(&answer[at..]) {
+        let Some(rest) = l.strip_prefix(b"VALUE ") else { break };
+        let mut fields = rest.split(|&b| b == b' ');
+        let key = fields.next().unwrap_or_default();
+        let Some(size) = fields.nth(1).and_then(number).and_then(|s| usize::try_from(s).ok()) else { break };
+        let end = (at + n + size + 2).min(answer.len());
+        out.push((key, &answer[at..end]));
+        at = end;
+    }
+    out
+}
+
+/// The codec's invariants on arbitrary bytes (the fuzz target's and the seeded test's check):
+/// never a panic; an accepted key is 1 to 250 bytes; an accepted data block is within
+/// `max_item`; a framed answer is no longer than its buffer, and framing a prefix of it never
+/// yields a longer answer.
+///
+/// # Panics
+///
+/// When an invariant does not hold.
+pub fn check_invariants(bytes: &[u8]) {
+    let max_item = 4096;
+    let mut rest = bytes;
+    while let Some((n, l)) = line(rest) {
+        if let Ok(Command::Keyed { key, data, .. }) = parse(l, max_item) {
+            assert!((1..=MAX_KEY).contains(&key.len()), "key of {} bytes accepted", key.len());
+            assert!(data.is_none_or(|d| d <= max_item), "a block over the limit accepted");
+        }
+        if let Ok(Command::Retrieve { keys, .. }) = parse(l, max_item) {
+            assert!(!keys.is_empty() && keys.iter().all(|k| valid_key(k)));
+        }
+        rest = &rest[n..];
+    }
+    for retrieval in [false, true] {
+        for answer in [Answer::Line, Answer::Meta] {
+            if let Ok(Some(n)) = answer_len(bytes, retrieval, answer) {
+                assert!(n <= bytes.len());
+                for cut in [n / 2, n.saturating_sub(1)] {
+                    if let Ok(Some(m)) = answer_len(&bytes[..cut], retrieval, answer) {
+                        assert!(m <= cut);
+                    }
+                }
+            }
+        }
+    }
+    for (_, block) in value_blocks(bytes) {
+        assert!(block.len() <= bytes.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The invariants over 20,000 seeded mutations of real commands and answers (libFuzzer runs
+    /// the same check longer: `fuzz/run.sh memcache_codec`).
+    #[test]
+    fn invariants_hold_on_mutated_input() {
+        let seeds: [&[u8]; 8] = [
+            b"get a bb c\r\nset k 0 0 5\r\nhello\r\n",
+            b"gats -1 k j\r\ncas k 1 2 3 99 noreply\r\nabc\r\n",
+            b"ms Zm9v 3 b q T0\r\nabc\r\nmg k v f\r\nmn\r\n",
+            b"VALUE k 0 3\r\nabc\r\nVALUE j 5 1 77\r\nx\r\nEND\r\n",
+            b"VA 2 f5\r\nhi\r\nHD\r\nEN\r\n",
+            b"incr k 18446744073709551615\r\ndelete k 0 noreply\r\ntouch k -1\r\n",
+            b"VALUE k 0 99999999999999999999\r\n",
+            b"SERVER_ERROR out of memory\r\nEND\r\n",
+        ];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..20_000 {
+            let mut b = seeds[i % seeds.len()].to_vec();
+            for _ in 0..(next() % 6) {
+                let r = next();
+                let at = (r as usize >> 8) % (b.len() + 1);
+                match r % 4 {
+                    0 if at < b.len() => b[at] = (r >> 32) as u8,
+                    1 => b.insert(at, b" \r\n0123456789-abcVAEND"[(r >> 40) as usize % 22]),
+                    2 if at < b.len() => {
+                        b.remove(at);
+                    }
+                    _ => b.truncate(at),
+                }
+            }
+            check_invariants(&b);
+        }
+    }
+
+    fn keyed(line: &[u8]) -> (Vec<u8>, Option<usize>, bool, Answer) {
+        match parse(line, 1024) {
+            Ok(Command::Keyed { key, data, quiet, answer }) => (key, data, quiet, answer),
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(line)),
+        }
+    }
+
+    #[test]
+    fn commands_as_memcached_reads_them() {
+        assert_eq!(
+            parse(b"get a bb c", 1024),
+            Ok(Command::Retrieve { kind: Retrieval::Get, exptime: None, keys: vec![b"a", b"bb", b"c"] })
+        );
+        assert_eq!(
+            parse(b"gats -1 k", 1024),
+            Ok(Command::Retrieve { kind: Retrieval::Gats, exptime: Some(b"-1"), keys: vec![b"k"] })
+        );
+        assert_eq!(keyed(b"set k 0 0 5"), (b"k".to_vec(), Some(5), false, Answer::Line));
+        assert_eq!(keyed(b"cas k 1 2 3 99 noreply"), (b"k".to_vec(), Some(3), true, Answer::Line));
+        assert_eq!(keyed(b"delete k noreply"), (b"k".to_vec(), None, true, Answer::Line));
+        assert_eq!(keyed(b"delete k 0"), (b"k".to_vec(), None, false, Answer::Line));
+        assert_eq!(keyed(b"incr k 7"), (b"k".to_vec(), None, false, Answer::Line));
+        assert_eq!(keyed(b"touch k 10 noreply"), (b"k".to_vec(), None, true, Answer::Line));
+        assert_eq!(keyed(b"mg k v f t"), (b"k".to_vec(), None, false, Answer::Meta));
+        assert_eq!(keyed(b"ms k 3 T0 q"), (b"k".to_vec(), Some(3), true, Answer::Meta));
+        // "foo" in base64 is placed as foo.
+        assert_eq!(keyed(b"md Zm9v b q"), (b"foo".to_vec(), None, true, Answer::Meta));
+        assert_eq!(parse(b"mn", 1024), Ok(Command::MetaNoop));
+        assert_eq!(parse(b"version", 1024), Ok(Command::Version));
+    }
+
+    #[test]
+    fn refusals_are_memcached_lines() {
+        let long = vec![b'k'; 251];
+        let mut get = b"get ".to_vec();
+        get.extend_from_slice(&long);
+        for bad in [
+            &get[..],
+            b"get",
+            b"set k 0 0",
+            b"set k x 0 5",
+            b"set k 0 0 -5",
+            b"incr k x",
+            b"set k 0 0 5 nope",
+            b"get a\x01b",
+            b"mg",
+        ] {
+            assert_eq!(parse(bad, 1024), Err(Refused::Format), "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(parse(b"set k 0 0 2000", 1024), Err(Refused::TooLarge { skip: 2002 }));
+        assert_eq!(parse(b"ms k 2000 T0", 1024), Err(Refused::TooLarge { skip: 2002 }));
+        assert_eq!(parse(b"bogus", 1024), Err(Refused::Unknown));
+        assert_eq!(parse(b"", 1024), Err(Refused::Unknown));
+        assert_eq!(parse(b"flush_all", 1024), Err(Refused::NotProxied("flush_all")));
+        assert!(String::from_utf8_lossy(&Refused::NotProxied("stats").line()).starts_with("CLIENT_ERROR 'stats'"));
+    }
+
+    #[test]
+    fn answers_are_framed_whole() {
+        let a = b"VALUE k 0 3\r\nabc\r\nVALUE j 5 1 77\r\nx\r\nEND\r\n";
+        for cut in 0..a.len() {
+            assert_eq!(answer_len(&a[..cut], true, Answer::Line), Ok(None), "cut at {cut}");
+        }
+        assert_eq!(answer_len(a, true, Answer::Line), Ok(Some(a.len())));
+        let blocks = value_blocks(a);
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(blocks[0], (&b"k"[..], &b"VALUE k 0 3\r\nabc\r\n"[..]));
+        assert_eq!(blocks[1].0, b"j");
+        // A value holding "END\r\n" is data, not the end.
+        let tricky = b"VALUE k 0 5\r\nEND\r\n\r\nEND\r\n";
+        assert_eq!(answer_len(tricky, true, Answer::Line), Ok(Some(tricky.len())));
+        assert_eq!(answer_len(b"SERVER_ERROR out of memory\r\nmore", true, Answer::Line), Ok(Some(28)));
+        assert_eq!(answer_len(b"STORED\r\n", false, Answer::Line), Ok(Some(8)));
+        assert_eq!(answer_len(b"VA 2 f5\r\nhi\r\n", false, Answer::Meta), Ok(Some(13)));
+        assert_eq!(answer_len(b"VA 2 f5\r\nhi", false, Answer::Meta), Ok(None));
+        assert_eq!(answer_len(b"VALUE k 0 zz\r\n", true, Answer::Line), Err(Garbled));
+    }
+}

@@ -1,0 +1,340 @@
+//! The memcached listener against real memcached servers (Debian's `memcached`, started here on
+//! free loopback ports and stopped by pid), and beside real twemproxy (`nutcracker`) on the same
+//! servers: a nutcracker user switches without a flush (issue 22).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A process stopped (by pid) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+async fn wait_port(addr: SocketAddr) {
+    for _ in 0..200 {
+        if TcpStream::connect(addr).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("nothing listens at {addr}");
+}
+
+/// A memcached server on a free loopback port.
+async fn memcached() -> (Proc, SocketAddr) {
+    let port = free_port();
+    let mut cmd = Command::new("memcached");
+    cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "16", "-t", "1", "-c", "256"]);
+    // memcached refuses to run as root unless told which user to be.
+    if is_root() {
+        cmd.args(["-u", "root"]);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("memcached (Debian's memcached; scripts/test.sh installs it)");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_port(addr).await;
+    (Proc(child), addr)
+}
+
+/// `n` memcached servers.
+async fn memcacheds(n: usize) -> (Vec<Proc>, Vec<SocketAddr>) {
+    let mut procs = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..n {
+        let (p, a) = memcached().await;
+        procs.push(p);
+        addrs.push(a);
+    }
+    (procs, addrs)
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// Sends `request` and reads until the answer ends with `until`.
+async fn ask(s: &mut TcpStream, request: &[u8], until: &str) -> String {
+    s.write_all(request).await.expect("write");
+    read_until(s, until).await
+}
+
+async fn read_until(s: &mut TcpStream, until: &str) -> String {
+    let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !buf.ends_with(until.as_bytes()) {
+        let mut chunk = [0u8; 65536];
+        let n = tokio::time::timeout_at(deadline, s.read(&mut chunk))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("no '{}' in time; got {:?}", until.escape_debug(), String::from_utf8_lossy(&buf))
+            })
+            .expect("read");
+        assert!(n > 0, "closed; got {:?}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn config(servers: &[SocketAddr], strategy: &str, extra: &str) -> String {
+    let mut s = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"memcached\"\npool = \"cache\"\nmax_item_bytes = 4096\n\n[[pool]]\nname = \"cache\"\nstrategy = \"{strategy}\"\nconnect_timeout_ms = 300\n{extra}\n"
+    );
+    for a in servers {
+        s.push_str(&format!("[[pool.worker]]\nname = \"{a}\"\naddress = \"{a}\"\n"));
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcached_commands_go_to_their_keys_servers() {
+    let (procs, addrs) = memcacheds(3).await;
+    let gw = start_gateway(&config(&addrs, "rendezvous", "")).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    // Storage and retrieval, keys spread over the three servers.
+    for i in 0..30 {
+        let v = format!("value-{i}");
+        let r = ask(&mut c, format!("set key-{i} {i} 0 {}\r\n{v}\r\n", v.len()).as_bytes(), "\r\n").await;
+        assert_eq!(r, "STORED\r\n");
+    }
+    // Each value is on one server only, and the proxy finds it.
+    let mut per_server = vec![0; 3];
+    for i in 0..30 {
+        let mut holders = 0;
+        for (j, a) in addrs.iter().enumerate() {
+            let mut d = TcpStream::connect(a).await.expect("direct");
+            if ask(&mut d, format!("get key-{i}\r\n").as_bytes(), "END\r\n").await.starts_with("VALUE") {
+                holders += 1;
+                per_server[j] += 1;
+            }
+        }
+        assert_eq!(holders, 1, "key-{i}");
+    }
+    assert!(per_server.iter().all(|&n| n > 0), "keys on every server: {per_server:?}");
+    // One multi-get across servers: every value, in the client's order (a duplicate twice, a
+    // missing key left out), under one END.
+    let r = ask(&mut c, b"get key-3 key-1 nope key-29 key-3 key-0\r\n", "END\r\n").await;
+    let order: Vec<&str> =
+        r.lines().filter_map(|l| l.strip_prefix("VALUE ")).map(|l| l.split(' ').next().unwrap_or("")).collect();
+    assert_eq!(order, ["key-3", "key-1", "key-29", "key-3", "key-0"], "{r}");
+    assert!(r.contains("VALUE key-29 29 8\r\nvalue-29\r\n"), "{r}");
+    // gets and cas.
+    let r = ask(&mut c, b"gets key-5\r\n", "END\r\n").await;
+    let cas = r.lines().next().and_then(|l| l.split(' ').nth(4)).expect("a cas unique").to_owned();
+    assert_eq!(ask(&mut c, format!("cas key-5 0 0 1 {cas}\r\nx\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+    assert_eq!(ask(&mut c, format!("cas key-5 0 0 1 {cas}\r\ny\r\n").as_bytes(), "\r\n").await, "EXISTS\r\n");
+    // add, replace, append, prepend, incr, decr, touch, delete, noreply, meta: (request, the
+    // answer's last bytes, the answer).
+    let exchanges: [(&[u8], &str, &str); 18] = [
+        (&b"add key-5 0 0 1\r\nz\r\n"[..], "\r\n", "NOT_STORED\r\n"),
+        (&b"replace key-5 0 0 2\r\nab\r\n"[..], "\r\n", "STORED\r\n"),
+        (&b"append key-5 0 0 1\r\nc\r\n"[..], "\r\n", "STORED\r\n"),
+        (&b"prepend key-5 0 0 1\r\n_\r\n"[..], "\r\n", "STORED\r\n"),
+        (&b"get key-5\r\n"[..], "END\r\n", "VALUE key-5 0 4\r\n_abc\r\nEND\r\n"),
+        (&b"set n 0 0 2\r\n10\r\n"[..], "\r\n", "STORED\r\n"),
+        (&b"incr n 5\r\n"[..], "\r\n", "15\r\n"),
+        (&b"decr n 20\r\n"[..], "\r\n", "0\r\n"),
+        (&b"touch n 100\r\n"[..], "\r\n", "TOUCHED\r\n"),
+        // memcached keeps the length a decrement shortened, padded with spaces.
+        (&b"gat 100 n\r\n"[..], "END\r\n", "VALUE n 0 2\r\n0 \r\nEND\r\n"),
+        (&b"delete n\r\n"[..], "\r\n", "DELETED\r\n"),
+        (&b"delete n\r\n"[..], "\r\n", "NOT_FOUND\r\n"),
+        // noreply: no answer, and the next answer read is the next command's.
+        (
+            &b"set q 0 0 1 noreply\r\nq\r\ndelete nope noreply\r\nget q\r\n"[..],
+            "END\r\n",
+            "VALUE q 0 1\r\nq\r\nEND\r\n",
+        ),
+        // meta commands, quiet mode (only what is not the common case is sent) and mn.
+        (&b"ms m 2 T0\r\nhi\r\n"[..], "\r\n", "HD\r\n"),
+        (&b"mg m v\r\n"[..], "hi\r\n", "VA 2\r\nhi\r\n"),
+        (&b"mg missing v q\r\nmg m v q\r\nmn\r\n"[..], "MN\r\n", "VA 2\r\nhi\r\nMN\r\n"),
+        (&b"md bWlzc2luZw== b q\r\nmn\r\n"[..], "MN\r\n", "NF\r\nMN\r\n"),
+        // an arithmetic on a missing key with autovivify (N) starts from J.
+        (&b"ma counter N0 J13 v\r\n"[..], "13\r\n", "VA 2\r\n13\r\n"),
+    ];
+    for (request, until, expected) in exchanges {
+        assert_eq!(ask(&mut c, request, until).await, expected, "{}", String::from_utf8_lossy(request));
+    }
+    // Refusals, each with memcached's line; the connection stays usable.
+    assert_eq!(ask(&mut c, b"bogus\r\n", "\r\n").await, "ERROR\r\n");
+    assert_eq!(
+        ask(&mut c, format!("get {}\r\n", "k".repeat(251)).as_bytes(), "\r\n").await,
+        "CLIENT_ERROR bad command line format\r\n"
+    );
+    assert!(ask(&mut c, b"stats\r\n", "\r\n").await.starts_with("CLIENT_ERROR 'stats'"));
+    let big = "x".repeat(5000);
+    assert_eq!(
+        ask(&mut c, format!("set big 0 0 5000\r\n{big}\r\n").as_bytes(), "\r\n").await,
+        "SERVER_ERROR object too large for cache\r\n"
+    );
+    assert!(ask(&mut c, b"version\r\n", "\r\n").await.starts_with("VERSION keyroute-"));
+    // Pipelined: one write, the answers in order.
+    let r = ask(&mut c, b"set p1 0 0 1\r\na\r\nget p1 key-2\r\nincr p1 1\r\nmn\r\n", "MN\r\n").await;
+    assert_eq!(
+        r,
+        "STORED\r\nVALUE p1 0 1\r\na\r\nVALUE key-2 2 7\r\nvalue-2\r\nEND\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\nMN\r\n"
+    );
+    assert_eq!(ask(&mut c, b"quit\r\n", "").await, "");
+    drop(procs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_moves_only_its_keys_and_no_command_hangs() {
+    let (mut procs, addrs) = memcacheds(3).await;
+    let gw =
+        start_gateway(&config(&addrs, "rendezvous", "[pool.retry]\nattempts = 3\nper_try_timeout_ms = 500\n")).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..60 {
+        assert_eq!(ask(&mut c, format!("set k{i} 0 0 1\r\n{}\r\n", i % 10).as_bytes(), "\r\n").await, "STORED\r\n");
+    }
+    // Which keys the first server holds.
+    let mut d = TcpStream::connect(addrs[0]).await.expect("direct");
+    let mut on_dead = Vec::new();
+    for i in 0..60 {
+        if ask(&mut d, format!("get k{i}\r\n").as_bytes(), "END\r\n").await.starts_with("VALUE") {
+            on_dead.push(i);
+        }
+    }
+    assert!(!on_dead.is_empty());
+    drop(d);
+    procs.remove(0);
+    // Its keys miss (and can be set again, on the next server of their ranking); every other
+    // key still hits; nothing hangs, nothing errors after the first failure is seen.
+    let mut errors = 0;
+    for i in 0..60 {
+        let r = ask(&mut c, format!("get k{i}\r\n").as_bytes(), "\r\n").await;
+        let r = if r.starts_with("VALUE") && !r.ends_with("END\r\n") {
+            r + &read_until(&mut c, "END\r\n").await
+        } else {
+            r
+        };
+        if on_dead.contains(&i) {
+            if r.starts_with("SERVER_ERROR") {
+                errors += 1;
+            } else {
+                assert_eq!(r, "END\r\n", "k{i}");
+            }
+        } else {
+            assert!(r.starts_with("VALUE"), "k{i}: {r}");
+        }
+    }
+    assert!(errors <= 1, "{errors} errors: only a command already sent to the dead server may fail");
+    for &i in &on_dead {
+        assert_eq!(ask(&mut c, format!("set k{i} 0 0 1\r\nn\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+        assert_eq!(
+            ask(&mut c, format!("get k{i}\r\n").as_bytes(), "END\r\n").await,
+            format!("VALUE k{i} 0 1\r\nn\r\nEND\r\n")
+        );
+    }
+    // A multi-get over every key answers at once with every value.
+    let all: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    let r = ask(&mut c, format!("get {}\r\n", all.join(" ")).as_bytes(), "END\r\n").await;
+    assert_eq!(r.matches("VALUE ").count(), 60);
+    // A server that accepts and never answers: SERVER_ERROR within the per-try timeout.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let gw2 =
+        start_gateway(&config(&[silent_addr], "rendezvous", "[pool.retry]\nattempts = 1\nper_try_timeout_ms = 300\n"))
+            .await;
+    let mut c2 = TcpStream::connect(gw2.addr).await.expect("connect");
+    assert_eq!(ask(&mut c2, b"get x\r\n", "\r\n").await, "END\r\n", "a multi-get's silent server is a miss");
+    assert_eq!(ask(&mut c2, b"set x 0 0 1\r\nx\r\n", "\r\n").await, "SERVER_ERROR server timeout\r\n");
+    hold.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twemproxy_user_switches_without_a_flush() {
+    let (procs, addrs) = memcacheds(4).await;
+    // nutcracker in front of the four, as its users run it: ketama over md5, weights 1, 2, 1, 1.
+    let dir = std::env::temp_dir().join(format!("keyroute-nutcracker-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (port, stats) = (free_port(), free_port());
+    let weights = [1, 2, 1, 1];
+    let servers: String = addrs.iter().zip(weights).map(|(a, w)| format!("   - {a}:{w}\n")).collect();
+    let yml = format!(
+        "cache:\n  listen: 127.0.0.1:{port}\n  hash: md5\n  distribution: ketama\n  hash_tag: \"{{}}\"\n  timeout: 1000\n  auto_eject_hosts: false\n  servers:\n{servers}"
+    );
+    let conf = dir.join("nutcracker.yml");
+    std::fs::write(&conf, &yml).expect("write conf");
+    let nutcracker = ["/usr/sbin/nutcracker", "/usr/bin/nutcracker"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("nutcracker (Debian's nutcracker; scripts/test.sh installs it)");
+    let child = Command::new(nutcracker)
+        .arg("-c")
+        .arg(&conf)
+        .args(["-s", &stats.to_string(), "-a", "127.0.0.1", "-o"])
+        .arg(dir.join("nutcracker.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn nutcracker");
+    let _nutcracker = Proc(child);
+    let n_addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_port(n_addr).await;
+    // keyroute with the configuration `keyroute from-nutcracker` makes of the same YAML (on
+    // another port, to run beside it).
+    let text = keyroute_gateway::config::from_nutcracker(&yml, "nutcracker.yml", "127.0.0.1:0".parse().expect("addr"))
+        .expect("converted")
+        .replace(&format!("listen = \"{n_addr}\""), "listen = \"127.0.0.1:0\"");
+    let gw = start_gateway(&text).await;
+    // Written through nutcracker...
+    let mut n = TcpStream::connect(n_addr).await.expect("connect nutcracker");
+    let keys: Vec<String> = (0..400)
+        .map(|i| if i % 10 == 0 { format!("{{user{}}}:profile:{i}", i % 7) } else { format!("item:{i}") })
+        .collect();
+    for k in &keys {
+        assert_eq!(
+            ask(&mut n, format!("set {k} 0 0 {}\r\n{k}\r\n", k.len()).as_bytes(), "\r\n").await,
+            "STORED\r\n",
+            "{k}"
+        );
+    }
+    // ...every key is found through keyroute: no cache lost on the day of the switch.
+    let mut k_conn = TcpStream::connect(gw.addr).await.expect("connect keyroute");
+    for chunk in keys.chunks(50) {
+        let r = ask(&mut k_conn, format!("get {}\r\n", chunk.join(" ")).as_bytes(), "END\r\n").await;
+        for k in chunk {
+            assert!(r.contains(&format!("VALUE {k} 0 {}\r\n{k}\r\n", k.len())), "{k} not found through keyroute: {r}");
+        }
+    }
+    // And keyroute's writes land where nutcracker reads them.
+    for k in keys.iter().take(100) {
+        assert_eq!(ask(&mut k_conn, format!("set {k} 1 0 2\r\nkr\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+        assert_eq!(
+            ask(&mut n, format!("get {k}\r\n").as_bytes(), "END\r\n").await,
+            format!("VALUE {k} 1 2\r\nkr\r\nEND\r\n")
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(procs);
+}

@@ -1,0 +1,11 @@
+//! The memcached listener's codec on arbitrary bytes, as client commands and as server answers
+//! (`keyroute_gateway::fuzzing::memcache_codec`): never a panic, accepted keys of 1 to 250 bytes,
+//! data blocks within the item limit, answers framed within their buffer and never longer for a
+//! prefix of it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    keyroute_gateway::fuzzing::memcache_codec(data);
+});
