@@ -44,12 +44,13 @@ pub(crate) enum Answer {
 /// A parsed command line (slices of the line as read).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Command<'a> {
-    /// `get`, `gets`, `gat`, `gats`: `exptime` for the last two.
-    Retrieve { kind: Retrieval, exptime: Option<&'a [u8]>, keys: Vec<&'a [u8]> },
+    /// `get`, `gets`, `gat`, `gats`: `exptime` for the last two; `keys`, the keys as the line
+    /// lists them (valid, separated by spaces: see [`Keys`]).
+    Retrieve { kind: Retrieval, exptime: Option<&'a [u8]>, keys: Keys<'a> },
     /// A command about one key, forwarded as its line (plus `data` bytes and CRLF after it).
     Keyed {
         /// The bytes placed: the key, decoded when a meta command says base64.
-        key: Vec<u8>,
+        key: std::borrow::Cow<'a, [u8]>,
         /// Bytes of data that follow the line (without their CRLF), for storage commands.
         data: Option<usize>,
         /// The client asked for no answer (`noreply`), or a meta command's quiet mode (`q`).
@@ -64,6 +65,27 @@ pub(crate) enum Command<'a> {
     /// `quit`.
     Quit,
 }
+
+/// A retrieval's keys: the part of its line that lists them, each checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Keys<'a>(&'a [u8]);
+
+impl<'a> Keys<'a> {
+    /// Each key, in the line's order.
+    pub(crate) fn iter(self) -> impl Iterator<Item = &'a [u8]> {
+        self.0.split(|&b| b == b' ').filter(|w| !w.is_empty())
+    }
+
+    /// The only key, when there is one.
+    pub(crate) fn single(self) -> Option<&'a [u8]> {
+        let mut it = self.iter();
+        let first = it.next()?;
+        it.next().is_none().then_some(first)
+    }
+}
+
+/// The most words a command other than a retrieval may have (meta commands take many flags).
+const MAX_WORDS: usize = 40;
 
 /// Why a command line was refused; each is one line to the client.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,38 +154,56 @@ fn signed(b: &[u8]) -> bool {
 ///
 /// [`Refused`]: what to answer instead.
 pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused> {
-    let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
-    let Some(cmd) = words.next() else { return Err(Refused::Unknown) };
-    let args: Vec<&[u8]> = words.collect();
+    let start = line.iter().position(|&b| b != b' ').unwrap_or(line.len());
+    let line = &line[start..];
+    let cmd_len = line.iter().position(|&b| b == b' ').unwrap_or(line.len());
+    let (cmd, rest) = line.split_at(cmd_len);
+    if cmd.is_empty() {
+        return Err(Refused::Unknown);
+    }
+    if let Some(kind) = match cmd {
+        b"get" => Some(Retrieval::Get),
+        b"gets" => Some(Retrieval::Gets),
+        b"gat" => Some(Retrieval::Gat),
+        b"gats" => Some(Retrieval::Gats),
+        _ => None,
+    } {
+        let mut rest = rest;
+        let exptime = if matches!(kind, Retrieval::Gat | Retrieval::Gats) {
+            let trimmed = &rest[rest.iter().position(|&b| b != b' ').unwrap_or(rest.len())..];
+            let end = trimmed.iter().position(|&b| b == b' ').unwrap_or(trimmed.len());
+            let (e, r) = trimmed.split_at(end);
+            if !signed(e) {
+                return Err(Refused::Format);
+            }
+            rest = r;
+            Some(e)
+        } else {
+            None
+        };
+        let keys = Keys(rest);
+        if keys.iter().next().is_none() || !keys.iter().all(valid_key) {
+            return Err(Refused::Format);
+        }
+        return Ok(Command::Retrieve { kind, exptime, keys });
+    }
+    let mut argv: [&[u8]; MAX_WORDS] = [&[]; MAX_WORDS];
+    let mut argc = 0;
+    for w in rest.split(|&b| b == b' ').filter(|w| !w.is_empty()) {
+        if argc == MAX_WORDS {
+            return Err(Refused::Format);
+        }
+        argv[argc] = w;
+        argc += 1;
+    }
+    let args = &argv[..argc];
     let noreply = |n: usize| match args.get(n) {
         None => Ok(false),
         Some(&b"noreply") if args.len() == n + 1 => Ok(true),
         _ => Err(Refused::Format),
     };
-    let key = |k: &[u8]| if valid_key(k) { Ok(k.to_vec()) } else { Err(Refused::Format) };
+    let key = |k: &'_ [u8]| if valid_key(k) { Ok(()) } else { Err(Refused::Format) };
     match cmd {
-        b"get" | b"gets" | b"gat" | b"gats" => {
-            let kind = match cmd {
-                b"get" => Retrieval::Get,
-                b"gets" => Retrieval::Gets,
-                b"gat" => Retrieval::Gat,
-                _ => Retrieval::Gats,
-            };
-            let (exptime, keys) = match kind {
-                Retrieval::Gat | Retrieval::Gats => {
-                    let (e, k) = args.split_first().ok_or(Refused::Format)?;
-                    if !signed(e) {
-                        return Err(Refused::Format);
-                    }
-                    (Some(*e), k.to_vec())
-                }
-                _ => (None, args),
-            };
-            if keys.is_empty() || !keys.iter().all(|k| valid_key(k)) {
-                return Err(Refused::Format);
-            }
-            Ok(Command::Retrieve { kind, exptime, keys })
-        }
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
             let fixed = if cmd == b"cas" { 5 } else { 4 };
             if args.len() < fixed {
@@ -177,7 +217,8 @@ pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused
             if !ok {
                 return Err(Refused::Format);
             }
-            let k = key(args[0])?;
+            key(args[0])?;
+            let k = std::borrow::Cow::Borrowed(args[0]);
             let bytes = usize::try_from(bytes).map_err(|_| Refused::Format)?;
             if bytes > max_item {
                 return Err(Refused::TooLarge { skip: bytes.saturating_add(2) });
@@ -185,7 +226,9 @@ pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused
             Ok(Command::Keyed { key: k, data: Some(bytes), quiet, answer: Answer::Line })
         }
         b"delete" => {
-            let k = key(args.first().ok_or(Refused::Format)?)?;
+            let k = *args.first().ok_or(Refused::Format)?;
+            key(k)?;
+            let k = std::borrow::Cow::Borrowed(k);
             // memcached still takes a legacy `0` time before noreply.
             let rest = if args.get(1) == Some(&&b"0"[..]) { 2 } else { 1 };
             Ok(Command::Keyed { key: k, data: None, quiet: noreply(rest)?, answer: Answer::Line })
@@ -194,15 +237,17 @@ pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused
             if args.len() < 2 || number(args[1]).is_none() {
                 return Err(Refused::Format);
             }
-            Ok(Command::Keyed { key: key(args[0])?, data: None, quiet: noreply(2)?, answer: Answer::Line })
+            key(args[0])?;
+            Ok(Command::Keyed { key: args[0].into(), data: None, quiet: noreply(2)?, answer: Answer::Line })
         }
         b"touch" => {
             if args.len() < 2 || !signed(args[1]) {
                 return Err(Refused::Format);
             }
-            Ok(Command::Keyed { key: key(args[0])?, data: None, quiet: noreply(2)?, answer: Answer::Line })
+            key(args[0])?;
+            Ok(Command::Keyed { key: args[0].into(), data: None, quiet: noreply(2)?, answer: Answer::Line })
         }
-        b"mg" | b"ms" | b"md" | b"ma" => meta(cmd, &args, max_item),
+        b"mg" | b"ms" | b"md" | b"ma" => meta(cmd, args, max_item),
         b"mn" => Ok(Command::MetaNoop),
         b"version" => Ok(Command::Version),
         b"quit" => Ok(Command::Quit),
@@ -237,9 +282,9 @@ fn meta<'a>(cmd: &[u8], args: &[&'a [u8]], max_item: usize) -> Result<Command<'a
         if k.is_empty() || k.len() > MAX_KEY {
             return Err(Refused::Format);
         }
-        k
+        std::borrow::Cow::Owned(k)
     } else if valid_key(raw) {
-        raw.to_vec()
+        std::borrow::Cow::Borrowed(*raw)
     } else {
         return Err(Refused::Format);
     };
@@ -332,7 +377,7 @@ pub fn check_invariants(bytes: &[u8]) {
             assert!(data.is_none_or(|d| d <= max_item), "a block over the limit accepted");
         }
         if let Ok(Command::Retrieve { keys, .. }) = parse(l, max_item) {
-            assert!(!keys.is_empty() && keys.iter().all(|k| valid_key(k)));
+            assert!(keys.iter().next().is_some() && keys.iter().all(valid_key));
         }
         rest = &rest[n..];
     }
@@ -398,21 +443,23 @@ mod tests {
 
     fn keyed(line: &[u8]) -> (Vec<u8>, Option<usize>, bool, Answer) {
         match parse(line, 1024) {
-            Ok(Command::Keyed { key, data, quiet, answer }) => (key, data, quiet, answer),
+            Ok(Command::Keyed { key, data, quiet, answer }) => (key.into_owned(), data, quiet, answer),
             other => panic!("{}: {other:?}", String::from_utf8_lossy(line)),
         }
     }
 
     #[test]
     fn commands_as_memcached_reads_them() {
-        assert_eq!(
-            parse(b"get a bb c", 1024),
-            Ok(Command::Retrieve { kind: Retrieval::Get, exptime: None, keys: vec![b"a", b"bb", b"c"] })
-        );
-        assert_eq!(
-            parse(b"gats -1 k", 1024),
-            Ok(Command::Retrieve { kind: Retrieval::Gats, exptime: Some(b"-1"), keys: vec![b"k"] })
-        );
+        let Ok(Command::Retrieve { kind: Retrieval::Get, exptime: None, keys }) = parse(b"get a  bb c", 1024) else {
+            panic!("a get")
+        };
+        assert_eq!(keys.iter().collect::<Vec<_>>(), [&b"a"[..], b"bb", b"c"]);
+        assert_eq!(keys.single(), None);
+        let Ok(Command::Retrieve { kind: Retrieval::Gats, exptime: Some(b"-1"), keys }) = parse(b"gats -1 k", 1024)
+        else {
+            panic!("a gats")
+        };
+        assert_eq!(keys.single(), Some(&b"k"[..]));
         assert_eq!(keyed(b"set k 0 0 5"), (b"k".to_vec(), Some(5), false, Answer::Line));
         assert_eq!(keyed(b"cas k 1 2 3 99 noreply"), (b"k".to_vec(), Some(3), true, Answer::Line));
         assert_eq!(keyed(b"delete k noreply"), (b"k".to_vec(), None, true, Answer::Line));

@@ -4,9 +4,11 @@
 //!
 //! # How a connection is served
 //!
-//! Commands are read as the client pipelines them and answered in order. Each client connection
-//! holds its own connection to each server it needed, so a client's commands reach a server in
-//! the client's order (as with twemproxy's per-server connections, minus their sharing).
+//! Commands are read as the client pipelines them and served in batches: every whole command
+//! buffered is sent to its server first (one write per server), then the answers are read, each
+//! from its server, in the client's order, and written back at once. Each client connection holds
+//! its own connection to each server it needed, so a client's commands reach a server in the
+//! client's order, and a server's answers come back in that order too.
 //!
 //! - A one-key command goes to the server [`Snapshot::decide`] picks for the key: its owner, or,
 //!   when the owner is unhealthy, ejected or draining, the next server of the key's ranking
@@ -20,7 +22,8 @@
 //! - `get`, `gets`, `gat` and `gats` with several keys are split by server: every server's part
 //!   is sent before any answer is read (the servers work in parallel), and the values are
 //!   returned in the client's order under one `END`. A server that fails leaves its keys out (a
-//!   miss, as mcrouter does), counted.
+//!   miss, as mcrouter does), counted; a retrieval of one key is answered `SERVER_ERROR` instead,
+//!   like any command of one key.
 //! - `noreply` and meta quiet mode (`q`): the proxy follows the command with `mn` and reads the
 //!   server up to its `MN`, so it always knows where the answer ends. Under `noreply` nothing is
 //!   sent to the client; in quiet mode what the server did send (a failure) is passed on.
@@ -32,7 +35,6 @@
 
 pub(crate) mod codec;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -46,22 +48,57 @@ use tokio::time::Instant;
 use self::codec::{Answer, Command, Refused};
 use crate::config::CacheListener;
 use crate::metrics::Outcome;
-use crate::pool::{Pool, WorkerState};
+use crate::pool::{Pool, Snapshot, WorkerState};
 use crate::state::Shared;
 
-/// A connection to one server, held by one client connection.
+/// A connection to one server, held by one client connection, with the requests of the batch
+/// being made for it.
 struct Server {
+    addr: SocketAddr,
     stream: TcpStream,
     buf: BytesMut,
+    out: Vec<u8>,
+    /// It failed in this batch: its later answers are not waited for, and it is dropped after.
+    broken: bool,
 }
 
-/// Why a server gave no answer.
-#[derive(Debug)]
-enum Failure {
-    /// No connection: nothing was sent.
-    Connect,
-    /// Sent, and then no (whole) answer.
-    Answer(&'static str),
+/// A client connection's servers: few (a pool's), so found by a scan.
+#[derive(Default)]
+struct Servers(Vec<Server>);
+
+impl Servers {
+    fn find(&self, addr: SocketAddr) -> Option<usize> {
+        self.0.iter().position(|s| s.addr == addr)
+    }
+
+    /// Drops the connections that failed.
+    fn sweep(&mut self) {
+        self.0.retain(|s| !s.broken);
+    }
+}
+
+/// The most commands served in one batch.
+const BATCH: usize = 1024;
+
+/// A command of the batch, once sent: where its answer comes from.
+enum Pending {
+    /// Answered by the proxy.
+    Ready(&'static [u8]),
+    /// Answered by the proxy, with text of its own.
+    Owned(Vec<u8>),
+    /// One answer from one server (`node` of the batch's snapshot); `noreply` when the client
+    /// wants none.
+    One { server: usize, node: usize, retrieval: bool, answer: Answer, quiet: bool, noreply: bool },
+    /// A multi-get's parts (server, node), and its keys in the client's order.
+    Multi { parts: Vec<(usize, usize)>, keys: Vec<Vec<u8>> },
+}
+
+/// A pool's settings that a batch uses.
+struct Settings {
+    answer: Duration,
+    connect: Duration,
+    attempts: usize,
+    may_eject: bool,
 }
 
 /// Serves one client connection until it closes, sends `quit`, or the gateway stops.
@@ -75,43 +112,59 @@ pub(crate) async fn serve<H: Send + 'static>(
     let mut stop = shared.stop_accepting.subscribe();
     let mut input = BytesMut::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
-    let mut servers: HashMap<SocketAddr, Server> = HashMap::new();
+    let mut servers = Servers::default();
+    let mut pending: Vec<Pending> = Vec::new();
     loop {
-        // Answer every whole command buffered, then write the answers at once.
-        loop {
+        let Some(pool) = pool_of(&shared, config.pool) else { return };
+        // One snapshot for the batch: its commands are placed on one table.
+        let snap = pool.snapshot();
+        let settings = Settings {
+            answer: snap.config().retry.per_try_timeout,
+            connect: snap.config().connect_timeout,
+            attempts: snap.config().retry.attempts.max(1) as usize,
+            may_eject: snap.may_eject(),
+        };
+        let now = Instant::now();
+        let mut close = false;
+        while pending.len() < BATCH {
             let Some((n, line)) = codec::line(&input) else {
                 if input.len() > codec::MAX_LINE {
-                    out.extend_from_slice(b"CLIENT_ERROR line too long\r\n");
-                    let _ = client.write_all(&out).await;
-                    return;
+                    pending.push(Pending::Ready(b"CLIENT_ERROR line too long\r\n"));
+                    close = true;
                 }
                 break;
             };
-            let line = line.to_vec();
-            let parsed = codec::parse(&line, config.max_item_bytes);
-            match parsed {
+            match codec::parse(line, config.max_item_bytes) {
                 Err(Refused::TooLarge { skip }) => {
-                    out.extend_from_slice(&Refused::TooLarge { skip }.line());
+                    pending.push(Pending::Owned(Refused::TooLarge { skip }.line()));
                     input.advance(n);
-                    if !discard(&mut client, &mut input, skip).await {
-                        let _ = client.write_all(&out).await;
-                        return;
+                    if skip > input.len() {
+                        // The block is skipped as it arrives: the answers so far go out first.
+                        finish(&snap, &mut pending, &mut servers, &settings, now, &mut out).await;
+                        if client.write_all(&out).await.is_err() || !discard(&mut client, &mut input, skip).await {
+                            return;
+                        }
+                        out.clear();
+                        continue;
                     }
+                    input.advance(skip);
                 }
                 Err(r) => {
-                    out.extend_from_slice(&r.line());
+                    pending.push(Pending::Owned(r.line()));
                     input.advance(n);
                 }
                 Ok(Command::Quit) => {
-                    let _ = client.write_all(&out).await;
-                    return;
+                    close = true;
+                    break;
                 }
                 Ok(Command::Version) => {
-                    out.extend_from_slice(format!("VERSION keyroute-{}\r\n", env!("CARGO_PKG_VERSION")).as_bytes());
+                    pending.push(Pending::Owned(
+                        format!("VERSION keyroute-{}\r\n", env!("CARGO_PKG_VERSION")).into_bytes(),
+                    ));
                     input.advance(n);
                 }
                 Ok(Command::MetaNoop) => {
-                    out.extend_from_slice(b"MN\r\n");
+                    pending.push(Pending::Ready(b"MN\r\n"));
                     input.advance(n);
                 }
                 Ok(Command::Keyed { key, data, quiet, answer }) => {
@@ -121,34 +174,45 @@ pub(crate) async fn serve<H: Send + 'static>(
                         break;
                     }
                     if data.is_some_and(|d| &input[n + d..total] != b"\r\n") {
-                        out.extend_from_slice(b"CLIENT_ERROR bad data chunk\r\n");
-                        let _ = client.write_all(&out).await;
-                        return;
+                        pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
+                        close = true;
+                        break;
                     }
-                    let request = input.split_to(total);
-                    let Some(pool) = pool_of(&shared, config.pool) else {
-                        out.extend_from_slice(b"SERVER_ERROR no pool\r\n");
-                        continue;
-                    };
-                    one_key(&pool, &mut servers, &key, &request, quiet, answer, &mut out).await;
+                    let hash = Placed::of(&pool, &snap, &key);
+                    let p = send_one(&snap, &pool, &mut servers, &settings, hash, &input[..total], quiet, answer, now)
+                        .await;
+                    pending.push(p);
+                    input.advance(total);
                 }
                 Ok(Command::Retrieve { kind, exptime, keys }) => {
-                    let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
-                    let exptime = exptime.map(<[u8]>::to_vec);
-                    input.advance(n);
-                    let Some(pool) = pool_of(&shared, config.pool) else {
-                        out.extend_from_slice(b"SERVER_ERROR no pool\r\n");
-                        continue;
+                    let p = match keys.single() {
+                        // One key: its server's answer as it is.
+                        Some(key) => {
+                            let hash = Placed::of(&pool, &snap, key);
+                            send_one(&snap, &pool, &mut servers, &settings, hash, &input[..n], false, Answer::Line, now)
+                                .await
+                                .retrieval()
+                        }
+                        None => send_multi(&snap, &pool, &mut servers, &settings, kind, exptime, keys, now).await,
                     };
-                    retrieve(&pool, &mut servers, kind, exptime.as_deref(), &keys, &mut out).await;
+                    pending.push(p);
+                    input.advance(n);
                 }
             }
         }
+        finish(&snap, &mut pending, &mut servers, &settings, now, &mut out).await;
         if !out.is_empty() {
             if client.write_all(&out).await.is_err() {
                 return;
             }
             out.clear();
+        }
+        if close {
+            return;
+        }
+        if codec::line(&input).is_some() && !waiting_for_data(&input, config.max_item_bytes) {
+            // More whole commands than one batch: serve them before reading.
+            continue;
         }
         input.reserve(4096);
         let read = tokio::select! {
@@ -159,6 +223,44 @@ pub(crate) async fn serve<H: Send + 'static>(
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+    }
+}
+
+impl Pending {
+    /// The same, its answer read as a retrieval's (`VALUE` blocks to `END`).
+    fn retrieval(self) -> Pending {
+        match self {
+            Pending::One { server, node, answer, quiet, noreply, .. } => {
+                Pending::One { server, node, retrieval: true, answer, quiet, noreply }
+            }
+            other => other,
+        }
+    }
+}
+
+/// A key's hash on the batch's table (recorded in the pool's recent keys, for the dashboard and
+/// the remapped share), or `None` when the strategy does not place this key by hash.
+#[derive(Clone, Copy)]
+struct Placed(Option<u64>);
+
+impl Placed {
+    fn of(pool: &Pool, snap: &Snapshot, key: &[u8]) -> Placed {
+        let policy = snap.policy();
+        if !policy.strategy().hashes_key(key) {
+            return Placed(None);
+        }
+        let hash = policy.key_hash(key);
+        pool.record_key(hash);
+        Placed(Some(hash))
+    }
+}
+
+/// Whether the first buffered command is a storage command whose data has not all arrived.
+fn waiting_for_data(input: &[u8], max_item: usize) -> bool {
+    let Some((n, line)) = codec::line(input) else { return true };
+    match codec::parse(line, max_item) {
+        Ok(Command::Keyed { data: Some(d), .. }) => input.len() < n + d + 2,
+        _ => false,
     }
 }
 
@@ -182,183 +284,116 @@ async fn discard(client: &mut TcpStream, input: &mut BytesMut, mut n: usize) -> 
     true
 }
 
-/// The server for a key, skipping `tried`: its node index and state.
-fn pick(pool: &Pool, key: &[u8], tried: &[usize]) -> Option<(usize, Arc<WorkerState>, Outcome)> {
-    let snap = pool.snapshot();
-    let hash = snap.policy().key_hash(key);
-    let keyed = snap.policy().strategy().hashes_key(key);
-    if keyed {
-        pool.record_key(hash);
-    }
-    let now = Instant::now();
-    let d = snap.decide(keyed.then_some(hash), tried, now)?;
-    let outcome = match (d.owner, d.spill) {
+/// Where a key goes on the batch's table, skipping `tried`, and why.
+fn pick(pool: &Pool, snap: &Snapshot, hash: Placed, tried: &[usize], now: Instant) -> Option<usize> {
+    let d = snap.decide(hash.0, tried, now)?;
+    let outcome = match d.owner {
         _ if !tried.is_empty() => Outcome::Retry,
-        (None, _) => Outcome::Unkeyed,
-        (Some(o), _) if o == d.node => Outcome::Owner,
-        _ => Outcome::Unavailable,
+        None => Outcome::Unkeyed,
+        Some(o) if o == d.node => Outcome::Owner,
+        Some(_) => Outcome::Unavailable,
     };
-    Some((d.node, Arc::clone(&snap.workers()[d.node]), outcome))
+    pool.metrics.outcome(outcome);
+    Some(d.node)
 }
 
-/// The connection to `w` this client holds, made if needed.
-async fn connection<'a>(
-    servers: &'a mut HashMap<SocketAddr, Server>,
-    w: &WorkerState,
-    timeout: Duration,
-) -> Option<&'a mut Server> {
-    match servers.entry(w.address) {
-        std::collections::hash_map::Entry::Occupied(e) => Some(e.into_mut()),
-        std::collections::hash_map::Entry::Vacant(e) => {
-            let stream = tokio::time::timeout(timeout, TcpStream::connect(w.address)).await.ok()?.ok()?;
+/// This client's connection to `w` (its index), made now if needed; a connect that fails is
+/// counted against the server.
+async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings) -> Option<usize> {
+    if let Some(i) = servers.find(w.address) {
+        return (!servers.0[i].broken).then_some(i);
+    }
+    match tokio::time::timeout(s.connect, TcpStream::connect(w.address)).await {
+        Ok(Ok(stream)) => {
             let _ = stream.set_nodelay(true);
-            Some(e.insert(Server { stream, buf: BytesMut::with_capacity(4096) }))
+            servers.0.push(Server {
+                addr: w.address,
+                stream,
+                buf: BytesMut::with_capacity(4096),
+                out: Vec::new(),
+                broken: false,
+            });
+            Some(servers.0.len() - 1)
+        }
+        _ => {
+            w.metrics.connect_errors.fetch_add(1, Relaxed);
+            failed(w, s);
+            None
         }
     }
 }
 
-/// Sends `request` (and `mn` after it when `quiet`), and reads one answer (or, when `quiet`,
-/// whatever comes before `MN`).
-async fn exchange(
-    server: &mut Server,
-    request: &[u8],
-    retrieval: bool,
-    answer: Answer,
-    quiet: bool,
-    timeout: Duration,
-) -> Result<Vec<u8>, Failure> {
-    let send = async {
-        server.stream.write_all(request).await?;
-        if quiet {
-            server.stream.write_all(b"mn\r\n").await?;
-        }
-        Ok::<(), std::io::Error>(())
-    };
-    match tokio::time::timeout(timeout, send).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => return Err(Failure::Answer("server connection lost")),
-        Err(_) => return Err(Failure::Answer("server timeout")),
-    }
-    tokio::time::timeout(timeout, read_answer(server, retrieval, answer, quiet))
-        .await
-        .unwrap_or(Err(Failure::Answer("server timeout")))
-}
-
-/// Sends the first part of an exchange only (a multi-get's), so that every server works at once.
-async fn send_only(server: &mut Server, request: &[u8], timeout: Duration) -> bool {
-    matches!(tokio::time::timeout(timeout, server.stream.write_all(request)).await, Ok(Ok(())))
-}
-
-async fn read_answer(server: &mut Server, retrieval: bool, answer: Answer, quiet: bool) -> Result<Vec<u8>, Failure> {
-    let mut got = Vec::new();
-    loop {
-        if quiet && server.buf.starts_with(b"MN\r\n") {
-            server.buf.advance(4);
-            return Ok(got);
-        }
-        let garbled = Failure::Answer("server answer garbled");
-        match codec::answer_len(&server.buf, retrieval, answer).map_err(|_| garbled)? {
-            Some(n) if !quiet => return Ok(server.buf.split_to(n).to_vec()),
-            Some(n) => got.extend_from_slice(&server.buf.split_to(n)),
-            None => {
-                server.buf.reserve(4096);
-                match server.stream.read_buf(&mut server.buf).await {
-                    Ok(0) | Err(_) => return Err(Failure::Answer("server connection lost")),
-                    Ok(_) => {}
-                }
-            }
-        }
+/// Counts a failure of `w` (passive ejection).
+fn failed(w: &WorkerState, s: &Settings) {
+    w.metrics.record_class(None);
+    if w.observe_failure(s.may_eject, Instant::now()).is_some() {
+        w.metrics.ejections.fetch_add(1, Relaxed);
     }
 }
 
-/// A command of one key: sent to its server (walking the ranking past servers that cannot be
-/// reached), its answer appended to `out`.
-async fn one_key(
+/// A command of one key: queued for its server, walking the key's ranking past servers that
+/// cannot be reached (nothing was sent to them).
+#[allow(clippy::too_many_arguments)]
+async fn send_one(
+    snap: &Snapshot,
     pool: &Pool,
-    servers: &mut HashMap<SocketAddr, Server>,
-    key: &[u8],
+    servers: &mut Servers,
+    s: &Settings,
+    hash: Placed,
     request: &[u8],
     quiet: bool,
     answer: Answer,
-    out: &mut Vec<u8>,
-) {
-    let snap = pool.snapshot();
-    let (attempts, timeout, connect_timeout) =
-        (snap.config().retry.attempts.max(1), snap.config().retry.per_try_timeout, snap.config().connect_timeout);
-    let may_eject = snap.may_eject();
-    drop(snap);
+    now: Instant,
+) -> Pending {
     let mut tried = Vec::new();
-    while tried.len() < attempts as usize {
-        let Some((node, w, outcome)) = pick(pool, key, &tried) else { break };
-        pool.metrics.outcome(outcome);
-        let started = Instant::now();
-        let result = match connection(servers, &w, connect_timeout).await {
-            None => Err(Failure::Connect),
-            Some(server) => exchange(server, request, false, answer, quiet, timeout).await,
+    while tried.len() < s.attempts {
+        let Some(node) = pick(pool, snap, hash, &tried, now) else { break };
+        let w = &snap.workers()[node];
+        let Some(server) = connect(servers, w, s).await else {
+            w.metrics.retries.fetch_add(1, Relaxed);
+            tried.push(node);
+            continue;
         };
-        w.metrics.record_latency(started.elapsed());
-        match result {
-            Ok(a) => {
-                w.metrics.record_class(Some(200));
-                w.observe_success();
-                // `noreply`: nothing to the client; quiet meta: what the server said.
-                if !(quiet && answer == Answer::Line) {
-                    out.extend_from_slice(&a);
-                }
-                return;
-            }
-            Err(f) => {
-                servers.remove(&w.address);
-                w.metrics.record_class(None);
-                if w.observe_failure(may_eject, Instant::now()).is_some() {
-                    w.metrics.ejections.fetch_add(1, Relaxed);
-                }
-                match f {
-                    Failure::Connect => {
-                        w.metrics.connect_errors.fetch_add(1, Relaxed);
-                        w.metrics.retries.fetch_add(1, Relaxed);
-                        tried.push(node);
-                    }
-                    Failure::Answer(why) => {
-                        out.extend_from_slice(format!("SERVER_ERROR {why}\r\n").as_bytes());
-                        return;
-                    }
-                }
-            }
+        let out = &mut servers.0[server].out;
+        out.extend_from_slice(request);
+        if quiet {
+            out.extend_from_slice(b"mn\r\n");
         }
+        // `noreply`: nothing to the client; a quiet meta command: what the server did say.
+        let noreply = quiet && answer == Answer::Line;
+        return Pending::One { server, node, retrieval: false, answer, quiet, noreply };
     }
     pool.metrics.no_worker.fetch_add(1, Relaxed);
-    out.extend_from_slice(b"SERVER_ERROR no server available\r\n");
+    Pending::Ready(b"SERVER_ERROR no server available\r\n")
 }
 
-/// `get`/`gets`/`gat`/`gats`: split by server, sent to all, merged in the client's order.
-async fn retrieve(
+/// `get`/`gets`/`gat`/`gats` of several keys: one request per server, with its keys in the
+/// client's order. A server that cannot be reached leaves its keys out (misses).
+#[allow(clippy::too_many_arguments)]
+async fn send_multi(
+    snap: &Snapshot,
     pool: &Pool,
-    servers: &mut HashMap<SocketAddr, Server>,
+    servers: &mut Servers,
+    s: &Settings,
     kind: codec::Retrieval,
     exptime: Option<&[u8]>,
-    keys: &[Vec<u8>],
-    out: &mut Vec<u8>,
-) {
-    let snap = pool.snapshot();
-    let (timeout, connect_timeout) = (snap.config().retry.per_try_timeout, snap.config().connect_timeout);
-    let may_eject = snap.may_eject();
-    drop(snap);
+    keys: codec::Keys<'_>,
+    now: Instant,
+) -> Pending {
     let verb: &[u8] = match kind {
         codec::Retrieval::Get => b"get",
         codec::Retrieval::Gets => b"gets",
         codec::Retrieval::Gat => b"gat",
         codec::Retrieval::Gats => b"gats",
     };
-    // Each server's keys, in the client's order; servers in the order first needed.
-    let mut parts: Vec<(Arc<WorkerState>, Vec<u8>)> = Vec::new();
-    for key in keys {
-        let Some((_, w, outcome)) = pick(pool, key, &[]) else {
+    // (node, its request line)
+    let mut lines: Vec<(usize, Vec<u8>)> = Vec::new();
+    for key in keys.iter() {
+        let Some(node) = pick(pool, snap, Placed::of(pool, snap, key), &[], now) else {
             pool.metrics.no_worker.fetch_add(1, Relaxed);
             continue;
         };
-        pool.metrics.outcome(outcome);
-        let i = match parts.iter().position(|(x, _)| Arc::ptr_eq(x, &w)) {
+        let i = match lines.iter().position(|(n, _)| *n == node) {
             Some(i) => i,
             None => {
                 let mut line = verb.to_vec();
@@ -366,57 +401,150 @@ async fn retrieve(
                     line.push(b' ');
                     line.extend_from_slice(e);
                 }
-                parts.push((w, line));
-                parts.len() - 1
+                lines.push((node, line));
+                lines.len() - 1
             }
         };
-        parts[i].1.push(b' ');
-        parts[i].1.extend_from_slice(key);
+        lines[i].1.push(b' ');
+        lines[i].1.extend_from_slice(key);
     }
-    let started = Instant::now();
-    let mut sent = Vec::with_capacity(parts.len());
-    for (w, line) in &mut parts {
-        line.extend_from_slice(b"\r\n");
-        let ok = match connection(servers, w, connect_timeout).await {
-            Some(server) => send_only(server, line, timeout).await,
+    let mut parts = Vec::with_capacity(lines.len());
+    for (node, line) in lines {
+        let Some(server) = connect(servers, &snap.workers()[node], s).await else { continue };
+        let out = &mut servers.0[server].out;
+        out.extend_from_slice(&line);
+        out.extend_from_slice(b"\r\n");
+        parts.push((server, node));
+    }
+    Pending::Multi { parts, keys: keys.iter().map(<[u8]>::to_vec).collect() }
+}
+
+/// Writes the batch's requests (one write per server), then reads every answer, in order, into
+/// `out`.
+async fn finish(
+    snap: &Snapshot,
+    pending: &mut Vec<Pending>,
+    servers: &mut Servers,
+    s: &Settings,
+    started: Instant,
+    out: &mut Vec<u8>,
+) {
+    for server in &mut servers.0 {
+        if server.out.is_empty() {
+            continue;
+        }
+        if !matches!(tokio::time::timeout(s.answer, server.stream.write_all(&server.out)).await, Ok(Ok(()))) {
+            server.broken = true;
+        }
+        server.out.clear();
+    }
+    for p in pending.drain(..) {
+        match p {
+            Pending::Ready(bytes) => out.extend_from_slice(bytes),
+            Pending::Owned(bytes) => out.extend_from_slice(&bytes),
+            Pending::One { server, node, retrieval, answer, quiet, noreply } => {
+                let w = &snap.workers()[node];
+                let mark = out.len();
+                match answer_into(&mut servers.0[server], retrieval, answer, quiet, s.answer, out).await {
+                    Ok(()) => {
+                        succeeded(w, started);
+                        if noreply {
+                            out.truncate(mark);
+                        }
+                    }
+                    Err(why) => {
+                        out.truncate(mark);
+                        failed(w, s);
+                        out.extend_from_slice(b"SERVER_ERROR ");
+                        out.extend_from_slice(why.as_bytes());
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+            }
+            Pending::Multi { parts, keys } => {
+                let mut answers = Vec::with_capacity(parts.len());
+                for (server, node) in parts {
+                    let w = &snap.workers()[node];
+                    let mut a = Vec::new();
+                    match answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, &mut a).await {
+                        Ok(()) => {
+                            succeeded(w, started);
+                            answers.push(a);
+                        }
+                        // Its keys are misses; the failure is counted.
+                        Err(_) => failed(w, s),
+                    }
+                }
+                let mut values: Vec<(&[u8], &[u8])> = answers.iter().flat_map(|a| codec::value_blocks(a)).collect();
+                for key in &keys {
+                    // The first block of this key not given yet (a key asked twice is answered twice).
+                    if let Some(i) = values.iter().position(|(k, _)| *k == key.as_slice()) {
+                        out.extend_from_slice(values.remove(i).1);
+                    }
+                }
+                out.extend_from_slice(b"END\r\n");
+            }
+        }
+    }
+    servers.sweep();
+}
+
+fn succeeded(w: &WorkerState, started: Instant) {
+    w.metrics.record_latency(started.elapsed());
+    w.metrics.record_class(Some(200));
+    w.observe_success();
+}
+
+/// Appends the server's next answer to `out` (or, when `quiet`, whatever comes before `MN`). A
+/// server that failed in this batch gives none: it is marked broken, its later answers are not
+/// waited for, and its connection is dropped at the batch's end.
+async fn answer_into(
+    server: &mut Server,
+    retrieval: bool,
+    answer: Answer,
+    quiet: bool,
+    timeout: Duration,
+    out: &mut Vec<u8>,
+) -> Result<(), &'static str> {
+    if server.broken {
+        return Err("server connection lost");
+    }
+    let result = tokio::time::timeout(timeout, read_answer(server, retrieval, answer, quiet, out))
+        .await
+        .unwrap_or(Err("server timeout"));
+    if result.is_err() {
+        server.broken = true;
+    }
+    result
+}
+
+async fn read_answer(
+    server: &mut Server,
+    retrieval: bool,
+    answer: Answer,
+    quiet: bool,
+    out: &mut Vec<u8>,
+) -> Result<(), &'static str> {
+    loop {
+        if quiet && server.buf.starts_with(b"MN\r\n") {
+            server.buf.advance(4);
+            return Ok(());
+        }
+        match codec::answer_len(&server.buf, retrieval, answer).map_err(|_| "server answer garbled")? {
+            Some(n) => {
+                out.extend_from_slice(&server.buf[..n]);
+                server.buf.advance(n);
+                if !quiet {
+                    return Ok(());
+                }
+            }
             None => {
-                w.metrics.connect_errors.fetch_add(1, Relaxed);
-                false
-            }
-        };
-        sent.push(ok);
-    }
-    let mut answers: HashMap<Vec<u8>, std::collections::VecDeque<Vec<u8>>> = HashMap::new();
-    for ((w, _), ok) in parts.iter().zip(sent) {
-        let answer = match (ok, servers.get_mut(&w.address)) {
-            (true, Some(server)) => tokio::time::timeout(timeout, read_answer(server, true, Answer::Line, false))
-                .await
-                .unwrap_or(Err(Failure::Answer("server timeout"))),
-            _ => Err(Failure::Connect),
-        };
-        w.metrics.record_latency(started.elapsed());
-        match answer {
-            Ok(a) => {
-                w.metrics.record_class(Some(200));
-                w.observe_success();
-                for (key, block) in codec::value_blocks(&a) {
-                    answers.entry(key.to_vec()).or_default().push_back(block.to_vec());
-                }
-            }
-            Err(_) => {
-                // Its keys are misses; the failure is counted and the connection dropped.
-                servers.remove(&w.address);
-                w.metrics.record_class(None);
-                if w.observe_failure(may_eject, Instant::now()).is_some() {
-                    w.metrics.ejections.fetch_add(1, Relaxed);
+                server.buf.reserve(4096);
+                match server.stream.read_buf(&mut server.buf).await {
+                    Ok(0) | Err(_) => return Err("server connection lost"),
+                    Ok(_) => {}
                 }
             }
         }
     }
-    for key in keys {
-        if let Some(block) = answers.get_mut(key).and_then(std::collections::VecDeque::pop_front) {
-            out.extend_from_slice(&block);
-        }
-    }
-    out.extend_from_slice(b"END\r\n");
 }

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# keyroute's memcached listener vs nutcracker (twemproxy), with direct-to-server as the floor, in one run.
+#
+# 4 memcached servers (1 thread each) on loopback; nutcracker with one pool over them (ketama, md5);
+# keyroute serve --threads 1 with the configuration `keyroute from-nutcracker` makes of the same
+# YAML (so both place every key alike). The same load through each, rounds alternated:
+# crates/keyroute-bench/examples/mc_load.rs, CONNECTIONS connections each writing DEPTH commands at
+# once (one SET in ten, the rest single-key GETs, VALUE_BYTES-byte values, KEYS keys written first).
+# "direct" sends the same load to one memcached server (no proxy: the floor).
+# For each: ops/s, and the proxy's CPU time per operation (user+sys from /proc/PID/stat over the
+# run, over the operations completed).
+#
+# Usage:  bench/memcache.sh
+#         ROUNDS=3 SECONDS_PER_RUN=8 CONNECTIONS=8 DEPTH=16 VALUE_BYTES=100 bench/memcache.sh
+# Needs memcached and nutcracker (installed with apt-get when missing, as root). Starts every process
+# itself on 127.0.0.1 and kills them by PID on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+ROUNDS=${ROUNDS:-3}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-8}
+CONNECTIONS=${CONNECTIONS:-8}
+DEPTH=${DEPTH:-16}
+VALUE_BYTES=${VALUE_BYTES:-100}
+KEYS=${KEYS:-10000}
+BASE_PORT=${BASE_PORT:-21211}
+
+log() { echo "[memcache.sh] $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+PIDS=()
+TMP=$(mktemp -d /tmp/keyroute-memcache-bench.XXXXXX)
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+for tool in memcached nutcracker; do
+    if ! command -v "$tool" >/dev/null && [[ ! -x /usr/sbin/$tool ]]; then
+        [[ $(id -u) == 0 ]] || die "$tool missing; run as root so apt-get can install it"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
+    fi
+done
+NUTCRACKER=$(command -v nutcracker || echo /usr/sbin/nutcracker)
+
+log "building keyroute and the load generator (release)"
+cargo build --release -q -p keyroute-cli
+cargo build --release -q -p keyroute-bench --example mc_load
+KEYROUTE=$ROOT/target/release/keyroute
+LOAD=$ROOT/target/release/examples/mc_load
+
+user=()
+[[ $(id -u) == 0 ]] && user=(-u root)
+SERVERS=()
+for i in 0 1 2 3; do
+    port=$((BASE_PORT + i))
+    memcached -l 127.0.0.1 -p "$port" -U 0 -t 1 -m 256 -c 4096 "${user[@]}" &
+    PIDS+=($!)
+    SERVERS+=("127.0.0.1:$port")
+done
+DIRECT_PORT=$((BASE_PORT + 4))
+memcached -l 127.0.0.1 -p "$DIRECT_PORT" -U 0 -t 1 -m 256 -c 4096 "${user[@]}" &
+PIDS+=($!)
+NUT_PORT=$((BASE_PORT + 10))
+KR_PORT=$((BASE_PORT + 11))
+{
+    echo "bench:"
+    echo "  listen: 127.0.0.1:$NUT_PORT"
+    echo "  hash: md5"
+    echo "  distribution: ketama"
+    echo "  timeout: 1000"
+    echo "  servers:"
+    for s in "${SERVERS[@]}"; do echo "   - $s:1"; done
+} >"$TMP/nutcracker.yml"
+"$NUTCRACKER" -c "$TMP/nutcracker.yml" -s $((BASE_PORT + 12)) -a 127.0.0.1 -o "$TMP/nutcracker.log" &
+NUT_PID=$!
+PIDS+=("$NUT_PID")
+"$KEYROUTE" from-nutcracker "$TMP/nutcracker.yml" --admin "127.0.0.1:$((BASE_PORT + 13))" |
+    sed "s/127.0.0.1:$NUT_PORT/127.0.0.1:$KR_PORT/" >"$TMP/keyroute.toml"
+"$KEYROUTE" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.log" 2>&1 &
+KR_PID=$!
+PIDS+=("$KR_PID")
+sleep 1
+for port in "$NUT_PORT" "$KR_PORT" "$DIRECT_PORT"; do
+    for _ in $(seq 50); do
+        (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+        sleep 0.1
+    done
+done
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+declare -A PORT=([direct]=$DIRECT_PORT [nutcracker]=$NUT_PORT [keyroute]=$KR_PORT)
+declare -A PID=([direct]=0 [nutcracker]=$NUT_PID [keyroute]=$KR_PID)
+TICK=$(getconf CLK_TCK)
+RESULTS=$TMP/results.tsv
+: >"$RESULTS"
+for round in $(seq "$ROUNDS"); do
+    for target in direct nutcracker keyroute; do
+        pid=${PID[$target]}
+        before=0
+        [[ $pid != 0 ]] && before=$(cpu_ticks "$pid")
+        out=$("$LOAD" "127.0.0.1:${PORT[$target]}" "$CONNECTIONS" "$DEPTH" "$SECONDS_PER_RUN" "$VALUE_BYTES" "$KEYS")
+        after=0
+        [[ $pid != 0 ]] && after=$(cpu_ticks "$pid")
+        ops=$(sed -E 's/.*ops=([0-9]+) .*/\1/' <<<"$out")
+        rate=$(sed -E 's/.*ops_per_sec=([0-9]+).*/\1/' <<<"$out")
+        errors=$(sed -E 's/.*errors=([0-9]+).*/\1/' <<<"$out")
+        misses=$(sed -E 's/.*misses=([0-9]+).*/\1/' <<<"$out")
+        us=$(awk -v t=$((after - before)) -v ops="$ops" -v hz="$TICK" 'BEGIN { if (ops > 0) printf "%.3f", t / hz * 1e6 / ops; else print "-" }')
+        [[ $target == direct ]] && us="-"
+        log "round $round $target: $out cpu_us_per_op=$us"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$rate" "$us" "$errors" "$misses" >>"$RESULTS"
+    done
+done
+
+echo "# keyroute memcached listener vs nutcracker"
+echo
+echo "- command: \`ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH VALUE_BYTES=$VALUE_BYTES KEYS=$KEYS bench/memcache.sh\`"
+echo "- load: examples/mc_load: $CONNECTIONS connections x $DEPTH pipelined commands (1 SET in 10, single-key GETs), $VALUE_BYTES-byte values, $KEYS keys"
+echo "- 4 memcached (-t 1) behind nutcracker $("$NUTCRACKER" -V 2>&1 | head -1 | awk '{print $NF}') (ketama, md5) and behind keyroute serve --threads 1 (from-nutcracker); direct: one memcached, no proxy"
+echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); nproc: $(nproc); keyroute $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (+ uncommitted changes)')"
+echo
+echo "| round | target | ops/s | proxy CPU us/op | errors | misses |"
+echo "|---:|---|---:|---:|---:|---:|"
+awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6 }' "$RESULTS"
+echo
+echo "Medians:"
+echo
+echo "| target | ops/s | proxy CPU us/op |"
+echo "|---|---:|---:|"
+for target in direct nutcracker keyroute; do
+    rate=$(awk -F'\t' -v t="$target" '$2 == t { print $3 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+    us=$(awk -F'\t' -v t="$target" '$2 == t { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+    echo "| $target | $rate | $us |"
+done
+k=$(awk -F'\t' '$2 == "keyroute" { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+n=$(awk -F'\t' '$2 == "nutcracker" { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+echo
+awk -v k="$k" -v n="$n" 'BEGIN { if (n > 0) printf "CPU per operation, keyroute over nutcracker: %.3f (target <= 0.70)\n", k / n }'
