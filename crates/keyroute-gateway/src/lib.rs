@@ -74,6 +74,7 @@
 // Alphabetical; the order of their imports is the layout table above.
 mod access;
 mod admin;
+mod backend;
 mod base64;
 mod body;
 pub(crate) mod cache;
@@ -92,6 +93,7 @@ mod metrics;
 mod pool;
 mod prober;
 mod proxy;
+mod resp;
 mod routing;
 mod server;
 mod state;

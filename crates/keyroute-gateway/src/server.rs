@@ -540,7 +540,14 @@ async fn accept_loop(
         };
         let held = (OpenConn::new(&metrics, &shared.closed), permit);
         if let Some(cache) = index.and_then(|i| shared.listeners[i].cache.clone()) {
-            tokio::spawn(crate::memcache::serve(stream, Arc::clone(&shared), cache, held));
+            match cache.protocol {
+                crate::config::CacheProtocol::Memcached => {
+                    tokio::spawn(crate::memcache::serve(stream, Arc::clone(&shared), cache, held))
+                }
+                crate::config::CacheProtocol::Redis => {
+                    tokio::spawn(crate::resp::serve(stream, Arc::clone(&shared), cache, held))
+                }
+            };
             continue;
         }
         tokio::spawn(connection::serve(stream, remote, Arc::clone(&shared), Arc::clone(&settings), held));

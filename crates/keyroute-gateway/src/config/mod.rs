@@ -114,7 +114,8 @@ pub struct CacheListener {
     pub protocol: CacheProtocol,
     /// The pool of cache servers (an index into the pools).
     pub pool: usize,
-    /// The largest value taken (memcached's `-I`; 1 MiB by default).
+    /// The largest value taken (memcached's `-I`, 1 MiB by default; for Redis, each argument of a
+    /// command, 16 MiB by default).
     pub max_item_bytes: usize,
 }
 
@@ -123,6 +124,8 @@ pub struct CacheListener {
 pub enum CacheProtocol {
     /// memcached's text protocol (1.6, meta commands included).
     Memcached,
+    /// Redis's RESP2.
+    Redis,
 }
 
 /// A listener's access log: one line per request, written off the request path.

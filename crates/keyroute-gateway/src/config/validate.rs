@@ -380,8 +380,10 @@ fn validate_protocol(
         Some(p) => match p.get_ref().as_str() {
             "http" => None,
             "memcached" => Some(CacheProtocol::Memcached),
+            "redis" => Some(CacheProtocol::Redis),
             other => {
-                let msg = format!("'{}' is not a protocol keyroute serves (http, memcached)", other.escape_debug());
+                let msg =
+                    format!("'{}' is not a protocol keyroute serves (http, memcached, redis)", other.escape_debug());
                 return ctx.err(Some(p.span()), field("protocol"), msg);
             }
         },
@@ -391,7 +393,11 @@ fn validate_protocol(
             return ctx.err(Some(p.span()), field("pool"), "an HTTP listener chooses pools by its [[listener.route]]s");
         }
         if let Some(m) = &l.max_item_bytes {
-            return ctx.err(Some(m.span()), field("max_item_bytes"), "only a memcached listener takes max_item_bytes");
+            return ctx.err(
+                Some(m.span()),
+                field("max_item_bytes"),
+                "only a memcached or Redis listener takes max_item_bytes",
+            );
         }
         return Ok(None);
     };
@@ -405,7 +411,11 @@ fn validate_protocol(
         ("max_header_bytes", l.max_header_bytes.as_ref().map(Spanned::span)),
     ];
     if let Some((f, span)) = http_only.iter().find(|(_, s)| s.is_some()) {
-        return ctx.err(span.clone(), field(f), "a memcached listener speaks no HTTP: this setting does not apply");
+        return ctx.err(
+            span.clone(),
+            field(f),
+            "a memcached or Redis listener speaks no HTTP: this setting does not apply",
+        );
     }
     let pool = match &l.pool {
         Some(p) => match pools.iter().position(|x| x.name == *p.get_ref()) {
@@ -428,12 +438,13 @@ fn validate_protocol(
     if pools[pool].health.path.is_some() {
         let span = l.pool.as_ref().map_or_else(|| l.listen.span(), Spanned::span);
         let msg = format!(
-            "pool '{}' has HTTP health checks ([pool.health] path), which memcached servers cannot answer: remove them (passive ejection watches a memcached pool)",
+            "pool '{}' has HTTP health checks ([pool.health] path), which cache servers cannot answer: remove them (passive ejection watches a cache pool)",
             pools[pool].name
         );
         return ctx.err(Some(span), field("pool"), msg);
     }
     let max_item_bytes = match &l.max_item_bytes {
+        None if protocol == CacheProtocol::Redis => 16 << 20,
         None => 1 << 20,
         Some(m) if (1024..=1 << 30).contains(m.get_ref()) => *m.get_ref(),
         Some(m) => {

@@ -35,47 +35,19 @@
 
 pub(crate) mod codec;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Buf;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use self::codec::{Answer, Command, Refused};
+use crate::backend::{self, Client, Placed, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded};
 use crate::config::CacheListener;
-use crate::metrics::Outcome;
-use crate::pool::{Pool, Snapshot, WorkerState};
+use crate::pool::{Pool, Snapshot};
 use crate::state::Shared;
-
-/// A connection to one server, held by one client connection, with the requests of the batch
-/// being made for it.
-struct Server {
-    addr: SocketAddr,
-    stream: TcpStream,
-    buf: BytesMut,
-    out: Vec<u8>,
-    /// It failed in this batch: its later answers are not waited for, and it is dropped after.
-    broken: bool,
-}
-
-/// A client connection's servers: few (a pool's), so found by a scan.
-#[derive(Default)]
-struct Servers(Vec<Server>);
-
-impl Servers {
-    fn find(&self, addr: SocketAddr) -> Option<usize> {
-        self.0.iter().position(|s| s.addr == addr)
-    }
-
-    /// Drops the connections that failed.
-    fn sweep(&mut self) {
-        self.0.retain(|s| !s.broken);
-    }
-}
 
 /// The most commands served in one batch.
 const BATCH: usize = 1024;
@@ -93,42 +65,20 @@ enum Pending {
     Multi { parts: Vec<(usize, usize)>, keys: Vec<Vec<u8>> },
 }
 
-/// A pool's settings that a batch uses.
-struct Settings {
-    answer: Duration,
-    connect: Duration,
-    attempts: usize,
-    may_eject: bool,
-}
-
 /// Serves one client connection until it closes, sends `quit`, or the gateway stops.
-pub(crate) async fn serve<H: Send + 'static>(
-    mut client: TcpStream,
-    shared: Arc<Shared>,
-    config: CacheListener,
-    _held: H,
-) {
-    let _ = client.set_nodelay(true);
-    let mut stop = shared.stop_accepting.subscribe();
-    let mut input = BytesMut::with_capacity(4096);
-    let mut out: Vec<u8> = Vec::with_capacity(4096);
-    let mut servers = Servers::default();
+pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shared>, config: CacheListener, _held: H) {
+    let mut c = Client::new(stream, &shared);
     let mut pending: Vec<Pending> = Vec::new();
     loop {
         let Some(pool) = pool_of(&shared, config.pool) else { return };
         // One snapshot for the batch: its commands are placed on one table.
         let snap = pool.snapshot();
-        let settings = Settings {
-            answer: snap.config().retry.per_try_timeout,
-            connect: snap.config().connect_timeout,
-            attempts: snap.config().retry.attempts.max(1) as usize,
-            may_eject: snap.may_eject(),
-        };
+        let settings = Settings::of(&snap);
         let now = Instant::now();
         let mut close = false;
         while pending.len() < BATCH {
-            let Some((n, line)) = codec::line(&input) else {
-                if input.len() > codec::MAX_LINE {
+            let Some((n, line)) = codec::line(&c.input) else {
+                if c.input.len() > codec::MAX_LINE {
                     pending.push(Pending::Ready(b"CLIENT_ERROR line too long\r\n"));
                     close = true;
                 }
@@ -137,21 +87,20 @@ pub(crate) async fn serve<H: Send + 'static>(
             match codec::parse(line, config.max_item_bytes) {
                 Err(Refused::TooLarge { skip }) => {
                     pending.push(Pending::Owned(Refused::TooLarge { skip }.line()));
-                    input.advance(n);
-                    if skip > input.len() {
+                    c.input.advance(n);
+                    if skip > c.input.len() {
                         // The block is skipped as it arrives: the answers so far go out first.
-                        finish(&snap, &mut pending, &mut servers, &settings, now, &mut out).await;
-                        if client.write_all(&out).await.is_err() || !discard(&mut client, &mut input, skip).await {
+                        finish(&snap, &mut pending, &mut c.servers, &settings, now, &mut c.out).await;
+                        if !c.reply().await || !c.discard(skip).await {
                             return;
                         }
-                        out.clear();
                         continue;
                     }
-                    input.advance(skip);
+                    c.input.advance(skip);
                 }
                 Err(r) => {
                     pending.push(Pending::Owned(r.line()));
-                    input.advance(n);
+                    c.input.advance(n);
                 }
                 Ok(Command::Quit) => {
                     close = true;
@@ -161,67 +110,54 @@ pub(crate) async fn serve<H: Send + 'static>(
                     pending.push(Pending::Owned(
                         format!("VERSION keyroute-{}\r\n", env!("CARGO_PKG_VERSION")).into_bytes(),
                     ));
-                    input.advance(n);
+                    c.input.advance(n);
                 }
                 Ok(Command::MetaNoop) => {
                     pending.push(Pending::Ready(b"MN\r\n"));
-                    input.advance(n);
+                    c.input.advance(n);
                 }
                 Ok(Command::Keyed { key, data, quiet, answer }) => {
                     // The whole command (line and data) must be here before it is sent.
                     let total = n + data.map_or(0, |d| d + 2);
-                    if input.len() < total {
+                    if c.input.len() < total {
                         break;
                     }
-                    if data.is_some_and(|d| &input[n + d..total] != b"\r\n") {
+                    if data.is_some_and(|d| &c.input[n + d..total] != b"\r\n") {
                         pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
                         close = true;
                         break;
                     }
                     let hash = Placed::of(&pool, &snap, &key);
-                    let p = send_one(&snap, &pool, &mut servers, &settings, hash, &input[..total], quiet, answer, now)
-                        .await;
+                    let request = &c.input[..total];
+                    let p = send_one(&snap, &pool, &mut c.servers, &settings, hash, request, quiet, answer, now).await;
                     pending.push(p);
-                    input.advance(total);
+                    c.input.advance(total);
                 }
                 Ok(Command::Retrieve { kind, exptime, keys }) => {
                     let p = match keys.single() {
                         // One key: its server's answer as it is.
                         Some(key) => {
                             let hash = Placed::of(&pool, &snap, key);
-                            send_one(&snap, &pool, &mut servers, &settings, hash, &input[..n], false, Answer::Line, now)
+                            let request = &c.input[..n];
+                            send_one(&snap, &pool, &mut c.servers, &settings, hash, request, false, Answer::Line, now)
                                 .await
                                 .retrieval()
                         }
-                        None => send_multi(&snap, &pool, &mut servers, &settings, kind, exptime, keys, now).await,
+                        None => send_multi(&snap, &pool, &mut c.servers, &settings, kind, exptime, keys, now).await,
                     };
                     pending.push(p);
-                    input.advance(n);
+                    c.input.advance(n);
                 }
             }
         }
-        finish(&snap, &mut pending, &mut servers, &settings, now, &mut out).await;
-        if !out.is_empty() {
-            if client.write_all(&out).await.is_err() {
-                return;
-            }
-            out.clear();
-        }
-        if close {
+        finish(&snap, &mut pending, &mut c.servers, &settings, now, &mut c.out).await;
+        if !c.reply().await || close {
             return;
         }
-        if codec::line(&input).is_some() && !waiting_for_data(&input, config.max_item_bytes) {
-            // More whole commands than one batch: serve them before reading.
-            continue;
-        }
-        input.reserve(4096);
-        let read = tokio::select! {
-            r = client.read_buf(&mut input) => r,
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        match read {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        // More whole commands than one batch are served before reading.
+        let more = codec::line(&c.input).is_some() && !waiting_for_data(&c.input, config.max_item_bytes);
+        if !more && !c.read().await {
+            return;
         }
     }
 }
@@ -238,96 +174,12 @@ impl Pending {
     }
 }
 
-/// A key's hash on the batch's table (recorded in the pool's recent keys, for the dashboard and
-/// the remapped share), or `None` when the strategy does not place this key by hash.
-#[derive(Clone, Copy)]
-struct Placed(Option<u64>);
-
-impl Placed {
-    fn of(pool: &Pool, snap: &Snapshot, key: &[u8]) -> Placed {
-        let policy = snap.policy();
-        if !policy.strategy().hashes_key(key) {
-            return Placed(None);
-        }
-        let hash = policy.key_hash(key);
-        pool.record_key(hash);
-        Placed(Some(hash))
-    }
-}
-
 /// Whether the first buffered command is a storage command whose data has not all arrived.
 fn waiting_for_data(input: &[u8], max_item: usize) -> bool {
     let Some((n, line)) = codec::line(input) else { return true };
     match codec::parse(line, max_item) {
         Ok(Command::Keyed { data: Some(d), .. }) => input.len() < n + d + 2,
         _ => false,
-    }
-}
-
-fn pool_of(shared: &Shared, index: usize) -> Option<Arc<Pool>> {
-    shared.front.routing.load().pools.get(index).cloned()
-}
-
-/// Reads and drops `n` bytes of the client's (a refused data block), without holding them.
-async fn discard(client: &mut TcpStream, input: &mut BytesMut, mut n: usize) -> bool {
-    let here = n.min(input.len());
-    input.advance(here);
-    n -= here;
-    let mut scratch = [0u8; 8192];
-    while n > 0 {
-        let want = n.min(scratch.len());
-        match client.read(&mut scratch[..want]).await {
-            Ok(0) | Err(_) => return false,
-            Ok(got) => n -= got,
-        }
-    }
-    true
-}
-
-/// Where a key goes on the batch's table, skipping `tried`, and why.
-fn pick(pool: &Pool, snap: &Snapshot, hash: Placed, tried: &[usize], now: Instant) -> Option<usize> {
-    let d = snap.decide(hash.0, tried, now)?;
-    let outcome = match d.owner {
-        _ if !tried.is_empty() => Outcome::Retry,
-        None => Outcome::Unkeyed,
-        Some(o) if o == d.node => Outcome::Owner,
-        Some(_) => Outcome::Unavailable,
-    };
-    pool.metrics.outcome(outcome);
-    Some(d.node)
-}
-
-/// This client's connection to `w` (its index), made now if needed; a connect that fails is
-/// counted against the server.
-async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings) -> Option<usize> {
-    if let Some(i) = servers.find(w.address) {
-        return (!servers.0[i].broken).then_some(i);
-    }
-    match tokio::time::timeout(s.connect, TcpStream::connect(w.address)).await {
-        Ok(Ok(stream)) => {
-            let _ = stream.set_nodelay(true);
-            servers.0.push(Server {
-                addr: w.address,
-                stream,
-                buf: BytesMut::with_capacity(4096),
-                out: Vec::new(),
-                broken: false,
-            });
-            Some(servers.0.len() - 1)
-        }
-        _ => {
-            w.metrics.connect_errors.fetch_add(1, Relaxed);
-            failed(w, s);
-            None
-        }
-    }
-}
-
-/// Counts a failure of `w` (passive ejection).
-fn failed(w: &WorkerState, s: &Settings) {
-    w.metrics.record_class(None);
-    if w.observe_failure(s.may_eject, Instant::now()).is_some() {
-        w.metrics.ejections.fetch_add(1, Relaxed);
     }
 }
 
@@ -429,15 +281,7 @@ async fn finish(
     started: Instant,
     out: &mut Vec<u8>,
 ) {
-    for server in &mut servers.0 {
-        if server.out.is_empty() {
-            continue;
-        }
-        if !matches!(tokio::time::timeout(s.answer, server.stream.write_all(&server.out)).await, Ok(Ok(()))) {
-            server.broken = true;
-        }
-        server.out.clear();
-    }
+    backend::flush(servers, s).await;
     for p in pending.drain(..) {
         match p {
             Pending::Ready(bytes) => out.extend_from_slice(bytes),
@@ -489,15 +333,8 @@ async fn finish(
     servers.sweep();
 }
 
-fn succeeded(w: &WorkerState, started: Instant) {
-    w.metrics.record_latency(started.elapsed());
-    w.metrics.record_class(Some(200));
-    w.observe_success();
-}
-
 /// Appends the server's next answer to `out` (or, when `quiet`, whatever comes before `MN`). A
-/// server that failed in this batch gives none: it is marked broken, its later answers are not
-/// waited for, and its connection is dropped at the batch's end.
+/// server that failed in this batch gives none (see [`backend::answer_into`]).
 async fn answer_into(
     server: &mut Server,
     retrieval: bool,
@@ -506,45 +343,25 @@ async fn answer_into(
     timeout: Duration,
     out: &mut Vec<u8>,
 ) -> Result<(), &'static str> {
-    if server.broken {
-        return Err("server connection lost");
-    }
-    let result = tokio::time::timeout(timeout, read_answer(server, retrieval, answer, quiet, out))
-        .await
-        .unwrap_or(Err("server timeout"));
-    if result.is_err() {
-        server.broken = true;
-    }
-    result
-}
-
-async fn read_answer(
-    server: &mut Server,
-    retrieval: bool,
-    answer: Answer,
-    quiet: bool,
-    out: &mut Vec<u8>,
-) -> Result<(), &'static str> {
-    loop {
-        if quiet && server.buf.starts_with(b"MN\r\n") {
-            server.buf.advance(4);
-            return Ok(());
+    let frame = |buf: &[u8]| {
+        if quiet && buf.starts_with(b"MN\r\n") {
+            return Ok(Some(4));
         }
-        match codec::answer_len(&server.buf, retrieval, answer).map_err(|_| "server answer garbled")? {
-            Some(n) => {
-                out.extend_from_slice(&server.buf[..n]);
-                server.buf.advance(n);
-                if !quiet {
-                    return Ok(());
-                }
+        codec::answer_len(buf, retrieval, answer).map_err(|_| backend::Garbled)
+    };
+    backend::answer_into(server, timeout, out, async |server: &mut Server, out: &mut Vec<u8>| {
+        loop {
+            let n = backend::frame(server, &frame).await?;
+            if quiet && server.buf.starts_with(b"MN\r\n") {
+                server.buf.advance(4);
+                return Ok(());
             }
-            None => {
-                server.buf.reserve(4096);
-                match server.stream.read_buf(&mut server.buf).await {
-                    Ok(0) | Err(_) => return Err("server connection lost"),
-                    Ok(_) => {}
-                }
+            out.extend_from_slice(&server.buf[..n]);
+            server.buf.advance(n);
+            if !quiet {
+                return Ok(());
             }
         }
-    }
+    })
+    .await
 }

@@ -1,0 +1,552 @@
+//! A Redis proxy listener (`protocol = "redis"`): RESP2 in front of a pool of standalone Redis
+//! servers, placed by the pool's strategy (the `redis-cluster` mode places by keyslot, `twemproxy`
+//! as nutcracker does), each key by its `{hash tag}` when it has one.
+//!
+//! # Commands
+//!
+//! - **One key** (`GET`, `SET`, `INCR`, `EXPIRE`, `HSET`, `LPUSH`, `ZADD`, `XADD`... every command
+//!   of [`ONE_KEY`]): sent to the key's server as the client wrote it, its reply passed back.
+//! - **Several keys**, split by server and merged: `MGET` (values in the client's order), `MSET`
+//!   (`OK` when every server said so), `DEL`, `UNLINK`, `EXISTS`, `TOUCH` (the sum of the counts).
+//!   `MSETNX`, `EVAL`, `EVALSHA` and `EVAL_RO`/`EVALSHA_RO` go to one server when all their keys
+//!   have it (hash tags make it so), and are refused otherwise: they are atomic on one server only.
+//! - **The proxy's own**: `PING`, `ECHO`, `QUIT`, `SELECT 0`, `COMMAND` (an empty list),
+//!   `CLIENT SETNAME`/`SETINFO` (accepted, kept nowhere).
+//! - **Refused**, each with an error that says why, as twemproxy and Envoy's Redis proxy refuse
+//!   them: commands of every server or none (`KEYS`, `SCAN`, `RANDOMKEY`, `DBSIZE`, `FLUSHALL`,
+//!   `FLUSHDB`, `INFO`, `CONFIG`...), blocking commands (`BLPOP`, `BRPOP`, `BLMOVE`, `BZPOPMIN`,
+//!   `WAIT`, `XREAD`/`XREADGROUP`...), transactions (`MULTI`, `EXEC`, `WATCH`...), pub/sub
+//!   (`SUBSCRIBE`, `PUBLISH`...), `SELECT` of another database, `HELLO` (RESP3 is not served yet),
+//!   `AUTH` (not served yet), and anything else unknown.
+//!
+//! Commands are served in pipelined batches as the memcached listener's are (see
+//! [`crate::backend`]): sent to their servers first, one write per server, then the replies read in
+//! the client's order. A server that cannot be reached is a passive-ejection failure and a
+//! one-key command goes to the key's next server; a server that fails after the command was sent
+//! answers `-ERR keyroute: server timeout` (or `connection lost`), counted.
+
+pub(crate) mod codec;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Buf as _;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::backend::{self, Client, Placed, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded};
+use crate::config::CacheListener;
+use crate::pool::{Pool, Snapshot};
+use crate::state::Shared;
+
+/// Commands of one key, the key first.
+pub(crate) const ONE_KEY: &[&str] = &[
+    "APPEND",
+    "BITCOUNT",
+    "BITFIELD",
+    "BITFIELD_RO",
+    "BITPOS",
+    "DECR",
+    "DECRBY",
+    "DUMP",
+    "EXPIRE",
+    "EXPIREAT",
+    "EXPIRETIME",
+    "GEOADD",
+    "GEODIST",
+    "GEOHASH",
+    "GEOPOS",
+    "GEORADIUS_RO",
+    "GEORADIUSBYMEMBER_RO",
+    "GEOSEARCH",
+    "GET",
+    "GETBIT",
+    "GETDEL",
+    "GETEX",
+    "GETRANGE",
+    "GETSET",
+    "HDEL",
+    "HEXISTS",
+    "HEXPIRE",
+    "HGET",
+    "HGETALL",
+    "HINCRBY",
+    "HINCRBYFLOAT",
+    "HKEYS",
+    "HLEN",
+    "HMGET",
+    "HMSET",
+    "HPERSIST",
+    "HRANDFIELD",
+    "HSCAN",
+    "HSET",
+    "HSETNX",
+    "HSTRLEN",
+    "HTTL",
+    "HVALS",
+    "INCR",
+    "INCRBY",
+    "INCRBYFLOAT",
+    "LINDEX",
+    "LINSERT",
+    "LLEN",
+    "LPOP",
+    "LPOS",
+    "LPUSH",
+    "LPUSHX",
+    "LRANGE",
+    "LREM",
+    "LSET",
+    "LTRIM",
+    "PERSIST",
+    "PEXPIRE",
+    "PEXPIREAT",
+    "PEXPIRETIME",
+    "PFADD",
+    "PSETEX",
+    "PTTL",
+    "RESTORE",
+    "RPOP",
+    "RPUSH",
+    "RPUSHX",
+    "SADD",
+    "SCARD",
+    "SET",
+    "SETBIT",
+    "SETEX",
+    "SETNX",
+    "SETRANGE",
+    "SISMEMBER",
+    "SMEMBERS",
+    "SMISMEMBER",
+    "SORT_RO",
+    "SPOP",
+    "SRANDMEMBER",
+    "SREM",
+    "SSCAN",
+    "STRLEN",
+    "SUBSTR",
+    "TTL",
+    "TYPE",
+    "XACK",
+    "XADD",
+    "XAUTOCLAIM",
+    "XCLAIM",
+    "XDEL",
+    "XLEN",
+    "XPENDING",
+    "XRANGE",
+    "XREVRANGE",
+    "XSETID",
+    "XTRIM",
+    "ZADD",
+    "ZCARD",
+    "ZCOUNT",
+    "ZINCRBY",
+    "ZLEXCOUNT",
+    "ZMSCORE",
+    "ZPOPMAX",
+    "ZPOPMIN",
+    "ZRANDMEMBER",
+    "ZRANGE",
+    "ZRANGEBYLEX",
+    "ZRANGEBYSCORE",
+    "ZRANK",
+    "ZREM",
+    "ZREMRANGEBYLEX",
+    "ZREMRANGEBYRANK",
+    "ZREMRANGEBYSCORE",
+    "ZREVRANGE",
+    "ZREVRANGEBYLEX",
+    "ZREVRANGEBYSCORE",
+    "ZREVRANK",
+    "ZSCAN",
+    "ZSCORE",
+    "LCS",
+    "HGETDEL",
+    "HGETEX",
+    "HSETEX",
+    "HPEXPIRE",
+    "HPEXPIREAT",
+    "HEXPIREAT",
+    "HPTTL",
+    "HEXPIRETIME",
+    "HPEXPIRETIME",
+];
+
+/// What a command is refused for, by name.
+fn refusal(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "KEYS" | "SCAN" | "RANDOMKEY" | "DBSIZE" | "FLUSHALL" | "FLUSHDB" | "INFO" | "CONFIG" | "SAVE" | "BGSAVE"
+        | "BGREWRITEAOF" | "LASTSAVE" | "SHUTDOWN" | "SLAVEOF" | "REPLICAOF" | "DEBUG" | "MONITOR" | "SWAPDB"
+        | "MOVE" | "MIGRATE" | "CLUSTER" | "SCRIPT" | "FUNCTION" | "FCALL" | "FCALL_RO" | "SLOWLOG" | "LATENCY"
+        | "MEMORY" | "MODULE" | "ACL" | "ROLE" | "TIME" | "LOLWUT" | "RESET" | "FAILOVER" | "SYNC" | "PSYNC" => {
+            "concerns every server or none, not a key"
+        }
+        "BLPOP" | "BRPOP" | "BRPOPLPUSH" | "BLMOVE" | "BLMPOP" | "BZPOPMIN" | "BZPOPMAX" | "BZMPOP" | "WAIT"
+        | "WAITAOF" | "XREAD" | "XREADGROUP" => "blocks, holding a server connection",
+        "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => "is a transaction, whose keys may be on several servers",
+        "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SUNSUBSCRIBE" | "PUBLISH"
+        | "SPUBLISH" | "PUBSUB" => "is pub/sub, which has no key to place",
+        "HELLO" => "switches protocol: keyroute speaks RESP2 only, for now",
+        "AUTH" => "authenticates: keyroute does not serve AUTH yet",
+        "RENAME" | "RENAMENX" | "SMOVE" | "LMOVE" | "RPOPLPUSH" | "SDIFFSTORE" | "SINTERSTORE" | "SUNIONSTORE"
+        | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" | "ZRANGESTORE" | "GEOSEARCHSTORE" | "BITOP" | "COPY"
+        | "SORT" | "PFMERGE" | "SDIFF" | "SINTER" | "SUNION" | "ZDIFF" | "ZINTER" | "ZUNION" | "PFCOUNT"
+        | "SINTERCARD" | "ZINTERCARD" | "LMPOP" | "ZMPOP" | "OBJECT" | "XINFO" | "XGROUP" => {
+            "takes several keys or a subcommand keyroute does not place"
+        }
+        _ => return None,
+    })
+}
+
+/// A command of the batch, once sent: where its reply comes from.
+enum Pending {
+    /// Answered by the proxy.
+    Ready(Vec<u8>),
+    /// One reply from one server (`node` of the batch's snapshot).
+    One { server: usize, node: usize },
+    /// A split command's parts: (server, node, the client's positions of its keys).
+    Split { how: Merge, parts: Vec<(usize, usize, Vec<usize>)>, n: usize },
+}
+
+/// How a split command's replies merge.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Merge {
+    /// `MGET`: the values, in the client's order.
+    Values,
+    /// `DEL`, `UNLINK`, `EXISTS`, `TOUCH`: the sum.
+    Sum,
+    /// `MSET`: `OK` when every server said so.
+    Ok,
+}
+
+fn error(out: &mut Vec<u8>, message: &str) -> Vec<u8> {
+    out.clear();
+    out.extend_from_slice(b"-ERR keyroute: ");
+    out.extend_from_slice(message.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    std::mem::take(out)
+}
+
+/// Serves one client connection until it closes, sends `QUIT`, or the gateway stops.
+pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shared>, config: CacheListener, _held: H) {
+    let mut c = Client::new(stream, &shared);
+    let mut pending: Vec<Pending> = Vec::new();
+    loop {
+        let Some(pool) = pool_of(&shared, config.pool) else { return };
+        let snap = pool.snapshot();
+        let settings = Settings::of(&snap);
+        let now = Instant::now();
+        let mut close = false;
+        while pending.len() < 1024 {
+            let (n, ranges) = match codec::request(&c.input, config.max_item_bytes) {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(codec::Unframed(why)) => {
+                    pending.push(Pending::Ready(format!("-{why}\r\n").into_bytes()));
+                    close = true;
+                    break;
+                }
+            };
+            let args: Vec<&[u8]> = ranges.iter().map(|r| &c.input[r.clone()]).collect();
+            if args.is_empty() {
+                c.input.advance(n);
+                continue;
+            }
+            let name = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
+            if name == "QUIT" {
+                pending.push(Pending::Ready(b"+OK\r\n".to_vec()));
+                close = true;
+                break;
+            }
+            let raw = &c.input[..n];
+            let p = serve_command(&snap, &pool, &mut c.servers, &settings, &name, &args, raw, now).await;
+            pending.push(p);
+            c.input.advance(n);
+        }
+        backend::flush(&mut c.servers, &settings).await;
+        finish(&snap, &mut pending, &mut c.servers, &settings, now, &mut c.out).await;
+        if !c.reply().await || close {
+            return;
+        }
+        // More whole commands than one batch are served before reading.
+        let more = matches!(codec::request(&c.input, config.max_item_bytes), Ok(Some(_)));
+        if !more && !c.read().await {
+            return;
+        }
+    }
+}
+
+/// One command: answered here, refused, or sent (whole, or split by server).
+#[allow(clippy::too_many_arguments)]
+async fn serve_command(
+    snap: &Snapshot,
+    pool: &Pool,
+    servers: &mut Servers,
+    s: &Settings,
+    name: &str,
+    args: &[&[u8]],
+    raw: &[u8],
+    now: Instant,
+) -> Pending {
+    let mut scratch = Vec::new();
+    let arity = |min: usize| args.len() >= min;
+    match name {
+        "PING" => {
+            let mut o = Vec::new();
+            match args.get(1) {
+                Some(msg) => codec::bulk(&mut o, msg),
+                None => o.extend_from_slice(b"+PONG\r\n"),
+            }
+            return Pending::Ready(o);
+        }
+        "ECHO" if args.len() == 2 => {
+            let mut o = Vec::new();
+            codec::bulk(&mut o, args[1]);
+            return Pending::Ready(o);
+        }
+        "SELECT" if args.len() == 2 => {
+            return Pending::Ready(if args[1] == b"0" {
+                b"+OK\r\n".to_vec()
+            } else {
+                error(&mut scratch, "only database 0 is served (keys of other databases would share its servers)")
+            });
+        }
+        "COMMAND" => return Pending::Ready(b"*0\r\n".to_vec()),
+        "CLIENT" if args.len() >= 2 && matches!(args[1].to_ascii_uppercase().as_slice(), b"SETNAME" | b"SETINFO") => {
+            return Pending::Ready(b"+OK\r\n".to_vec());
+        }
+        "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" if arity(2) => {
+            let how = if name == "MGET" { Merge::Values } else { Merge::Sum };
+            let keys: Vec<&[u8]> = args[1..].to_vec();
+            return split(snap, pool, servers, s, how, args[0], &keys, 1, now).await;
+        }
+        "MSET" if arity(3) && args.len() % 2 == 1 => {
+            let pairs: Vec<&[u8]> = args[1..].to_vec();
+            return split(snap, pool, servers, s, Merge::Ok, args[0], &pairs, 2, now).await;
+        }
+        "MSETNX" if arity(3) && args.len() % 2 == 1 => {
+            let keys: Vec<&[u8]> = args[1..].iter().step_by(2).copied().collect();
+            return together(snap, pool, servers, s, name, &keys, raw, now).await;
+        }
+        "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" if arity(3) => {
+            let numkeys = std::str::from_utf8(args[2]).ok().and_then(|n| n.parse::<usize>().ok());
+            let Some(numkeys) = numkeys.filter(|k| 3 + k <= args.len()) else {
+                return Pending::Ready(b"-ERR Number of keys can't be greater than number of args\r\n".to_vec());
+            };
+            if numkeys == 0 {
+                return Pending::Ready(error(&mut scratch, &format!("{name} without keys has no server to go to")));
+            }
+            return together(snap, pool, servers, s, name, &args[3..3 + numkeys], raw, now).await;
+        }
+        _ => {}
+    }
+    // PFCOUNT of one key counts it; of several it merges them, on one server only.
+    if ONE_KEY.contains(&name) || (name == "PFCOUNT" && args.len() == 2) {
+        if args.len() < 2 {
+            return Pending::Ready(
+                format!("-ERR wrong number of arguments for '{}' command\r\n", name.to_ascii_lowercase()).into_bytes(),
+            );
+        }
+        return one(snap, pool, servers, s, args[1], raw, now).await;
+    }
+    let message = match refusal(name) {
+        Some(why) => format!("{name} {why}: not proxied"),
+        None => format!("unknown command or not proxied: '{}'", name.escape_debug()),
+    };
+    Pending::Ready(error(&mut scratch, &message))
+}
+
+/// The key's placement: its hash tag's, when it has one.
+fn placed(pool: &Pool, snap: &Snapshot, key: &[u8]) -> Placed {
+    Placed::of(pool, snap, codec::hash_tag(key))
+}
+
+/// A command of one key, sent whole to the key's server (past servers that cannot be reached).
+async fn one(
+    snap: &Snapshot,
+    pool: &Pool,
+    servers: &mut Servers,
+    s: &Settings,
+    key: &[u8],
+    raw: &[u8],
+    now: Instant,
+) -> Pending {
+    let hash = placed(pool, snap, key);
+    let mut tried = Vec::new();
+    while tried.len() < s.attempts {
+        let Some(node) = pick(pool, snap, hash, &tried, now) else { break };
+        let w = &snap.workers()[node];
+        let Some(server) = connect(servers, w, s).await else {
+            w.metrics.retries.fetch_add(1, Relaxed);
+            tried.push(node);
+            continue;
+        };
+        servers.0[server].out.extend_from_slice(raw);
+        return Pending::One { server, node };
+    }
+    pool.metrics.no_worker.fetch_add(1, Relaxed);
+    Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec())
+}
+
+/// A command whose keys must share a server (it is atomic there): sent whole to it, or refused.
+#[allow(clippy::too_many_arguments)]
+async fn together(
+    snap: &Snapshot,
+    pool: &Pool,
+    servers: &mut Servers,
+    s: &Settings,
+    name: &str,
+    keys: &[&[u8]],
+    raw: &[u8],
+    now: Instant,
+) -> Pending {
+    let nodes: Vec<Option<usize>> = keys.iter().map(|k| pick(pool, snap, placed(pool, snap, k), &[], now)).collect();
+    if nodes.windows(2).any(|w| w[0] != w[1]) {
+        let mut scratch = Vec::new();
+        return Pending::Ready(error(
+            &mut scratch,
+            &format!("the keys of {name} are on different servers (give them one {{hash tag}})"),
+        ));
+    }
+    one(snap, pool, servers, s, keys[0], raw, now).await
+}
+
+/// A command split by server: each server gets the same command over its keys (`stride` 2: key
+/// and value pairs).
+#[allow(clippy::too_many_arguments)]
+async fn split(
+    snap: &Snapshot,
+    pool: &Pool,
+    servers: &mut Servers,
+    s: &Settings,
+    how: Merge,
+    verb: &[u8],
+    items: &[&[u8]],
+    stride: usize,
+    now: Instant,
+) -> Pending {
+    // node -> the client's positions of its keys
+    let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
+    let n = items.len() / stride;
+    for i in 0..n {
+        let key = items[i * stride];
+        let Some(node) = pick(pool, snap, placed(pool, snap, key), &[], now) else {
+            pool.metrics.no_worker.fetch_add(1, Relaxed);
+            return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
+        };
+        match by_node.iter_mut().find(|(x, _)| *x == node) {
+            Some((_, positions)) => positions.push(i),
+            None => by_node.push((node, vec![i])),
+        }
+    }
+    let mut parts = Vec::with_capacity(by_node.len());
+    for (node, positions) in by_node {
+        let Some(server) = connect(servers, &snap.workers()[node], s).await else {
+            return Pending::Ready(b"-ERR keyroute: a server of these keys cannot be reached\r\n".to_vec());
+        };
+        let words = std::iter::once(verb)
+            .chain(positions.iter().flat_map(|&i| items[i * stride..(i + 1) * stride].iter().copied()));
+        let words: Vec<&[u8]> = words.collect();
+        codec::command(&mut servers.0[server].out, words.into_iter());
+        parts.push((server, node, positions));
+    }
+    Pending::Split { how, parts, n }
+}
+
+/// Reads every reply of the batch, in order, into `out`.
+async fn finish(
+    snap: &Snapshot,
+    pending: &mut Vec<Pending>,
+    servers: &mut Servers,
+    s: &Settings,
+    started: Instant,
+    out: &mut Vec<u8>,
+) {
+    for p in pending.drain(..) {
+        match p {
+            Pending::Ready(bytes) => out.extend_from_slice(&bytes),
+            Pending::One { server, node } => {
+                let w = &snap.workers()[node];
+                let mark = out.len();
+                match reply_into(&mut servers.0[server], s, out).await {
+                    Ok(()) => succeeded(w, started),
+                    Err(why) => {
+                        out.truncate(mark);
+                        failed(w, s);
+                        out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
+                    }
+                }
+            }
+            Pending::Split { how, parts, n } => {
+                let mut replies = Vec::with_capacity(parts.len());
+                let mut failure = None;
+                for (server, node, positions) in parts {
+                    let w = &snap.workers()[node];
+                    let mut r = Vec::new();
+                    match reply_into(&mut servers.0[server], s, &mut r).await {
+                        Ok(()) => {
+                            succeeded(w, started);
+                            replies.push((r, positions));
+                        }
+                        Err(why) => {
+                            failed(w, s);
+                            failure = Some(why);
+                        }
+                    }
+                }
+                merge(how, &replies, n, failure, out);
+            }
+        }
+    }
+    servers.sweep();
+}
+
+/// A split command's reply from its servers' replies.
+fn merge(how: Merge, replies: &[(Vec<u8>, Vec<usize>)], n: usize, failure: Option<&str>, out: &mut Vec<u8>) {
+    if let Some(why) = failure {
+        out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
+        return;
+    }
+    // A server's error is the command's.
+    if let Some((r, _)) = replies.iter().find(|(r, _)| r.first() == Some(&b'-')) {
+        out.extend_from_slice(r);
+        return;
+    }
+    match how {
+        Merge::Ok => out.extend_from_slice(b"+OK\r\n"),
+        Merge::Sum => {
+            let sum: i64 = replies
+                .iter()
+                .filter_map(|(r, _)| std::str::from_utf8(r.strip_prefix(b":")?).ok()?.trim().parse::<i64>().ok())
+                .sum();
+            out.extend_from_slice(format!(":{sum}\r\n").as_bytes());
+        }
+        Merge::Values => {
+            let mut values: Vec<&[u8]> = vec![b"$-1\r\n"; n];
+            for (r, positions) in replies {
+                let Some(elements) = codec::elements(r) else { continue };
+                for (e, &i) in elements.iter().zip(positions) {
+                    values[i] = e;
+                }
+            }
+            out.extend_from_slice(format!("*{n}\r\n").as_bytes());
+            for v in values {
+                out.extend_from_slice(v);
+            }
+        }
+    }
+}
+
+/// Appends the server's next reply to `out`.
+async fn reply_into(server: &mut Server, s: &Settings, out: &mut Vec<u8>) -> Result<(), &'static str> {
+    let frame = |buf: &[u8]| codec::reply_len(buf).map_err(|_| backend::Garbled);
+    backend::answer_into(server, s.answer, out, async |server: &mut Server, out: &mut Vec<u8>| {
+        let n = backend::frame(server, &frame).await?;
+        out.extend_from_slice(&server.buf[..n]);
+        server.buf.advance(n);
+        Ok(())
+    })
+    .await
+}
