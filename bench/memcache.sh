@@ -12,6 +12,10 @@
 #
 # Usage:  bench/memcache.sh
 #         ROUNDS=3 SECONDS_PER_RUN=8 CONNECTIONS=8 DEPTH=16 VALUE_BYTES=100 bench/memcache.sh
+#         PROTOCOL=redis bench/memcache.sh   4 redis-servers, nutcracker with redis: true, keyroute's
+#                                            Redis listener (twemproxy placement); the load is
+#                                            redis-benchmark -t set,get -P DEPTH -c CONNECTIONS
+#                                            -d VALUE_BYTES -r KEYS for REQUESTS requests
 # Needs memcached and nutcracker (installed with apt-get when missing, as root). Starts every process
 # itself on 127.0.0.1 and kills them by PID on exit.
 set -euo pipefail
@@ -25,6 +29,9 @@ DEPTH=${DEPTH:-16}
 VALUE_BYTES=${VALUE_BYTES:-100}
 KEYS=${KEYS:-10000}
 BASE_PORT=${BASE_PORT:-21211}
+PROTOCOL=${PROTOCOL:-memcached}
+REQUESTS=${REQUESTS:-400000}
+[[ $PROTOCOL == memcached || $PROTOCOL == redis ]] || { echo "PROTOCOL is memcached or redis" >&2; exit 64; }
 
 log() { echo "[memcache.sh] $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -38,10 +45,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for tool in memcached nutcracker; do
+tools=(memcached nutcracker)
+[[ $PROTOCOL == redis ]] && tools=(redis-server redis-benchmark nutcracker)
+for tool in "${tools[@]}"; do
     if ! command -v "$tool" >/dev/null && [[ ! -x /usr/sbin/$tool ]]; then
         [[ $(id -u) == 0 ]] || die "$tool missing; run as root so apt-get can install it"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
+        pkg=$tool
+        [[ $tool == redis-benchmark ]] && pkg=redis-tools
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null
     fi
 done
 NUTCRACKER=$(command -v nutcracker || echo /usr/sbin/nutcracker)
@@ -55,15 +66,21 @@ LOAD=$ROOT/target/release/examples/mc_load
 user=()
 [[ $(id -u) == 0 ]] && user=(-u root)
 SERVERS=()
+server() { # $1 = port
+    if [[ $PROTOCOL == redis ]]; then
+        redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+    else
+        memcached -l 127.0.0.1 -p "$1" -U 0 -t 1 -m 256 -c 4096 "${user[@]}" &
+    fi
+    PIDS+=($!)
+}
 for i in 0 1 2 3; do
     port=$((BASE_PORT + i))
-    memcached -l 127.0.0.1 -p "$port" -U 0 -t 1 -m 256 -c 4096 "${user[@]}" &
-    PIDS+=($!)
+    server "$port"
     SERVERS+=("127.0.0.1:$port")
 done
 DIRECT_PORT=$((BASE_PORT + 4))
-memcached -l 127.0.0.1 -p "$DIRECT_PORT" -U 0 -t 1 -m 256 -c 4096 "${user[@]}" &
-PIDS+=($!)
+server "$DIRECT_PORT"
 NUT_PORT=$((BASE_PORT + 10))
 KR_PORT=$((BASE_PORT + 11))
 {
@@ -72,14 +89,24 @@ KR_PORT=$((BASE_PORT + 11))
     echo "  hash: md5"
     echo "  distribution: ketama"
     echo "  timeout: 1000"
+    [[ $PROTOCOL == redis ]] && echo "  redis: true"
     echo "  servers:"
     for s in "${SERVERS[@]}"; do echo "   - $s:1"; done
 } >"$TMP/nutcracker.yml"
 "$NUTCRACKER" -c "$TMP/nutcracker.yml" -s $((BASE_PORT + 12)) -a 127.0.0.1 -o "$TMP/nutcracker.log" &
 NUT_PID=$!
 PIDS+=("$NUT_PID")
-"$KEYROUTE" from-nutcracker "$TMP/nutcracker.yml" --admin "127.0.0.1:$((BASE_PORT + 13))" |
-    sed "s/127.0.0.1:$NUT_PORT/127.0.0.1:$KR_PORT/" >"$TMP/keyroute.toml"
+if [[ $PROTOCOL == redis ]]; then
+    # from-nutcracker converts memcached pools only: the same placement, written out.
+    {
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nprotocol = "redis"\npool = "bench"\n\n' $((BASE_PORT + 13)) "$KR_PORT"
+        printf '[[pool]]\nname = "bench"\nstrategy = "twemproxy"\n[pool.retry]\nper_try_timeout_ms = 1000\n'
+        for s in "${SERVERS[@]}"; do printf '[[pool.worker]]\nname = "%s"\naddress = "%s"\n' "$s" "$s"; done
+    } >"$TMP/keyroute.toml"
+else
+    "$KEYROUTE" from-nutcracker "$TMP/nutcracker.yml" --admin "127.0.0.1:$((BASE_PORT + 13))" |
+        sed "s/127.0.0.1:$NUT_PORT/127.0.0.1:$KR_PORT/" >"$TMP/keyroute.toml"
+fi
 "$KEYROUTE" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.log" 2>&1 &
 KR_PID=$!
 PIDS+=("$KR_PID")
@@ -102,7 +129,17 @@ for round in $(seq "$ROUNDS"); do
         pid=${PID[$target]}
         before=0
         [[ $pid != 0 ]] && before=$(cpu_ticks "$pid")
-        out=$("$LOAD" "127.0.0.1:${PORT[$target]}" "$CONNECTIONS" "$DEPTH" "$SECONDS_PER_RUN" "$VALUE_BYTES" "$KEYS")
+        if [[ $PROTOCOL == redis ]]; then
+            start=$(date +%s.%N)
+            rb=$(redis-benchmark -h 127.0.0.1 -p "${PORT[$target]}" -t set,get -P "$DEPTH" -c "$CONNECTIONS" \
+                -d "$VALUE_BYTES" -r "$KEYS" -n "$REQUESTS" -q 2>&1 | tr '\r' '\n' | grep -E '^(SET|GET):' || true)
+            secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')
+            done_ops=$((2 * REQUESTS))
+            [[ $(grep -c 'requests per second' <<<"$rb") == 2 ]] || done_ops=0
+            out="ops=$done_ops seconds=$secs ops_per_sec=$(awk -v o="$done_ops" -v s="$secs" 'BEGIN { printf "%.0f", o / s }') misses=0 errors=$((done_ops == 0))"
+        else
+            out=$("$LOAD" "127.0.0.1:${PORT[$target]}" "$CONNECTIONS" "$DEPTH" "$SECONDS_PER_RUN" "$VALUE_BYTES" "$KEYS")
+        fi
         after=0
         [[ $pid != 0 ]] && after=$(cpu_ticks "$pid")
         ops=$(sed -E 's/.*ops=([0-9]+) .*/\1/' <<<"$out")
@@ -116,9 +153,9 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-echo "# keyroute memcached listener vs nutcracker"
+echo "# keyroute $PROTOCOL listener vs nutcracker"
 echo
-echo "- command: \`ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH VALUE_BYTES=$VALUE_BYTES KEYS=$KEYS bench/memcache.sh\`"
+echo "- command: \`PROTOCOL=$PROTOCOL ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN REQUESTS=$REQUESTS CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH VALUE_BYTES=$VALUE_BYTES KEYS=$KEYS bench/memcache.sh\`"
 echo "- load: examples/mc_load: $CONNECTIONS connections x $DEPTH pipelined commands (1 SET in 10, single-key GETs), $VALUE_BYTES-byte values, $KEYS keys"
 echo "- 4 memcached (-t 1) behind nutcracker $("$NUTCRACKER" -V 2>&1 | head -1 | awk '{print $NF}') (ketama, md5) and behind keyroute serve --threads 1 (from-nutcracker); direct: one memcached, no proxy"
 echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); nproc: $(nproc); keyroute $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (+ uncommitted changes)')"

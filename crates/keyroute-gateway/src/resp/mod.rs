@@ -39,7 +39,7 @@ use crate::config::CacheListener;
 use crate::pool::{Pool, Snapshot};
 use crate::state::Shared;
 
-/// Commands of one key, the key first.
+/// Commands of one key, the key first (sorted, for a binary search).
 pub(crate) const ONE_KEY: &[&str] = &[
     "APPEND",
     "BITCOUNT",
@@ -56,8 +56,8 @@ pub(crate) const ONE_KEY: &[&str] = &[
     "GEODIST",
     "GEOHASH",
     "GEOPOS",
-    "GEORADIUS_RO",
     "GEORADIUSBYMEMBER_RO",
+    "GEORADIUS_RO",
     "GEOSEARCH",
     "GET",
     "GETBIT",
@@ -68,8 +68,12 @@ pub(crate) const ONE_KEY: &[&str] = &[
     "HDEL",
     "HEXISTS",
     "HEXPIRE",
+    "HEXPIREAT",
+    "HEXPIRETIME",
     "HGET",
     "HGETALL",
+    "HGETDEL",
+    "HGETEX",
     "HINCRBY",
     "HINCRBYFLOAT",
     "HKEYS",
@@ -77,9 +81,14 @@ pub(crate) const ONE_KEY: &[&str] = &[
     "HMGET",
     "HMSET",
     "HPERSIST",
+    "HPEXPIRE",
+    "HPEXPIREAT",
+    "HPEXPIRETIME",
+    "HPTTL",
     "HRANDFIELD",
     "HSCAN",
     "HSET",
+    "HSETEX",
     "HSETNX",
     "HSTRLEN",
     "HTTL",
@@ -87,6 +96,7 @@ pub(crate) const ONE_KEY: &[&str] = &[
     "INCR",
     "INCRBY",
     "INCRBYFLOAT",
+    "LCS",
     "LINDEX",
     "LINSERT",
     "LLEN",
@@ -162,16 +172,6 @@ pub(crate) const ONE_KEY: &[&str] = &[
     "ZREVRANK",
     "ZSCAN",
     "ZSCORE",
-    "LCS",
-    "HGETDEL",
-    "HGETEX",
-    "HSETEX",
-    "HPEXPIRE",
-    "HPEXPIREAT",
-    "HEXPIREAT",
-    "HPTTL",
-    "HEXPIRETIME",
-    "HPEXPIRETIME",
 ];
 
 /// What a command is refused for, by name.
@@ -254,14 +254,22 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                 c.input.advance(n);
                 continue;
             }
-            let name = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
+            let mut upper = [0u8; 32];
+            let name = match args[0] {
+                a if a.len() <= upper.len() => {
+                    upper[..a.len()].copy_from_slice(a);
+                    upper[..a.len()].make_ascii_uppercase();
+                    std::str::from_utf8(&upper[..a.len()]).unwrap_or("?")
+                }
+                _ => "?",
+            };
             if name == "QUIT" {
                 pending.push(Pending::Ready(b"+OK\r\n".to_vec()));
                 close = true;
                 break;
             }
             let raw = &c.input[..n];
-            let p = serve_command(&snap, &pool, &mut c.servers, &settings, &name, &args, raw, now).await;
+            let p = serve_command(&snap, &pool, &mut c.servers, &settings, name, &args, raw, now).await;
             pending.push(p);
             c.input.advance(n);
         }
@@ -343,7 +351,7 @@ async fn serve_command(
         _ => {}
     }
     // PFCOUNT of one key counts it; of several it merges them, on one server only.
-    if ONE_KEY.contains(&name) || (name == "PFCOUNT" && args.len() == 2) {
+    if ONE_KEY.binary_search(&name).is_ok() || (name == "PFCOUNT" && args.len() == 2) {
         if args.len() < 2 {
             return Pending::Ready(
                 format!("-ERR wrong number of arguments for '{}' command\r\n", name.to_ascii_lowercase()).into_bytes(),
@@ -549,4 +557,17 @@ async fn reply_into(server: &mut Server, s: &Settings, out: &mut Vec<u8>) -> Res
         Ok(())
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_one_key_table_is_sorted_and_apart_from_the_refusals() {
+        assert!(ONE_KEY.windows(2).all(|w| w[0] < w[1]), "ONE_KEY must stay sorted for its binary search");
+        for name in ONE_KEY {
+            assert!(refusal(name).is_none(), "{name} is both routed and refused");
+        }
+    }
 }
