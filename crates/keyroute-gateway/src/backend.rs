@@ -198,6 +198,8 @@ pub(crate) struct Client {
     pub(crate) input: BytesMut,
     pub(crate) out: Vec<u8>,
     pub(crate) servers: Servers,
+    /// Connections used one exchange at a time, outside the batches (the warm-up route's).
+    pub(crate) side: Servers,
 }
 
 impl Client {
@@ -209,6 +211,7 @@ impl Client {
             input: BytesMut::with_capacity(4096),
             out: Vec::with_capacity(4096),
             servers: Servers::default(),
+            side: Servers::default(),
         }
     }
 

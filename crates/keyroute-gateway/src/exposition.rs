@@ -140,7 +140,7 @@ const LISTENER_FAMILIES: [(&str, &str, MetricType, fn(&ListenerMetrics) -> u64);
 type PoolRow = (&'static str, &'static str, MetricType, fn(&Pool) -> Value);
 
 /// The pool families that are one counter of the pool's each.
-const POOL_FAMILIES: [PoolRow; 5] = [
+const POOL_FAMILIES: [PoolRow; 7] = [
     ("keyroute_pool_no_worker", "Requests answered 503: no available worker.", MetricType::Counter, |p| {
         Value::Int(p.metrics.no_worker.load(Relaxed))
     }),
@@ -161,6 +161,18 @@ const POOL_FAMILIES: [PoolRow; 5] = [
         "Share of recently seen keys remapped by the last membership change.",
         MetricType::Gauge,
         |p| Value::Float(f64::from_bits(p.metrics.last_remapped_ratio.load(Relaxed))),
+    ),
+    (
+        "keyroute_pool_warm_fills",
+        "Cache listeners: misses on a joining server answered from the key's previous server and filled into the joining one.",
+        MetricType::Counter,
+        |p| Value::Int(p.metrics.warm_fills.load(Relaxed)),
+    ),
+    (
+        "keyroute_pool_warm_invalidations",
+        "Cache listeners: copies on a key's previous server deleted by a write during the warm-up.",
+        MetricType::Counter,
+        |p| Value::Int(p.metrics.warm_invalidations.load(Relaxed)),
     ),
 ];
 

@@ -93,6 +93,11 @@ pub(crate) struct PoolMetrics {
     pub last_remapped_ratio: AtomicU64,
     /// Of the recently seen keys, the total that changed owner over all membership changes.
     pub remapped_keys: AtomicU64,
+    /// Cache listeners: misses on a joining server answered from the key's previous server, and
+    /// filled into the joining one (the warm-up route).
+    pub warm_fills: AtomicU64,
+    /// Cache listeners: copies on a key's previous server invalidated by a write during the warm-up.
+    pub warm_invalidations: AtomicU64,
 }
 
 impl PoolMetrics {

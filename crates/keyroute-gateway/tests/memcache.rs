@@ -339,3 +339,46 @@ async fn a_twemproxy_user_switches_without_a_flush() {
     let _ = std::fs::remove_dir_all(&dir);
     drop(procs);
 }
+
+/// A server joins (handoff window of 8 s): a miss on it is answered from the key's previous
+/// server and filled into it, so no cached value is lost to the join; a write during the window
+/// deletes the previous server's copy, so a later miss is never filled with an older value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_server_warms_from_the_previous_owner() {
+    let (_procs, addrs) = memcacheds(4).await;
+    let gw = start_gateway(&config(&addrs[..3], "rendezvous", "[pool.handoff]\nwindow_ms = 8000\n")).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let keys: Vec<String> = (0..300).map(|i| format!("img-{i}")).collect();
+    for k in &keys {
+        assert_eq!(ask(&mut c, format!("set {k} 7 0 {}\r\n{k}\r\n", k.len()).as_bytes(), "\r\n").await, "STORED\r\n");
+    }
+    let body = format!(r#"{{"name":"{}","address":"{}"}}"#, addrs[3], addrs[3]);
+    let (status, answer) = admin(&gw, "POST", "/workers", &body, None).await;
+    assert!(status.is_success(), "{status} {answer}");
+    // Halfway through the window about half of the newcomer's keys are admitted to it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for k in &keys {
+        let r = ask(&mut c, format!("get {k}\r\n").as_bytes(), "END\r\n").await;
+        assert_eq!(r, format!("VALUE {k} 7 {}\r\n{k}\r\nEND\r\n", k.len()), "no value lost to the join");
+    }
+    // The newcomer holds the keys it was asked for: filled from their previous servers.
+    let mut newcomer = TcpStream::connect(addrs[3]).await.expect("direct");
+    let mut filled = Vec::new();
+    for k in &keys {
+        if ask(&mut newcomer, format!("get {k}\r\n").as_bytes(), "END\r\n").await.starts_with("VALUE") {
+            filled.push(k.clone());
+        }
+    }
+    assert!(!filled.is_empty(), "some keys were filled into the newcomer");
+    let (_, _, metrics) = get(&client(), &format!("http://{}/metrics", gw.admin)).await;
+    let fills: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("keyroute_pool_warm_fills_total{pool=\"cache\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("keyroute_pool_warm_fills_total in {metrics}"));
+    assert_eq!(fills, filled.len() as u64, "each fill counted once");
+    // A delete during the window reaches the copy on the previous server too: no resurrection.
+    let k = &filled[0];
+    assert_eq!(ask(&mut c, format!("delete {k}\r\n").as_bytes(), "\r\n").await, "DELETED\r\n");
+    assert_eq!(ask(&mut c, format!("get {k}\r\n").as_bytes(), "\r\n").await, "END\r\n");
+}

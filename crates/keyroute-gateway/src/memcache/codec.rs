@@ -131,7 +131,7 @@ const SERVER_COMMANDS: [&str; 12] = [
     "extstore",
 ];
 
-fn valid_key(k: &[u8]) -> bool {
+pub(crate) fn valid_key(k: &[u8]) -> bool {
     !k.is_empty() && k.len() <= MAX_KEY && k.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 

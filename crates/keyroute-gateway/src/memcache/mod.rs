@@ -28,6 +28,16 @@
 //!   server up to its `MN`, so it always knows where the answer ends. Under `noreply` nothing is
 //!   sent to the client; in quiet mode what the server did send (a failure) is passed on.
 //!
+//! - **Warm-up on a join** (mcrouter's warm-up route, with `[pool.handoff]`): while a server that
+//!   joined is within its handoff window, the keys admitted to it so far go to it, and a `get` of
+//!   one key that misses there is read on the key's previous server (`mg`, for its flags and time
+//!   to live), answered from there, and added to the joining server (`ms ... ME`, so a write that
+//!   got there first wins), counted in `keyroute_pool_warm_fills_total`. A write of such a key
+//!   (anything but `mg`) also deletes the previous server's copy (`delete ... noreply`, counted in
+//!   `keyroute_pool_warm_invalidations_total`), so that a later miss is never filled with a value
+//!   older than the last write the proxy forwarded. Keys not yet admitted stay on their previous
+//!   server, reads and writes alike. Multi-key gets, `gets` and `gat` are not warmed.
+//!
 //! Limits: keys of 1 to 250 bytes without spaces or control bytes, data blocks up to the
 //! listener's `max_item_bytes` (memcached's `-I`, 1 MiB by default; a larger one is skipped and
 //! answered `SERVER_ERROR object too large for cache`, as memcached does), command lines of
@@ -63,6 +73,12 @@ enum Pending {
     One { server: usize, node: usize, retrieval: bool, answer: Answer, quiet: bool, noreply: bool },
     /// A multi-get's parts (server, node), and its keys in the client's order.
     Multi { parts: Vec<(usize, usize)>, keys: Vec<Vec<u8>> },
+    /// A `get` of one key on a server that joined within the handoff window: its answer, and on
+    /// a miss the key's previous server's value, filled into the new one (the warm-up route).
+    Warm { server: usize, node: usize, previous: usize, key: Vec<u8> },
+    /// An invalidation sent to a key's previous server (`delete KEY noreply` and `mn`): read to
+    /// its `MN` and dropped.
+    Discard { server: usize },
 }
 
 /// Serves one client connection until it closes, sends `quit`, or the gateway stops.
@@ -90,7 +106,8 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                     c.input.advance(n);
                     if skip > c.input.len() {
                         // The block is skipped as it arrives: the answers so far go out first.
-                        finish(&snap, &mut pending, &mut c.servers, &settings, now, &mut c.out).await;
+                        finish(&snap, &pool, &mut pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out)
+                            .await;
                         if !c.reply().await || !c.discard(skip).await {
                             return;
                         }
@@ -130,7 +147,25 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                     let hash = Placed::of(&pool, &snap, &key);
                     let request = &c.input[..total];
                     let p = send_one(&snap, &pool, &mut c.servers, &settings, hash, request, quiet, answer, now).await;
+                    // A write during the warm-up deletes the copy on the key's previous server,
+                    // so that no miss is ever filled with a value older than this write.
+                    let write = !line.starts_with(b"mg ");
+                    let invalidate = match (&p, hash.0) {
+                        (Pending::One { node, .. }, Some(h)) if write => snap.warm_source(h, *node, now),
+                        _ => None,
+                    };
                     pending.push(p);
+                    if let Some(previous) = invalidate
+                        && codec::valid_key(&key)
+                        && let Some(server) = connect(&mut c.servers, &snap.workers()[previous], &settings).await
+                    {
+                        let out = &mut c.servers.0[server].out;
+                        out.extend_from_slice(b"delete ");
+                        out.extend_from_slice(&key);
+                        out.extend_from_slice(b" noreply\r\nmn\r\n");
+                        pool.metrics.warm_invalidations.fetch_add(1, Relaxed);
+                        pending.push(Pending::Discard { server });
+                    }
                     c.input.advance(total);
                 }
                 Ok(Command::Retrieve { kind, exptime, keys }) => {
@@ -139,9 +174,35 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                         Some(key) => {
                             let hash = Placed::of(&pool, &snap, key);
                             let request = &c.input[..n];
-                            send_one(&snap, &pool, &mut c.servers, &settings, hash, request, false, Answer::Line, now)
-                                .await
-                                .retrieval()
+                            let p = send_one(
+                                &snap,
+                                &pool,
+                                &mut c.servers,
+                                &settings,
+                                hash,
+                                request,
+                                false,
+                                Answer::Line,
+                                now,
+                            )
+                            .await
+                            .retrieval();
+                            match (p, hash.0) {
+                                (Pending::One { server, node, .. }, Some(h)) if kind == codec::Retrieval::Get => {
+                                    match snap.warm_source(h, node, now) {
+                                        Some(previous) => Pending::Warm { server, node, previous, key: key.to_vec() },
+                                        None => Pending::One {
+                                            server,
+                                            node,
+                                            retrieval: true,
+                                            answer: Answer::Line,
+                                            quiet: false,
+                                            noreply: false,
+                                        },
+                                    }
+                                }
+                                (p, _) => p,
+                            }
                         }
                         None => send_multi(&snap, &pool, &mut c.servers, &settings, kind, exptime, keys, now).await,
                     };
@@ -150,7 +211,7 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                 }
             }
         }
-        finish(&snap, &mut pending, &mut c.servers, &settings, now, &mut c.out).await;
+        finish(&snap, &pool, &mut pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
         if !c.reply().await || close {
             return;
         }
@@ -273,10 +334,13 @@ async fn send_multi(
 
 /// Writes the batch's requests (one write per server), then reads every answer, in order, into
 /// `out`.
+#[allow(clippy::too_many_arguments)]
 async fn finish(
     snap: &Snapshot,
+    pool: &Pool,
     pending: &mut Vec<Pending>,
     servers: &mut Servers,
+    side: &mut Servers,
     s: &Settings,
     started: Instant,
     out: &mut Vec<u8>,
@@ -294,6 +358,31 @@ async fn finish(
                         succeeded(w, started);
                         if noreply {
                             out.truncate(mark);
+                        }
+                    }
+                    Err(why) => {
+                        out.truncate(mark);
+                        failed(w, s);
+                        out.extend_from_slice(b"SERVER_ERROR ");
+                        out.extend_from_slice(why.as_bytes());
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+            }
+            Pending::Discard { server } => {
+                let mut dropped = Vec::new();
+                let _ = answer_into(&mut servers.0[server], false, Answer::Line, true, s.answer, &mut dropped).await;
+            }
+            Pending::Warm { server, node, previous, key } => {
+                let w = &snap.workers()[node];
+                let mark = out.len();
+                match answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, out).await {
+                    Ok(()) => {
+                        succeeded(w, started);
+                        if &out[mark..] == b"END\r\n" {
+                            out.truncate(mark);
+                            warm_fill(snap, pool, side, s, &key, previous, node, out).await;
+                            out.extend_from_slice(b"END\r\n");
                         }
                     }
                     Err(why) => {
@@ -364,4 +453,70 @@ async fn answer_into(
         }
     })
     .await
+}
+
+/// The warm-up route's miss: the value on the key's previous server (read with `mg`, for its
+/// flags and remaining time to live), appended to `out` as a `VALUE` block, and added to the
+/// joining server (`ms ... ME`: an add, so that a write that got there first wins). Both go over
+/// the client's side connections, outside the batch, whose answers are read in order.
+#[allow(clippy::too_many_arguments)]
+async fn warm_fill(
+    snap: &Snapshot,
+    pool: &Pool,
+    side: &mut Servers,
+    s: &Settings,
+    key: &[u8],
+    previous: usize,
+    joined: usize,
+    out: &mut Vec<u8>,
+) {
+    let old = &snap.workers()[previous];
+    let Some(p) = connect(side, old, s).await else { return };
+    let server = &mut side.0[p];
+    server.out.extend_from_slice(b"mg ");
+    server.out.extend_from_slice(key);
+    server.out.extend_from_slice(b" v f t\r\n");
+    backend::flush(side, s).await;
+    let mut answer = Vec::new();
+    if answer_into(&mut side.0[p], false, Answer::Meta, false, s.answer, &mut answer).await.is_err() {
+        failed(old, s);
+        side.sweep();
+        return;
+    }
+    // VA <size> f<flags> t<ttl>\r\n<data>\r\n
+    let Some((n, head)) = codec::line(&answer) else { return };
+    let mut words = head.split(|&b| b == b' ');
+    if words.next() != Some(b"VA") {
+        return;
+    }
+    let size = words.next().and_then(|w| std::str::from_utf8(w).ok()).and_then(|w| w.parse::<usize>().ok());
+    let (mut flags, mut ttl) = ("0".to_owned(), "0".to_owned());
+    for w in words {
+        let text = String::from_utf8_lossy(&w[1.min(w.len())..]).into_owned();
+        match w.first() {
+            Some(b'f') => flags = text,
+            // -1: no expiry, which a set says as 0.
+            Some(b't') if text != "-1" => ttl = text,
+            _ => {}
+        }
+    }
+    let Some(size) = size.filter(|&z| answer.len() >= n + z) else { return };
+    let data = &answer[n..n + size];
+    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(key);
+    out.extend_from_slice(format!(" {flags} {size}\r\n").as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    pool.metrics.warm_fills.fetch_add(1, Relaxed);
+    let Some(j) = connect(side, &snap.workers()[joined], s).await else { return };
+    let server = &mut side.0[j];
+    server.out.extend_from_slice(b"ms ");
+    server.out.extend_from_slice(key);
+    server.out.extend_from_slice(format!(" {size} F{flags} T{ttl} ME q\r\n").as_bytes());
+    server.out.extend_from_slice(data);
+    server.out.extend_from_slice(b"\r\nmn\r\n");
+    backend::flush(side, s).await;
+    let mut dropped = Vec::new();
+    let _ = answer_into(&mut side.0[j], false, Answer::Meta, true, s.answer, &mut dropped).await;
+    side.sweep();
 }

@@ -287,6 +287,18 @@ impl Snapshot {
         if reports == 0 { 0.0 } else { hits as f64 / reports as f64 }
     }
 
+    /// A cache pool's warm route for a key placed on `node`: when `node` joined within the
+    /// handoff window (and is still warming at `now`) and the key's owner before it joined was
+    /// another member, that member. A miss on `node` is then read there and filled into `node`
+    /// (mcrouter's warm-up route), and a write invalidates the copy there.
+    pub(crate) fn warm_source(&self, hash: u64, node: usize, now: Instant) -> Option<usize> {
+        let w = self.warm.as_ref()?;
+        if !w.handoff.is_warming(node) || w.progress(node, now) >= 1.0 {
+            return None;
+        }
+        w.handoff.previous_owner(hash).filter(|&p| p != node)
+    }
+
     /// Member `i`'s warm-up progress at `now` (1 when it is not warming), for reports: the handoff's
     /// and slow start's, whichever holds it back more.
     pub(crate) fn warm_progress(&self, i: usize, now: Instant) -> f64 {
