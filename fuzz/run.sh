@@ -20,7 +20,7 @@ if [[ $# -gt 0 && "$1" =~ ^[0-9]+$ ]]; then
     seconds="$1"
     shift
 fi
-all=(config key_template admin_json request http1_differential memcache_codec)
+all=(config key_template admin_json request http1_differential memcache_codec resp_codec)
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=("${all[@]}")
 nice_level="${FUZZ_NICE:-10}"

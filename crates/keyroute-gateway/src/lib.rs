@@ -115,4 +115,5 @@ pub use table::TooLarge;
 pub mod fuzzing {
     pub use crate::admin::fuzzing::{add_worker, patch_worker};
     pub use crate::memcache::codec::check_invariants as memcache_codec;
+    pub use crate::resp::codec::check_invariants as resp_codec;
 }

@@ -1,0 +1,11 @@
+//! The Redis listener's RESP codec on arbitrary bytes, as client requests and as server replies
+//! (`keyroute_gateway::fuzzing::resp_codec`): never a panic, arguments within their request and
+//! their limit, replies framed within their buffer and never longer for a prefix of it, array
+//! elements that fit their array.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    keyroute_gateway::fuzzing::resp_codec(data);
+});
