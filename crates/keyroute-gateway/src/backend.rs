@@ -49,6 +49,9 @@ pub(crate) struct Settings {
     pub(crate) connect: Duration,
     pub(crate) attempts: usize,
     pub(crate) may_eject: bool,
+    /// Sent first on every new server connection (Redis's `AUTH`), whose one-line answer must
+    /// start with `+`.
+    pub(crate) greeting: Option<Arc<[u8]>>,
 }
 
 impl Settings {
@@ -59,6 +62,7 @@ impl Settings {
             connect: snap.config().connect_timeout,
             attempts: snap.config().retry.attempts.max(1) as usize,
             may_eject: snap.may_eject(),
+            greeting: None,
         }
     }
 }
@@ -156,9 +160,28 @@ pub(crate) async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings
     if let Some(i) = servers.find(w.address) {
         return (!servers.0[i].broken).then_some(i);
     }
-    match tokio::time::timeout(s.connect, TcpStream::connect(w.address)).await {
+    let open = async {
+        let mut stream = TcpStream::connect(w.address).await?;
+        let _ = stream.set_nodelay(true);
+        if let Some(greeting) = &s.greeting {
+            stream.write_all(greeting).await?;
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while !line.ends_with(b"\n") && line.len() < 512 {
+                if stream.read(&mut byte).await? == 0 {
+                    break;
+                }
+                line.push(byte[0]);
+            }
+            if !line.starts_with(b"+") {
+                tracing::warn!(server = %w.address, answer = %String::from_utf8_lossy(&line).trim_end(), "the server refused the proxy's AUTH");
+                return Err(std::io::Error::other("refused the proxy's AUTH"));
+            }
+        }
+        Ok::<TcpStream, std::io::Error>(stream)
+    };
+    match tokio::time::timeout(s.connect, open).await {
         Ok(Ok(stream)) => {
-            let _ = stream.set_nodelay(true);
             servers.0.push(Server {
                 addr: w.address,
                 stream,

@@ -23,11 +23,16 @@ impl Drop for Proc {
 }
 
 async fn redis_servers(n: usize) -> (Vec<Proc>, Vec<SocketAddr>) {
+    redis_servers_with(n, &[]).await
+}
+
+async fn redis_servers_with(n: usize, extra: &[&str]) -> (Vec<Proc>, Vec<SocketAddr>) {
     let (mut procs, mut addrs) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -250,4 +255,34 @@ async fn a_dead_redis_server_moves_only_its_keys() {
         }
     }
     assert!(errors <= 1, "{errors}: only a command already sent to the dead server may fail");
+}
+
+/// Passwords: clients AUTH to the proxy (NOAUTH before, WRONGPASS for a wrong one), and the proxy
+/// AUTHs to servers that require it; a server whose password is not the proxy's is a failed
+/// connect, and the key moves to the next server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_to_the_proxy_and_to_the_servers() {
+    let (_procs, addrs) = redis_servers_with(2, &["--requirepass", "s3rver"]).await;
+    let text = config(&addrs, "rendezvous").replace(
+        "protocol = \"redis\"\n",
+        "protocol = \"redis\"\npassword = \"cl1ent\"\nserver_password = \"s3rver\"\n",
+    );
+    let gw = start_gateway(&text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, &cmd(&["GET", "k"]), 1).await, "-NOAUTH Authentication required.\r\n");
+    assert_eq!(
+        ask(&mut c, &cmd(&["AUTH", "nope"]), 1).await,
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+    assert_eq!(ask(&mut c, &cmd(&["AUTH", "default", "cl1ent"]), 1).await, "+OK\r\n");
+    for i in 0..20 {
+        assert_eq!(ask(&mut c, &cmd(&["SET", &format!("k{i}"), "v"]), 1).await, "+OK\r\n");
+    }
+    assert_eq!(ask(&mut c, &cmd(&["MGET", "k1", "k2", "k3"]), 1).await, "*3\r\n$1\r\nv\r\n$1\r\nv\r\n$1\r\nv\r\n");
+    // A proxy with the wrong server password reaches no server.
+    let wrong = text.replace("server_password = \"s3rver\"", "server_password = \"other\"");
+    let gw2 = start_gateway(&wrong).await;
+    let mut c2 = TcpStream::connect(gw2.addr).await.expect("connect");
+    assert_eq!(ask(&mut c2, &cmd(&["AUTH", "cl1ent"]), 1).await, "+OK\r\n");
+    assert_eq!(ask(&mut c2, &cmd(&["GET", "k1"]), 1).await, "-ERR keyroute: no server available\r\n");
 }

@@ -117,6 +117,10 @@ pub struct CacheListener {
     /// The largest value taken (memcached's `-I`, 1 MiB by default; for Redis, each argument of a
     /// command, 16 MiB by default).
     pub max_item_bytes: usize,
+    /// Redis: the password clients give with `AUTH` before any other command (none: no `AUTH`).
+    pub password: Option<String>,
+    /// Redis: the password the proxy gives each server with `AUTH` when it connects.
+    pub server_password: Option<String>,
 }
 
 /// A cache protocol a listener speaks.
@@ -438,7 +442,13 @@ weight = 2
         let c = Config::parse(&mc("max_item_bytes = 2048\n"), "k.toml").expect("valid");
         assert_eq!(
             c.listeners[0].cache,
-            Some(CacheListener { protocol: CacheProtocol::Memcached, pool: 0, max_item_bytes: 2048 })
+            Some(CacheListener {
+                protocol: CacheProtocol::Memcached,
+                pool: 0,
+                max_item_bytes: 2048,
+                password: None,
+                server_password: None
+            })
         );
         assert!(c.listeners[0].routes.is_empty());
         for (edit, line, field, needle) in [
@@ -450,6 +460,7 @@ weight = 2
             ),
             (mc("pool = \"nope\"\n"), 5, "listener.listener-1.pool", "no pool named 'nope'"),
             (mc("max_item_bytes = 10\n"), 5, "listener.listener-1.max_item_bytes", "1024..="),
+            (mc("password = \"x\"\n"), 5, "listener.listener-1.password", "only a Redis listener"),
             (mc("h2c = true\n"), 5, "listener.listener-1.h2c", "speaks no HTTP"),
             (mc("[[listener.route]]\npool = \"thumbs\"\n"), 6, "listener.listener-1.route", "speaks no HTTP"),
             (

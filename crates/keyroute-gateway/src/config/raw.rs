@@ -42,6 +42,8 @@ pub(super) struct RawListener {
     pub(super) protocol: Option<Spanned<String>>,
     pub(super) pool: Option<Spanned<String>>,
     pub(super) max_item_bytes: Option<Spanned<usize>>,
+    pub(super) password: Option<Spanned<String>>,
+    pub(super) server_password: Option<Spanned<String>>,
     pub(super) tls: Option<RawTls>,
     pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]

@@ -399,6 +399,9 @@ fn validate_protocol(
                 "only a memcached or Redis listener takes max_item_bytes",
             );
         }
+        if let Some(p) = l.password.as_ref().or(l.server_password.as_ref()) {
+            return ctx.err(Some(p.span()), field("password"), "only a Redis listener takes passwords");
+        }
         return Ok(None);
     };
     // What only HTTP has.
@@ -455,7 +458,21 @@ fn validate_protocol(
             );
         }
     };
-    Ok(Some(CacheListener { protocol, pool, max_item_bytes }))
+    let mut passwords = [None, None];
+    for (slot, (name, value)) in
+        passwords.iter_mut().zip([("password", &l.password), ("server_password", &l.server_password)])
+    {
+        let Some(v) = value else { continue };
+        if protocol != CacheProtocol::Redis {
+            return ctx.err(Some(v.span()), field(name), "only a Redis listener takes passwords");
+        }
+        if v.get_ref().is_empty() || v.get_ref().contains(['\r', '\n']) {
+            return ctx.err(Some(v.span()), field(name), "must be non-empty, on one line");
+        }
+        *slot = Some(v.get_ref().clone());
+    }
+    let [password, server_password] = passwords;
+    Ok(Some(CacheListener { protocol, pool, max_item_bytes, password, server_password }))
 }
 
 /// A listener's `[[listener.route]]`s (one to the only pool when it has none).

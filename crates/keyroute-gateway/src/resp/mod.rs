@@ -17,7 +17,11 @@
 //!   `FLUSHDB`, `INFO`, `CONFIG`...), blocking commands (`BLPOP`, `BRPOP`, `BLMOVE`, `BZPOPMIN`,
 //!   `WAIT`, `XREAD`/`XREADGROUP`...), transactions (`MULTI`, `EXEC`, `WATCH`...), pub/sub
 //!   (`SUBSCRIBE`, `PUBLISH`...), `SELECT` of another database, `HELLO` (RESP3 is not served yet),
-//!   `AUTH` (not served yet), and anything else unknown.
+//!   and anything else unknown.
+//! - **Passwords**: with `password` on the listener, a client must `AUTH PASSWORD` (or `AUTH
+//!   default PASSWORD`) first; every other command gets `-NOAUTH` until then, and a wrong one
+//!   `-WRONGPASS`, as Redis answers. With `server_password`, the proxy sends `AUTH` on every
+//!   connection it opens to a server (a server that refuses it is a failed connect).
 //!
 //! Commands are served in pipelined batches as the memcached listener's are (see
 //! [`crate::backend`]): sent to their servers first, one write per server, then the replies read in
@@ -189,7 +193,7 @@ fn refusal(name: &str) -> Option<&'static str> {
         "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SUNSUBSCRIBE" | "PUBLISH"
         | "SPUBLISH" | "PUBSUB" => "is pub/sub, which has no key to place",
         "HELLO" => "switches protocol: keyroute speaks RESP2 only, for now",
-        "AUTH" => "authenticates: keyroute does not serve AUTH yet",
+        "AUTH" => "authenticates, and this listener has no password (set password on the listener)",
         "RENAME" | "RENAMENX" | "SMOVE" | "LMOVE" | "RPOPLPUSH" | "SDIFFSTORE" | "SINTERSTORE" | "SUNIONSTORE"
         | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" | "ZRANGESTORE" | "GEOSEARCHSTORE" | "BITOP" | "COPY"
         | "SORT" | "PFMERGE" | "SDIFF" | "SINTER" | "SUNION" | "ZDIFF" | "ZINTER" | "ZUNION" | "PFCOUNT"
@@ -233,10 +237,18 @@ fn error(out: &mut Vec<u8>, message: &str) -> Vec<u8> {
 pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shared>, config: CacheListener, _held: H) {
     let mut c = Client::new(stream, &shared);
     let mut pending: Vec<Pending> = Vec::new();
+    // The proxy's AUTH to each server it connects to.
+    let greeting: Option<Arc<[u8]>> = config.server_password.as_ref().map(|p| {
+        let mut g = Vec::new();
+        codec::command(&mut g, [&b"AUTH"[..], p.as_bytes()].into_iter());
+        Arc::from(g)
+    });
+    let mut authenticated = config.password.is_none();
     loop {
         let Some(pool) = pool_of(&shared, config.pool) else { return };
         let snap = pool.snapshot();
-        let settings = Settings::of(&snap);
+        let mut settings = Settings::of(&snap);
+        settings.greeting = greeting.clone();
         let now = Instant::now();
         let mut close = false;
         while pending.len() < 1024 {
@@ -268,6 +280,28 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                 close = true;
                 break;
             }
+            if name == "AUTH" && config.password.is_some() {
+                // AUTH PASSWORD, or AUTH default PASSWORD (Redis 6's form).
+                let given = match args.len() {
+                    2 => Some(args[1]),
+                    3 if args[1] == b"default" => Some(args[2]),
+                    _ => None,
+                };
+                authenticated = given.is_some_and(|g| matches_password(g, config.password.as_deref().unwrap_or("")));
+                let answer: &[u8] = match (given, authenticated) {
+                    (None, _) => b"-ERR wrong number of arguments for 'auth' command\r\n",
+                    (_, true) => b"+OK\r\n",
+                    (_, false) => b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+                };
+                pending.push(Pending::Ready(answer.to_vec()));
+                c.input.advance(n);
+                continue;
+            }
+            if !authenticated {
+                pending.push(Pending::Ready(b"-NOAUTH Authentication required.\r\n".to_vec()));
+                c.input.advance(n);
+                continue;
+            }
             let raw = &c.input[..n];
             let p = serve_command(&snap, &pool, &mut c.servers, &settings, name, &args, raw, now).await;
             pending.push(p);
@@ -284,6 +318,12 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
             return;
         }
     }
+}
+
+/// Whether `given` is the listener's password, in time independent of where they differ.
+fn matches_password(given: &[u8], password: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    bool::from(given.ct_eq(password.as_bytes()))
 }
 
 /// One command: answered here, refused, or sent (whole, or split by server).
