@@ -133,6 +133,9 @@ impl Placed {
         }
         let hash = policy.key_hash(key);
         pool.record_key(hash);
+        if let Some(hot) = snap.hot() {
+            hot.observe(hash, &String::from_utf8_lossy(key));
+        }
         Placed(Some(hash))
     }
 }
@@ -223,6 +226,8 @@ pub(crate) struct Client {
     pub(crate) servers: Servers,
     /// Connections used one exchange at a time, outside the batches (the warm-up route's).
     pub(crate) side: Servers,
+    /// Which replica of a hot key the next read takes.
+    pub(crate) turn: usize,
 }
 
 impl Client {
@@ -235,6 +240,7 @@ impl Client {
             out: Vec::with_capacity(4096),
             servers: Servers::default(),
             side: Servers::default(),
+            turn: 0,
         }
     }
 

@@ -382,3 +382,66 @@ async fn a_joining_server_warms_from_the_previous_owner() {
     assert_eq!(ask(&mut c, format!("delete {k}\r\n").as_bytes(), "\r\n").await, "DELETED\r\n");
     assert_eq!(ask(&mut c, format!("get {k}\r\n").as_bytes(), "\r\n").await, "END\r\n");
 }
+
+/// A hot key (hot-key replication on the pool): its reads spread over its replicas, a `set` goes
+/// to every replica, and another write goes to one and deletes the others' copies, so that no
+/// replica serves a value older than the last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_is_read_from_its_replicas_and_written_to_all_of_them() {
+    let (_procs, addrs) = memcacheds(4).await;
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, b"set viral 0 0 2\r\nv1\r\n", "\r\n").await, "STORED\r\n");
+    // A burst of reads makes it hot: pipelines of 50 gets for a second and more.
+    let burst: String = (0..50).map(|_| "get viral\r\n").collect();
+    let mut replicas = 0;
+    for _ in 0..60 {
+        c.write_all(burst.as_bytes()).await.expect("write");
+        let mut answers = String::new();
+        while answers.matches("END\r\n").count() < 50 {
+            answers.push_str(&read_until(&mut c, "END\r\n").await);
+        }
+        assert_eq!(answers.matches("VALUE viral 0 2\r\nv1\r\n").count(), 50, "every read hits");
+        let (_, v) = admin(&gw, "GET", "/hotkeys", "", None).await;
+        replicas = v["pools"][0]["keys"]
+            .as_array()
+            .and_then(|ks| ks.iter().find(|k| k["key"] == "viral"))
+            .and_then(|k| k["replicas"].as_u64())
+            .unwrap_or(0);
+        if replicas > 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(replicas > 1, "the key became hot with replicas");
+    let holders = |value: &'static str| {
+        let addrs = addrs.clone();
+        async move {
+            let mut n = 0;
+            for a in &addrs {
+                let mut d = TcpStream::connect(a).await.expect("direct");
+                if ask(&mut d, b"get viral\r\n", "END\r\n").await.contains(value) {
+                    n += 1;
+                }
+            }
+            n
+        }
+    };
+    // A set reaches every replica.
+    assert_eq!(ask(&mut c, b"set viral 0 0 2\r\nv2\r\n", "\r\n").await, "STORED\r\n");
+    assert_eq!(holders("v2").await, replicas, "every replica holds the new value");
+    // Reads through the proxy all see it, whichever replica serves them.
+    for _ in 0..20 {
+        assert_eq!(ask(&mut c, b"get viral\r\n", "END\r\n").await, "VALUE viral 0 2\r\nv2\r\nEND\r\n");
+    }
+    // An append changes one copy and deletes the others: no replica keeps "v2".
+    assert_eq!(ask(&mut c, b"append viral 0 0 1\r\n!\r\n", "\r\n").await, "STORED\r\n");
+    assert_eq!(holders("v2!").await, 1);
+    assert_eq!(holders("VALUE viral 0 2\r\n").await, 0, "no replica serves the value before the append");
+    // Reads keep hitting: a replica's miss is filled from the owner.
+    for _ in 0..20 {
+        assert_eq!(ask(&mut c, b"get viral\r\n", "END\r\n").await, "VALUE viral 0 3\r\nv2!\r\nEND\r\n");
+    }
+    assert!(holders("v2!").await > 1, "replicas filled again from the owner");
+}

@@ -37,6 +37,12 @@
 //!   `keyroute_pool_warm_invalidations_total`), so that a later miss is never filled with a value
 //!   older than the last write the proxy forwarded. Keys not yet admitted stay on their previous
 //!   server, reads and writes alike. Multi-key gets, `gets` and `gat` are not warmed.
+//! - **Hot keys** (with `[pool.hot_keys]`, detected as for HTTP, their replica count growing and
+//!   shrinking with their rate): reads of a hot key spread over its replicas (the first of its
+//!   ranking), and a miss on a replica is filled from the key's owner as above; a `set` goes to
+//!   every replica, and any other write (`cas`, `incr`, `append`, meta...) to the first one, with
+//!   the others' copies deleted, so that no replica serves a value older than the last write the
+//!   proxy forwarded.
 //!
 //! Limits: keys of 1 to 250 bytes without spaces or control bytes, data blocks up to the
 //! listener's `max_item_bytes` (memcached's `-I`, 1 MiB by default; a larger one is skipped and
@@ -76,9 +82,9 @@ enum Pending {
     /// A `get` of one key on a server that joined within the handoff window: its answer, and on
     /// a miss the key's previous server's value, filled into the new one (the warm-up route).
     Warm { server: usize, node: usize, previous: usize, key: Vec<u8> },
-    /// An invalidation sent to a key's previous server (`delete KEY noreply` and `mn`): read to
-    /// its `MN` and dropped.
-    Discard { server: usize },
+    /// An answer read and dropped: an invalidation (`delete KEY noreply` and `mn`, read to its
+    /// `MN`), or a hot key's write to a replica other than the one that answers the client.
+    Discard { server: usize, answer: Answer, quiet: bool },
 }
 
 /// Serves one client connection until it closes, sends `quit`, or the gateway stops.
@@ -146,10 +152,34 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                     }
                     let hash = Placed::of(&pool, &snap, &key);
                     let request = &c.input[..total];
+                    let write = !line.starts_with(b"mg ");
+                    let replicas = match (snap.hot(), hash.0) {
+                        (Some(hot), Some(h)) if write => hot.replicas(h),
+                        _ => 0,
+                    };
+                    if replicas > 1 && codec::valid_key(&key) {
+                        // A hot key's write: to every replica, so that none serves an older value.
+                        let plain_set = line.starts_with(b"set ");
+                        hot_write(
+                            &snap,
+                            &mut c.servers,
+                            &settings,
+                            hash,
+                            replicas,
+                            request,
+                            plain_set,
+                            &key,
+                            quiet,
+                            answer,
+                            &mut pending,
+                        )
+                        .await;
+                        c.input.advance(total);
+                        continue;
+                    }
                     let p = send_one(&snap, &pool, &mut c.servers, &settings, hash, request, quiet, answer, now).await;
                     // A write during the warm-up deletes the copy on the key's previous server,
                     // so that no miss is ever filled with a value older than this write.
-                    let write = !line.starts_with(b"mg ");
                     let invalidate = match (&p, hash.0) {
                         (Pending::One { node, .. }, Some(h)) if write => snap.warm_source(h, *node, now),
                         _ => None,
@@ -164,7 +194,7 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                         out.extend_from_slice(&key);
                         out.extend_from_slice(b" noreply\r\nmn\r\n");
                         pool.metrics.warm_invalidations.fetch_add(1, Relaxed);
-                        pending.push(Pending::Discard { server });
+                        pending.push(Pending::Discard { server, answer: Answer::Line, quiet: true });
                     }
                     c.input.advance(total);
                 }
@@ -174,22 +204,35 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                         Some(key) => {
                             let hash = Placed::of(&pool, &snap, key);
                             let request = &c.input[..n];
-                            let p = send_one(
-                                &snap,
-                                &pool,
-                                &mut c.servers,
-                                &settings,
-                                hash,
-                                request,
-                                false,
-                                Answer::Line,
-                                now,
-                            )
-                            .await
-                            .retrieval();
+                            // A hot key's reads take its replicas in turn.
+                            let hot = hot_replica(&snap, hash, &mut c.turn, now);
+                            let p = match hot {
+                                Some(node) => send_to(&snap, &mut c.servers, &settings, node, request).await,
+                                None => None,
+                            };
+                            let p = match p {
+                                Some(p) => p,
+                                None => send_one(
+                                    &snap,
+                                    &pool,
+                                    &mut c.servers,
+                                    &settings,
+                                    hash,
+                                    request,
+                                    false,
+                                    Answer::Line,
+                                    now,
+                                )
+                                .await
+                                .retrieval(),
+                            };
                             match (p, hash.0) {
                                 (Pending::One { server, node, .. }, Some(h)) if kind == codec::Retrieval::Get => {
-                                    match snap.warm_source(h, node, now) {
+                                    // A joining server warms from the key's previous one; a
+                                    // hot key's replica from the key's owner.
+                                    let hot_owner =
+                                        hot.and_then(|_| snap.policy().owner(h)).filter(|&owner| owner != node);
+                                    match snap.warm_source(h, node, now).or(hot_owner) {
                                         Some(previous) => Pending::Warm { server, node, previous, key: key.to_vec() },
                                         None => Pending::One {
                                             server,
@@ -369,9 +412,9 @@ async fn finish(
                     }
                 }
             }
-            Pending::Discard { server } => {
+            Pending::Discard { server, answer, quiet } => {
                 let mut dropped = Vec::new();
-                let _ = answer_into(&mut servers.0[server], false, Answer::Line, true, s.answer, &mut dropped).await;
+                let _ = answer_into(&mut servers.0[server], false, answer, quiet, s.answer, &mut dropped).await;
             }
             Pending::Warm { server, node, previous, key } => {
                 let w = &snap.workers()[node];
@@ -519,4 +562,83 @@ async fn warm_fill(
     let mut dropped = Vec::new();
     let _ = answer_into(&mut side.0[j], false, Answer::Meta, true, s.answer, &mut dropped).await;
     side.sweep();
+}
+
+/// A write of a hot key with `replicas` replicas (the first of its ranking): a plain `set` goes to
+/// each of them; any other write (`cas`, `incr`, `append`, meta...) goes to the first reachable and
+/// deletes the others' copies, since its result depends on what each held. The first reachable
+/// one's answer is the client's; the others' are dropped.
+#[allow(clippy::too_many_arguments)]
+async fn hot_write(
+    snap: &Snapshot,
+    servers: &mut Servers,
+    s: &Settings,
+    hash: Placed,
+    replicas: usize,
+    request: &[u8],
+    plain_set: bool,
+    key: &[u8],
+    quiet: bool,
+    answer: Answer,
+    pending: &mut Vec<Pending>,
+) {
+    let Some(h) = hash.0 else { return };
+    let ranked: Vec<usize> = snap.policy().ranked(h).take(replicas).collect();
+    let mut answered = false;
+    for node in ranked {
+        let w = &snap.workers()[node];
+        if !matches!(snap.state(node, Instant::now()), crate::pool::State::Healthy) {
+            continue;
+        }
+        let Some(server) = connect(servers, w, s).await else { continue };
+        let out = &mut servers.0[server].out;
+        if !answered {
+            out.extend_from_slice(request);
+            if quiet {
+                out.extend_from_slice(b"mn\r\n");
+            }
+            let noreply = quiet && answer == Answer::Line;
+            pending.push(Pending::One { server, node, retrieval: false, answer, quiet, noreply });
+            answered = true;
+        } else if plain_set {
+            out.extend_from_slice(request);
+            if quiet {
+                out.extend_from_slice(b"mn\r\n");
+            }
+            pending.push(Pending::Discard { server, answer, quiet });
+        } else {
+            out.extend_from_slice(b"delete ");
+            out.extend_from_slice(key);
+            out.extend_from_slice(b" noreply\r\nmn\r\n");
+            pending.push(Pending::Discard { server, answer: Answer::Line, quiet: true });
+        }
+    }
+    if !answered {
+        pending.push(Pending::Ready(b"SERVER_ERROR no server available\r\n"));
+    }
+}
+
+/// For a hot key (more than one replica), the replica this read takes: the healthy ones of the
+/// first of its ranking, in turn per client connection (`turn`).
+fn hot_replica(snap: &Snapshot, hash: Placed, turn: &mut usize, now: Instant) -> Option<usize> {
+    let h = hash.0?;
+    let r = snap.hot()?.replicas(h);
+    if r < 2 {
+        return None;
+    }
+    let healthy: Vec<usize> =
+        snap.policy().ranked(h).take(r).filter(|&i| snap.state(i, now) == crate::pool::State::Healthy).collect();
+    if healthy.is_empty() {
+        return None;
+    }
+    *turn = turn.wrapping_add(1);
+    Some(healthy[*turn % healthy.len()])
+}
+
+/// A retrieval of one key sent to `node` (`None` when it cannot be reached: the caller places it
+/// as usual).
+async fn send_to(snap: &Snapshot, servers: &mut Servers, s: &Settings, node: usize, request: &[u8]) -> Option<Pending> {
+    let server = connect(servers, &snap.workers()[node], s).await?;
+    servers.0[server].out.extend_from_slice(request);
+    Some(Pending::One { server, node, retrieval: true, answer: Answer::Line, quiet: false, noreply: false })
 }
