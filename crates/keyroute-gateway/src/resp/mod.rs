@@ -100,7 +100,6 @@ pub(crate) const ONE_KEY: &[&str] = &[
     "INCR",
     "INCRBY",
     "INCRBYFLOAT",
-    "LCS",
     "LINDEX",
     "LINSERT",
     "LLEN",
@@ -197,7 +196,7 @@ fn refusal(name: &str) -> Option<&'static str> {
         "RENAME" | "RENAMENX" | "SMOVE" | "LMOVE" | "RPOPLPUSH" | "SDIFFSTORE" | "SINTERSTORE" | "SUNIONSTORE"
         | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" | "ZRANGESTORE" | "GEOSEARCHSTORE" | "BITOP" | "COPY"
         | "SORT" | "PFMERGE" | "SDIFF" | "SINTER" | "SUNION" | "ZDIFF" | "ZINTER" | "ZUNION" | "PFCOUNT"
-        | "SINTERCARD" | "ZINTERCARD" | "LMPOP" | "ZMPOP" | "OBJECT" | "XINFO" | "XGROUP" => {
+        | "SINTERCARD" | "ZINTERCARD" | "LMPOP" | "ZMPOP" | "OBJECT" | "XINFO" | "XGROUP" | "LCS" => {
             "takes several keys or a subcommand keyroute does not place"
         }
         _ => return None,
