@@ -202,6 +202,33 @@ pub(crate) async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings
     }
 }
 
+/// The server for a key: its placement on the batch's table, walking its ranking past servers
+/// that cannot be reached (nothing was sent to them), up to the pool's attempts. Returns the
+/// connection's index and the node; `None` (counted as no worker) when none could be reached.
+pub(crate) async fn place(
+    pool: &Pool,
+    snap: &Snapshot,
+    servers: &mut Servers,
+    s: &Settings,
+    hash: Placed,
+    now: Instant,
+) -> Option<(usize, usize)> {
+    let mut tried = Vec::new();
+    while tried.len() < s.attempts {
+        let Some(node) = pick(pool, snap, hash, &tried, now) else { break };
+        let w = &snap.workers()[node];
+        match connect(servers, w, s).await {
+            Some(server) => return Some((server, node)),
+            None => {
+                w.metrics.retries.fetch_add(1, Relaxed);
+                tried.push(node);
+            }
+        }
+    }
+    pool.metrics.no_worker.fetch_add(1, Relaxed);
+    None
+}
+
 /// Counts a failure of `w` (passive ejection).
 pub(crate) fn failed(w: &WorkerState, s: &Settings) {
     w.metrics.record_class(None);

@@ -90,6 +90,8 @@ mod listener;
 pub mod membership;
 mod memcache;
 mod metrics;
+#[cfg(test)]
+mod mutate;
 mod pool;
 mod prober;
 mod proxy;

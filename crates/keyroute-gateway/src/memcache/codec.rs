@@ -416,29 +416,7 @@ mod tests {
             b"VALUE k 0 99999999999999999999\r\n",
             b"SERVER_ERROR out of memory\r\nEND\r\n",
         ];
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        for i in 0..20_000 {
-            let mut b = seeds[i % seeds.len()].to_vec();
-            for _ in 0..(next() % 6) {
-                let r = next();
-                let at = (r as usize >> 8) % (b.len() + 1);
-                match r % 4 {
-                    0 if at < b.len() => b[at] = (r >> 32) as u8,
-                    1 => b.insert(at, b" \r\n0123456789-abcVAEND"[(r >> 40) as usize % 22]),
-                    2 if at < b.len() => {
-                        b.remove(at);
-                    }
-                    _ => b.truncate(at),
-                }
-            }
-            check_invariants(&b);
-        }
+        crate::mutate::each_mutation(&seeds, b" \r\n0123456789-abcVAEND", 20_000, check_invariants);
     }
 
     fn keyed(line: &[u8]) -> (Vec<u8>, Option<usize>, bool, Answer) {

@@ -301,26 +301,17 @@ async fn send_one(
     answer: Answer,
     now: Instant,
 ) -> Pending {
-    let mut tried = Vec::new();
-    while tried.len() < s.attempts {
-        let Some(node) = pick(pool, snap, hash, &tried, now) else { break };
-        let w = &snap.workers()[node];
-        let Some(server) = connect(servers, w, s).await else {
-            w.metrics.retries.fetch_add(1, Relaxed);
-            tried.push(node);
-            continue;
-        };
-        let out = &mut servers.0[server].out;
-        out.extend_from_slice(request);
-        if quiet {
-            out.extend_from_slice(b"mn\r\n");
-        }
-        // `noreply`: nothing to the client; a quiet meta command: what the server did say.
-        let noreply = quiet && answer == Answer::Line;
-        return Pending::One { server, node, retrieval: false, answer, quiet, noreply };
+    let Some((server, node)) = backend::place(pool, snap, servers, s, hash, now).await else {
+        return Pending::Ready(b"SERVER_ERROR no server available\r\n");
+    };
+    let out = &mut servers.0[server].out;
+    out.extend_from_slice(request);
+    if quiet {
+        out.extend_from_slice(b"mn\r\n");
     }
-    pool.metrics.no_worker.fetch_add(1, Relaxed);
-    Pending::Ready(b"SERVER_ERROR no server available\r\n")
+    // `noreply`: nothing to the client; a quiet meta command: what the server did say.
+    let noreply = quiet && answer == Answer::Line;
+    Pending::One { server, node, retrieval: false, answer, quiet, noreply }
 }
 
 /// `get`/`gets`/`gat`/`gats` of several keys: one request per server, with its keys in the
@@ -403,13 +394,7 @@ async fn finish(
                             out.truncate(mark);
                         }
                     }
-                    Err(why) => {
-                        out.truncate(mark);
-                        failed(w, s);
-                        out.extend_from_slice(b"SERVER_ERROR ");
-                        out.extend_from_slice(why.as_bytes());
-                        out.extend_from_slice(b"\r\n");
-                    }
+                    Err(why) => server_error(out, mark, w, s, why),
                 }
             }
             Pending::Discard { server, answer, quiet } => {
@@ -428,13 +413,7 @@ async fn finish(
                             out.extend_from_slice(b"END\r\n");
                         }
                     }
-                    Err(why) => {
-                        out.truncate(mark);
-                        failed(w, s);
-                        out.extend_from_slice(b"SERVER_ERROR ");
-                        out.extend_from_slice(why.as_bytes());
-                        out.extend_from_slice(b"\r\n");
-                    }
+                    Err(why) => server_error(out, mark, w, s, why),
                 }
             }
             Pending::Multi { parts, keys } => {
@@ -641,4 +620,14 @@ async fn send_to(snap: &Snapshot, servers: &mut Servers, s: &Settings, node: usi
     let server = connect(servers, &snap.workers()[node], s).await?;
     servers.0[server].out.extend_from_slice(request);
     Some(Pending::One { server, node, retrieval: true, answer: Answer::Line, quiet: false, noreply: false })
+}
+
+/// A server's failure to answer, in place of its answer from `mark` on: counted, and told the
+/// client as `SERVER_ERROR`.
+fn server_error(out: &mut Vec<u8>, mark: usize, w: &crate::pool::WorkerState, s: &Settings, why: &str) {
+    out.truncate(mark);
+    failed(w, s);
+    out.extend_from_slice(b"SERVER_ERROR ");
+    out.extend_from_slice(why.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }

@@ -249,29 +249,7 @@ mod tests {
             b"*-1\r\n*0\r\n:42\r\n",
             b"*2\r\n$99999999999999999999\r\n",
         ];
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        for i in 0..20_000 {
-            let mut b = seeds[i % seeds.len()].to_vec();
-            for _ in 0..(next() % 6) {
-                let r = next();
-                let at = (r as usize >> 8) % (b.len() + 1);
-                match r % 4 {
-                    0 if at < b.len() => b[at] = (r >> 32) as u8,
-                    1 => b.insert(at, b"*$:+-\r\n0123456789{}"[(r >> 40) as usize % 19]),
-                    2 if at < b.len() => {
-                        b.remove(at);
-                    }
-                    _ => b.truncate(at),
-                }
-            }
-            check_invariants(&b);
-        }
+        crate::mutate::each_mutation(&seeds, b"*$:+-\r\n0123456789{}", 20_000, check_invariants);
     }
 
     fn args(buf: &[u8]) -> Vec<&[u8]> {

@@ -421,20 +421,13 @@ async fn one(
     now: Instant,
 ) -> Pending {
     let hash = placed(pool, snap, key);
-    let mut tried = Vec::new();
-    while tried.len() < s.attempts {
-        let Some(node) = pick(pool, snap, hash, &tried, now) else { break };
-        let w = &snap.workers()[node];
-        let Some(server) = connect(servers, w, s).await else {
-            w.metrics.retries.fetch_add(1, Relaxed);
-            tried.push(node);
-            continue;
-        };
-        servers.0[server].out.extend_from_slice(raw);
-        return Pending::One { server, node };
+    match backend::place(pool, snap, servers, s, hash, now).await {
+        Some((server, node)) => {
+            servers.0[server].out.extend_from_slice(raw);
+            Pending::One { server, node }
+        }
+        None => Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec()),
     }
-    pool.metrics.no_worker.fetch_add(1, Relaxed);
-    Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec())
 }
 
 /// A command whose keys must share a server (it is atomic there): sent whole to it, or refused.
