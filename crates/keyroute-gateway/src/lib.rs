@@ -45,6 +45,7 @@
 //! | module | what |
 //! |---|---|
 //! | `body` | the body type, and the responses the gateway makes itself |
+//! | `base64` | standard base64, decoded (Basic credentials, memcached's base64 keys) |
 //! | `hop` | the hop-by-hop headers (never forwarded, never stored) |
 //! | [`key`] | key templates over HTTP requests: the core's key language ([`keyroute::key`]) |
 //! | `table` | node sets and the table size limit |
@@ -61,10 +62,14 @@
 //! | `routing` | listeners' routes to pools |
 //! | `proxy` | `headers`, `guarded` (the two bodies), `tunnel` (upgraded connections), the request path as a service |
 //! | `exposition` | `/metrics` rendering |
+//! | `feed` | who watches the dashboard: its subscribers, its sampler's flag and history |
 //! | `state` | what the running gateway's tasks share |
 //! | [`membership`] | `record` (the members a prefix's records give), `saved` (the last members on disk), `source` (the watch task) |
 //! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
-//! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints |
+//! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints, and `dashboard` (the operator's page and its feed) |
+//! | `backend` | a cache listener's side of its servers: connections per client, batches, placement and accounting |
+//! | `memcache` | the memcached listener: `codec` (the text protocol, sans IO), then the connection loop |
+//! | `resp` | the Redis listener: `codec` (RESP2, sans IO), then the connection loop |
 //! | `connection` | one connection: TLS and ALPN, HTTP/1.1 on [`keyroute_http1`] (head and send timeouts, upgrades) or HTTP/2 on hyper |
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, the hot-key ticker, reload, shutdown |
 
