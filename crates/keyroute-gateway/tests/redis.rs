@@ -190,6 +190,11 @@ async fn redis_commands_go_to_their_keys_servers() {
         .await,
         "$2\r\n12\r\n"
     );
+    // A numkeys past the arguments, however large, is Redis's error, not a crash.
+    for numkeys in ["3", "18446744073709551615", "-1", "x"] {
+        let r = ask(&mut c, &cmd(&["EVAL", "return 1", numkeys, "{user1}.a"]), 1).await;
+        assert!(r.starts_with("-ERR"), "{numkeys}: {r}");
+    }
     let spread = ask(&mut c, &cmd(&["EVAL", "return 1", "4", "key-0", "key-1", "key-2", "key-3"]), 1).await;
     assert!(spread.starts_with("-ERR keyroute: the keys of EVAL are on different servers"), "{spread}");
     // What cannot be proxied, each with its reason.

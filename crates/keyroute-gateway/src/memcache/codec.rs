@@ -323,7 +323,8 @@ pub(crate) fn answer_len(buf: &[u8], retrieval: bool, answer: Answer) -> Result<
         if retrieval {
             if let Some(rest) = l.strip_prefix(b"VALUE ") {
                 let size = rest.split(|&b| b == b' ').nth(2).and_then(number).ok_or(Garbled)?;
-                let end = at + n + usize::try_from(size).map_err(|_| Garbled)? + 2;
+                let end =
+                    usize::try_from(size).ok().and_then(|z| (at + n).checked_add(z)?.checked_add(2)).ok_or(Garbled)?;
                 if buf.len() < end {
                     return Ok(None);
                 }
@@ -336,7 +337,7 @@ pub(crate) fn answer_len(buf: &[u8], retrieval: bool, answer: Answer) -> Result<
             && let Some(rest) = l.strip_prefix(b"VA ")
         {
             let size = rest.split(|&b| b == b' ').next().and_then(number).ok_or(Garbled)?;
-            let end = n + usize::try_from(size).map_err(|_| Garbled)? + 2;
+            let end = usize::try_from(size).ok().and_then(|z| n.checked_add(z)?.checked_add(2)).ok_or(Garbled)?;
             return Ok((buf.len() >= end).then_some(end));
         }
         return Ok(Some(n));
@@ -353,7 +354,7 @@ pub(crate) fn value_blocks(answer: &[u8]) -> Vec<(&[u8], &[u8])> {
         let mut fields = rest.split(|&b| b == b' ');
         let key = fields.next().unwrap_or_default();
         let Some(size) = fields.nth(1).and_then(number).and_then(|s| usize::try_from(s).ok()) else { break };
-        let end = (at + n + size + 2).min(answer.len());
+        let end = (at + n).saturating_add(size).saturating_add(2).min(answer.len());
         out.push((key, &answer[at..end]));
         at = end;
     }
@@ -406,7 +407,7 @@ mod tests {
     /// the same check longer: `fuzz/run.sh memcache_codec`).
     #[test]
     fn invariants_hold_on_mutated_input() {
-        let seeds: [&[u8]; 8] = [
+        let seeds: [&[u8]; 9] = [
             b"get a bb c\r\nset k 0 0 5\r\nhello\r\n",
             b"gats -1 k j\r\ncas k 1 2 3 99 noreply\r\nabc\r\n",
             b"ms Zm9v 3 b q T0\r\nabc\r\nmg k v f\r\nmn\r\n",
@@ -414,6 +415,7 @@ mod tests {
             b"VA 2 f5\r\nhi\r\nHD\r\nEN\r\n",
             b"incr k 18446744073709551615\r\ndelete k 0 noreply\r\ntouch k -1\r\n",
             b"VALUE k 0 99999999999999999999\r\n",
+            b"VALUE k 0 18446744073709551615\r\nVA 18446744073709551614 f\r\n",
             b"SERVER_ERROR out of memory\r\nEND\r\n",
         ];
         crate::mutate::each_mutation(&seeds, b" \r\n0123456789-abcVAEND", 20_000, check_invariants);
@@ -497,5 +499,8 @@ mod tests {
         assert_eq!(answer_len(b"VA 2 f5\r\nhi\r\n", false, Answer::Meta), Ok(Some(13)));
         assert_eq!(answer_len(b"VA 2 f5\r\nhi", false, Answer::Meta), Ok(None));
         assert_eq!(answer_len(b"VALUE k 0 zz\r\n", true, Answer::Line), Err(Garbled));
+        // A size that would overflow is garbled, not a wrapped length.
+        assert_eq!(answer_len(b"VALUE k 0 18446744073709551615\r\n", true, Answer::Line), Err(Garbled));
+        assert_eq!(answer_len(b"VA 18446744073709551614 f\r\n", false, Answer::Meta), Err(Garbled));
     }
 }

@@ -115,7 +115,14 @@ pub(crate) fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
             }
             b'$' => {
                 let Some((n, body)) = header(buf, at)? else { return Ok(None) };
-                at = if n < 0 { body } else { body + usize::try_from(n).map_err(|_| Unframed("bad length"))? + 2 };
+                at = if n < 0 {
+                    body
+                } else {
+                    usize::try_from(n)
+                        .ok()
+                        .and_then(|n| body.checked_add(n)?.checked_add(2))
+                        .ok_or(Unframed("ERR server reply is not RESP2"))?
+                };
                 if buf.len() < at {
                     return Ok(None);
                 }
@@ -241,13 +248,14 @@ mod tests {
     /// the same check longer: `fuzz/run.sh resp_codec`).
     #[test]
     fn invariants_hold_on_mutated_input() {
-        let seeds: [&[u8]; 6] = [
+        let seeds: [&[u8]; 7] = [
             b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n",
             b"PING  hello\r\n",
             b"*3\r\n$1\r\na\r\n$-1\r\n*2\r\n:1\r\n+x\r\n",
             b"$5\r\nhe\r\nl\r\n-ERR no\r\n",
             b"*-1\r\n*0\r\n:42\r\n",
             b"*2\r\n$99999999999999999999\r\n",
+            b"$9223372036854775807\r\nx\r\n",
         ];
         crate::mutate::each_mutation(&seeds, b"*$:+-\r\n0123456789{}", 20_000, check_invariants);
     }
@@ -290,6 +298,9 @@ mod tests {
             }
         }
         assert!(reply_len(b"?\r\n").is_err());
+        // The largest length: no buffer reaches it, so the reply is never whole (its server's
+        // answer times out), and nothing wraps.
+        assert_eq!(reply_len(b"$9223372036854775807\r\n"), Ok(None));
         let e = elements(b"*3\r\n$1\r\na\r\n$-1\r\n*2\r\n:1\r\n+x\r\n").expect("array");
         assert_eq!(e, [&b"$1\r\na\r\n"[..], b"$-1\r\n", b"*2\r\n:1\r\n+x\r\n"]);
         assert_eq!(elements(b"+OK\r\n"), None);

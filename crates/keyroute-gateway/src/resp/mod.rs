@@ -379,7 +379,8 @@ async fn serve_command(
         }
         "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" if arity(3) => {
             let numkeys = std::str::from_utf8(args[2]).ok().and_then(|n| n.parse::<usize>().ok());
-            let Some(numkeys) = numkeys.filter(|k| 3 + k <= args.len()) else {
+            // (Compared as a count of the arguments left: a huge numkeys must not overflow.)
+            let Some(numkeys) = numkeys.filter(|&k| k <= args.len() - 3) else {
                 return Pending::Ready(b"-ERR Number of keys can't be greater than number of args\r\n".to_vec());
             };
             if numkeys == 0 {
