@@ -441,3 +441,13 @@ pub fn config_for(addrs: &[SocketAddr], pool_extra: &str, top_extra: &str) -> St
     }
     s
 }
+
+/// A process a test started (memcached, redis-server, nutcracker), stopped by its pid when dropped.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
