@@ -41,6 +41,54 @@ pub enum Command {
     /// Convert a nutcracker (twemproxy) configuration to keyroute's: each memcached pool becomes a
     /// memcached listener and a pool placed as nutcracker places it (no key moves). TOML on stdout.
     FromNutcracker(FromNutcrackerArgs),
+    /// Move a store's keys after a membership change: every key on an old server whose owner in
+    /// the new member set is another server goes there (Redis: MIGRATE; memcached: mg, ms, md).
+    /// --dry-run prints the plan (keys and bytes per pair of servers).
+    Move(MoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    /// The configuration before the change (its pool's [[pool.worker]] list is the old member set).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// The configuration after the change (the new member set; the same pool and strategy).
+    #[arg(long)]
+    pub to: PathBuf,
+    /// The pool (may be omitted when the file has one).
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Print the plan and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// At most this many keys moved per second.
+    #[arg(long)]
+    pub rate: Option<u32>,
+    /// Keys per scan step and per MIGRATE.
+    #[arg(long, default_value_t = 500)]
+    pub batch: usize,
+    /// Stop after moving this many keys (run again, with the same --state, to go on).
+    #[arg(long)]
+    pub max_keys: Option<u64>,
+    /// Keep the progress in this file after each batch; a run given the same file resumes.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// A proxy's admin API (host:port; repeat for each proxy): the move starts only when each
+    /// uses the new member set for the pool.
+    #[arg(long = "admin", value_name = "ADDRESS")]
+    pub admins: Vec<String>,
+    /// The admin APIs' bearer token.
+    #[arg(long)]
+    pub admin_token: Option<String>,
+    /// Start without asking the proxies (you have checked that every one uses the new members).
+    #[arg(long, conflicts_with = "admins")]
+    pub proxies_switched: bool,
+    /// Seconds each exchange with a server may take.
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout: f64,
+    /// JSON on stdout (the plan, or the report).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,7 @@ mod demo;
 mod members;
 mod place;
 mod process;
+mod relocate;
 mod serve;
 mod sim;
 
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
         Command::Register(args) => members::register(&args),
         Command::Demo(args) => demo::run(&args),
         Command::FromNutcracker(args) => serve::from_nutcracker(&args),
+        Command::Move(args) => relocate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -52,6 +52,8 @@ pub(crate) struct Settings {
     /// Sent first on every new server connection (Redis's `AUTH`), whose one-line answer must
     /// start with `+`.
     pub(crate) greeting: Option<Arc<[u8]>>,
+    /// The servers' password (Redis's `server_password`), which `MIGRATE` gives the new owner.
+    pub(crate) password: Option<Arc<str>>,
 }
 
 impl Settings {
@@ -63,6 +65,7 @@ impl Settings {
             attempts: snap.config().retry.attempts.max(1) as usize,
             may_eject: snap.may_eject(),
             greeting: None,
+            password: None,
         }
     }
 }

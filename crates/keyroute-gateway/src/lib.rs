@@ -100,6 +100,7 @@ mod mutate;
 mod pool;
 mod prober;
 mod proxy;
+pub mod relocate;
 mod resp;
 mod routing;
 mod server;

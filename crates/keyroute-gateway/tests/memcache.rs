@@ -435,3 +435,79 @@ async fn a_hot_key_is_read_from_its_replicas_and_written_to_all_of_them() {
     }
     assert!(holders("v2!").await > 1, "replicas filled again from the owner");
 }
+
+/// `keyroute move` for memcached (issue 22): three servers become four; the keys whose owner
+/// changed are found by `lru_crawler metadump`, added on their new owner with their flags and
+/// TTL, and deleted from the old one; the moves equal the dry run's plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyroute_move_moves_memcached_keys_to_their_new_owners() {
+    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    let (_procs, addrs) = memcacheds(4).await;
+    let old_text = config(&addrs[..3], "rendezvous", "");
+    let new_text = config(&addrs, "rendezvous", "");
+    let n = 1200;
+    let value = |i: usize| format!("value-{i}-{}", "x".repeat(i % 50));
+    {
+        let gw = start_gateway(&old_text).await;
+        let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+        let mut req = Vec::new();
+        for i in 0..n {
+            let ttl = if i % 4 == 0 { 3000 } else { 0 };
+            let v = value(i);
+            req.extend_from_slice(format!("set mv:{i} {i} {ttl} {}\r\n{v}\r\n", v.len()).as_bytes());
+        }
+        req.extend_from_slice(b"mn\r\n");
+        let r = ask(&mut c, &req, "MN\r\n").await;
+        assert_eq!(r.matches("STORED\r\n").count(), n, "every set stored");
+        gw.handle.shutdown();
+    }
+    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let (from, to) = (Layout::of(&old, "cache").expect("from"), Layout::of(&new, "cache").expect("to"));
+    let store = Store::of(&new, "cache").expect("a memcached pool");
+    let options = Options { batch: 64, ..Options::default() };
+    let plan = relocate::plan(&store, &from, &to, &options).await.expect("plan");
+    assert_eq!(plan.scanned, n as u64);
+    assert!(plan.pairs.iter().all(|p| p.to == addrs[3].to_string()), "rendezvous moves keys to the joiner only");
+    assert!((150..=500).contains(&plan.keys()), "{} keys move", plan.keys());
+    let report = relocate::run(&store, &from, &to, &options, |_| {}).await.expect("move");
+    let planned: Vec<(String, String, u64)> =
+        plan.pairs.iter().map(|p| (p.from.clone(), p.to.clone(), p.keys)).collect();
+    let moved: Vec<(String, String, u64)> =
+        report.pairs.iter().map(|p| (p.from.clone(), p.to.clone(), p.keys)).collect();
+    assert_eq!(moved, planned);
+    assert_eq!((report.superseded, report.vanished, report.failed, report.misplaced), (0, 0, 0, 0));
+    assert!(report.complete);
+    // Each server holds exactly the keys it owns, with their values, flags and TTLs.
+    let gw = start_gateway(&new_text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..n {
+        let r = ask(&mut c, format!("mg mv:{i} v f t\r\n").as_bytes(), "\r\n").await;
+        let r = if r.starts_with("VA") && !r.ends_with(&format!("{}\r\n", value(i))) {
+            format!("{r}{}", read_until(&mut c, "\r\n").await)
+        } else {
+            r
+        };
+        let head = r.lines().next().unwrap_or_default().to_owned();
+        let v = value(i);
+        assert!(head.starts_with(&format!("VA {} f{i} ", v.len())), "mv:{i}: {r:?}");
+        assert!(r.ends_with(&format!("\r\n{v}\r\n")), "mv:{i}: {r:?}");
+        let ttl: i64 = head.rsplit(" t").next().and_then(|t| t.parse().ok()).expect("a TTL");
+        if i % 4 == 0 {
+            assert!((2900..=3000).contains(&ttl), "mv:{i} kept its TTL: {ttl}");
+        } else {
+            assert_eq!(ttl, -1, "mv:{i} never expires");
+        }
+    }
+    let mut total = 0;
+    for a in &addrs {
+        let mut s = TcpStream::connect(a).await.expect("direct");
+        let stats = ask(&mut s, b"stats\r\n", "END\r\n").await;
+        total += stats
+            .lines()
+            .find_map(|l| l.strip_prefix("STAT curr_items "))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .expect("curr_items");
+    }
+    assert_eq!(total, n, "every key once");
+}

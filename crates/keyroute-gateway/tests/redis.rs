@@ -281,3 +281,201 @@ async fn passwords_to_the_proxy_and_to_the_servers() {
     assert_eq!(ask(&mut c2, &cmd(&["AUTH", "cl1ent"]), 1).await, "+OK\r\n");
     assert_eq!(ask(&mut c2, &cmd(&["GET", "k1"]), 1).await, "-ERR keyroute: no server available\r\n");
 }
+
+/// A file in the temporary directory, named for this test and process, removed first.
+fn temp_file(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("keyroute-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+/// Each server's key count.
+async fn dbsizes(addrs: &[SocketAddr]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for a in addrs {
+        let mut s = TcpStream::connect(a).await.expect("connect");
+        let r = ask(&mut s, &cmd(&["DBSIZE"]), 1).await;
+        out.push(r.trim_start_matches(':').trim().parse().expect("a count"));
+    }
+    out
+}
+
+/// `keyroute move` (issue 22): three servers become four; the dry run's plan is what moves, per
+/// pair of servers; a run stopped halfway resumes from its state file; every key keeps its
+/// value, type and TTL, nothing is lost and nothing is left on a server that does not own it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyroute_move_moves_exactly_its_plan_and_resumes() {
+    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    let (_procs, addrs) = redis_servers(4).await;
+    let old_text = config(&addrs[..3], "ring");
+    let new_text = config(&addrs, "ring");
+    let n = 2000;
+    {
+        // Written through a proxy on the old member set, five types, every seventh with a TTL.
+        let gw = start_gateway(&old_text).await;
+        let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+        let mut req = Vec::new();
+        for i in 0..n {
+            let (k, v) = (format!("k:{i}"), format!("v{i}"));
+            req.extend(match i % 5 {
+                0 if i % 7 == 0 => cmd(&["SET", &k, &v, "EX", "3600"]),
+                0 => cmd(&["SET", &k, &v]),
+                1 => cmd(&["HSET", &k, "f", &v, "g", "x"]),
+                2 => cmd(&["RPUSH", &k, "a", &v, "c"]),
+                3 => cmd(&["SADD", &k, &v, "z"]),
+                _ => cmd(&["ZADD", &k, &i.to_string(), &v]),
+            });
+        }
+        let r = ask(&mut c, &req, n).await;
+        assert!(!r.contains('-'), "every write succeeded: {}", &r[..r.len().min(300)]);
+        gw.handle.shutdown();
+    }
+    assert_eq!(dbsizes(&addrs).await, {
+        let mut d = dbsizes(&addrs[..3]).await;
+        d.push(0);
+        d
+    });
+    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let (from, to) = (Layout::of(&old, "cache").expect("from"), Layout::of(&new, "cache").expect("to"));
+    let store = Store::of(&new, "cache").expect("a redis pool");
+    let state = temp_file("move-state.json");
+    let options = Options { batch: 100, state: Some(state.clone()), ..Options::default() };
+
+    let plan = relocate::plan(&store, &from, &to, &options).await.expect("plan");
+    assert_eq!(plan.scanned, n as u64);
+    assert_eq!(plan.stay + plan.keys(), n as u64);
+    // A ring's join moves keys to the joiner only, about a quarter of them.
+    assert!(plan.pairs.iter().all(|p| p.to == addrs[3].to_string()), "{:?}", plan.pairs);
+    assert!((250..=800).contains(&plan.keys()), "{} keys move", plan.keys());
+    assert!(plan.pairs.iter().all(|p| p.bytes > 0), "bytes are counted: {:?}", plan.pairs);
+
+    let first =
+        relocate::run(&store, &from, &to, &Options { max_keys: Some(plan.keys() / 3), ..options.clone() }, |_| {})
+            .await
+            .expect("first run");
+    assert!(!first.complete, "stopped at --max-keys");
+    assert!(first.moved() >= plan.keys() / 3 && first.moved() < plan.keys(), "{}", first.moved());
+    let done = relocate::run(&store, &from, &to, &options, |_| {}).await.expect("resumed run");
+    assert!(done.complete);
+    let planned: Vec<(String, String, u64)> =
+        plan.pairs.iter().map(|p| (p.from.clone(), p.to.clone(), p.keys)).collect();
+    let moved: Vec<(String, String, u64)> = done.pairs.iter().map(|p| (p.from.clone(), p.to.clone(), p.keys)).collect();
+    assert_eq!(moved, planned, "keys moved = the plan, per pair");
+    assert_eq!((done.superseded, done.vanished, done.failed, done.misplaced), (0, 0, 0, 0));
+    // Nothing lost, nothing extra: every key once, on its owner.
+    let sizes = dbsizes(&addrs).await;
+    assert_eq!(sizes.iter().sum::<u64>(), n as u64, "{sizes:?}");
+    assert_eq!(sizes[3], plan.keys());
+    let again = relocate::plan(&store, &from, &to, &Options::default()).await.expect("plan after");
+    assert_eq!(again.keys(), 0, "nothing left to move");
+
+    // Through a proxy on the new member set: every value, type and TTL is there.
+    let gw = start_gateway(&new_text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut req = Vec::new();
+    for i in 0..n {
+        let k = format!("k:{i}");
+        req.extend(match i % 5 {
+            0 => cmd(&["GET", &k]),
+            1 => cmd(&["HGET", &k, "f"]),
+            2 => cmd(&["LINDEX", &k, "1"]),
+            3 => cmd(&["SISMEMBER", &k, &format!("v{i}")]),
+            _ => cmd(&["ZSCORE", &k, &format!("v{i}")]),
+        });
+    }
+    let r = ask(&mut c, &req, n).await;
+    let mut at = 0;
+    for i in 0..n {
+        let len = reply_len(&r.as_bytes()[at..]).expect("a reply");
+        let one = &r[at..at + len];
+        at += len;
+        let want = match i % 5 {
+            3 => ":1\r\n".to_owned(),
+            4 => format!("${}\r\n{i}\r\n", i.to_string().len()),
+            _ => format!("${}\r\nv{i}\r\n", format!("v{i}").len()),
+        };
+        assert_eq!(one, want, "key k:{i}");
+    }
+    for i in (0..n).step_by(35) {
+        let ttl = ask(&mut c, &cmd(&["TTL", &format!("k:{i}")]), 1).await;
+        let ttl: i64 = ttl.trim_start_matches(':').trim().parse().expect("a TTL");
+        assert!((3500..=3600).contains(&ttl), "k:{i} kept its TTL: {ttl}");
+    }
+    let _ = std::fs::remove_file(&state);
+}
+
+/// Writes during a move are not lost (issue 22): the proxies switch first, with a handoff
+/// window; a command on a key that moved to the joining server moves the key first (read-through
+/// by MIGRATE), so increments, partial hash writes and deletes made before, during and after
+/// `keyroute move` all hold, and a deleted key does not come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_during_a_move_are_not_lost() {
+    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    let (_procs, addrs) = redis_servers(4).await;
+    let old_text =
+        config(&addrs[..3], "rendezvous").replace("[pool.retry]", "[pool.handoff]\nwindow_ms = 120000\n[pool.retry]");
+    let new_text = config(&addrs, "rendezvous");
+    let n = 900;
+    let gw = start_gateway(&old_text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut req = Vec::new();
+    for i in 0..n {
+        req.extend(cmd(&["SET", &format!("n:{i}"), "100"]));
+        req.extend(cmd(&["HSET", &format!("h:{i}"), "f1", "1"]));
+        req.extend(cmd(&["SET", &format!("d:{i}"), "doomed"]));
+    }
+    ask(&mut c, &req, 3 * n).await;
+    // The proxies switch: r4 joins.
+    let body = format!("{{\"name\": \"r4\", \"address\": \"{}\"}}", addrs[3]);
+    let (status, answer) = admin(&gw, "POST", "/workers", &body, None).await;
+    assert!(status.is_success(), "{status} {answer}");
+    // Writes to the first third before the move, the rest while it runs.
+    let writes = |range: std::ops::Range<usize>| {
+        let mut req = Vec::new();
+        for i in range.clone() {
+            req.extend(cmd(&["INCR", &format!("n:{i}")]));
+            req.extend(cmd(&["HSET", &format!("h:{i}"), "f2", "2"]));
+            req.extend(cmd(&["DEL", &format!("d:{i}")]));
+        }
+        (req, 3 * range.len())
+    };
+    let (req, replies) = writes(0..n / 3);
+    ask(&mut c, &req, replies).await;
+    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let (from, to) = (Layout::of(&old, "cache").expect("from"), Layout::of(&new, "cache").expect("to"));
+    let store = Store::of(&new, "cache").expect("a redis pool");
+    let plan = relocate::plan(&store, &from, &to, &Options::default()).await.expect("plan");
+    assert!(plan.keys() > 0);
+    let mover = tokio::spawn(async move {
+        let options = Options { batch: 20, rate: Some(2000), ..Options::default() };
+        relocate::run(&store, &from, &to, &options, |_| {}).await
+    });
+    for chunk in (n / 3..n).collect::<Vec<_>>().chunks(25) {
+        let (req, replies) = writes(chunk[0]..chunk[chunk.len() - 1] + 1);
+        let r = ask(&mut c, &req, replies).await;
+        assert!(!r.contains("-ERR"), "{r}");
+    }
+    let report = mover.await.expect("join").expect("move");
+    assert_eq!((report.failed, report.misplaced), (0, 0), "{report:?}");
+    // Every write held; no deleted key came back.
+    let mut req = Vec::new();
+    for i in 0..n {
+        req.extend(cmd(&["GET", &format!("n:{i}")]));
+        req.extend(cmd(&["HGET", &format!("h:{i}"), "f1"]));
+        req.extend(cmd(&["EXISTS", &format!("d:{i}")]));
+    }
+    let r = ask(&mut c, &req, 3 * n).await;
+    assert_eq!(r, "$3\r\n101\r\n$1\r\n1\r\n:0\r\n".repeat(n), "counters, hashes and deletes after the move");
+    let sizes = dbsizes(&addrs).await;
+    assert_eq!(sizes.iter().sum::<u64>(), 2 * n as u64, "n: and h: keys, once each: {sizes:?}");
+    let (_, _, metrics) = get(&client(), &format!("http://{}/metrics", gw.admin)).await;
+    let fills: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("keyroute_pool_warm_fills_total{pool=\"cache\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(fills > 0, "keys touched before the move were read through: {fills}");
+    gw.handle.shutdown();
+}

@@ -299,6 +299,15 @@ impl Snapshot {
         w.handoff.previous_owner(hash).filter(|&p| p != node)
     }
 
+    /// A store's handoff for a key (the Redis listener's): when the key's owner on the whole
+    /// table joined within the handoff window and the key was another member's before, that
+    /// owner and that previous member. A store's key lives in one place, so it goes to its new
+    /// owner at once (no gradual admission), after it is moved from the previous one.
+    pub(crate) fn store_handoff(&self, hash: u64, now: Instant) -> Option<(usize, usize)> {
+        let owner = self.policy.owner(hash)?;
+        self.warm_source(hash, owner, now).map(|previous| (owner, previous))
+    }
+
     /// Member `i`'s warm-up progress at `now` (1 when it is not warming), for reports: the handoff's
     /// and slow start's, whichever holds it back more.
     pub(crate) fn warm_progress(&self, i: usize, now: Instant) -> f64 {

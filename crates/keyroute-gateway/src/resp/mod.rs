@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Buf as _;
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -242,12 +243,14 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
         codec::command(&mut g, [&b"AUTH"[..], p.as_bytes()].into_iter());
         Arc::from(g)
     });
+    let password: Option<Arc<str>> = config.server_password.as_deref().map(Arc::from);
     let mut authenticated = config.password.is_none();
     loop {
         let Some(pool) = pool_of(&shared, config.pool) else { return };
         let snap = pool.snapshot();
         let mut settings = Settings::of(&snap);
         settings.greeting = greeting.clone();
+        settings.password = password.clone();
         let now = Instant::now();
         let mut close = false;
         while pending.len() < 1024 {
@@ -302,7 +305,8 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                 continue;
             }
             let raw = &c.input[..n];
-            let p = serve_command(&snap, &pool, &mut c.servers, &settings, name, &args, raw, now).await;
+            let mut to = To { snap: &snap, pool: &pool, servers: &mut c.servers, side: &mut c.side, s: &settings, now };
+            let p = serve_command(&mut to, name, &args, raw).await;
             pending.push(p);
             c.input.advance(n);
         }
@@ -325,18 +329,19 @@ fn matches_password(given: &[u8], password: &str) -> bool {
     bool::from(given.ct_eq(password.as_bytes()))
 }
 
-/// One command: answered here, refused, or sent (whole, or split by server).
-#[allow(clippy::too_many_arguments)]
-async fn serve_command(
-    snap: &Snapshot,
-    pool: &Pool,
-    servers: &mut Servers,
-    s: &Settings,
-    name: &str,
-    args: &[&[u8]],
-    raw: &[u8],
+/// Where a batch's commands go: its snapshot of the pool, the client's connections to the
+/// servers (the batch's, and the side ones of the read-through), the settings and the time.
+struct To<'a> {
+    snap: &'a Snapshot,
+    pool: &'a Pool,
+    servers: &'a mut Servers,
+    side: &'a mut Servers,
+    s: &'a Settings,
     now: Instant,
-) -> Pending {
+}
+
+/// One command: answered here, refused, or sent (whole, or split by server).
+async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) -> Pending {
     let mut scratch = Vec::new();
     let arity = |min: usize| args.len() >= min;
     match name {
@@ -367,15 +372,15 @@ async fn serve_command(
         "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" if arity(2) => {
             let how = if name == "MGET" { Merge::Values } else { Merge::Sum };
             let keys: Vec<&[u8]> = args[1..].to_vec();
-            return split(snap, pool, servers, s, how, args[0], &keys, 1, now).await;
+            return split(to, how, args[0], &keys, 1).await;
         }
         "MSET" if arity(3) && args.len() % 2 == 1 => {
             let pairs: Vec<&[u8]> = args[1..].to_vec();
-            return split(snap, pool, servers, s, Merge::Ok, args[0], &pairs, 2, now).await;
+            return split(to, Merge::Ok, args[0], &pairs, 2).await;
         }
         "MSETNX" if arity(3) && args.len() % 2 == 1 => {
             let keys: Vec<&[u8]> = args[1..].iter().step_by(2).copied().collect();
-            return together(snap, pool, servers, s, name, &keys, raw, now).await;
+            return together(to, name, &keys, raw).await;
         }
         "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" if arity(3) => {
             let numkeys = std::str::from_utf8(args[2]).ok().and_then(|n| n.parse::<usize>().ok());
@@ -386,7 +391,7 @@ async fn serve_command(
             if numkeys == 0 {
                 return Pending::Ready(error(&mut scratch, &format!("{name} without keys has no server to go to")));
             }
-            return together(snap, pool, servers, s, name, &args[3..3 + numkeys], raw, now).await;
+            return together(to, name, &args[3..3 + numkeys], raw).await;
         }
         _ => {}
     }
@@ -397,7 +402,7 @@ async fn serve_command(
                 format!("-ERR wrong number of arguments for '{}' command\r\n", name.to_ascii_lowercase()).into_bytes(),
             );
         }
-        return one(snap, pool, servers, s, args[1], raw, now).await;
+        return one(to, args[1], raw).await;
     }
     let message = match refusal(name) {
         Some(why) => format!("{name} {why}: not proxied"),
@@ -411,20 +416,74 @@ fn placed(pool: &Pool, snap: &Snapshot, key: &[u8]) -> Placed {
     Placed::of(pool, snap, codec::hash_tag(key))
 }
 
+/// The node a key goes to: its owner in a store's handoff (the key moved there first: see
+/// [`read_through`]), or its placement on the batch's table; `None` when no server is available.
+async fn node_for(to: &mut To<'_>, key: &[u8]) -> Option<usize> {
+    let hash = placed(to.pool, to.snap, key);
+    if let Some(node) = read_through(to, hash, key).await {
+        return Some(node);
+    }
+    pick(to.pool, to.snap, hash, &[], to.now)
+}
+
+/// A key whose owner joined the pool within its handoff window, and was another member's before:
+/// the key is moved from that member first (`MIGRATE`, atomic there, never replacing what the
+/// new owner has), and the new owner is returned. A command then never starts from nothing on a
+/// key that has not moved yet. `keyroute move` moves the keys no command touched, with the same
+/// `MIGRATE`, so whichever comes first moves a key and the other finds nothing.
+async fn read_through(to: &mut To<'_>, hash: Placed, key: &[u8]) -> Option<usize> {
+    let (node, previous) = to.snap.store_handoff(hash.0?, to.now)?;
+    let target = to.snap.workers()[node].address;
+    let source = &to.snap.workers()[previous];
+    if let Some(i) = connect(to.side, source, to.s).await {
+        let (host, port) = (target.ip().to_string(), target.port().to_string());
+        let timeout = to.s.answer.as_millis().to_string();
+        let mut args: Vec<&[u8]> = vec![b"MIGRATE", host.as_bytes(), port.as_bytes(), b"", b"0", timeout.as_bytes()];
+        if let Some(p) = &to.s.password {
+            args.extend([&b"AUTH"[..], p.as_bytes()]);
+        }
+        args.extend([&b"KEYS"[..], key]);
+        let server = &mut to.side.0[i];
+        codec::command(&mut server.out, args.into_iter());
+        let sent = tokio::time::timeout(to.s.answer, server.stream.write_all(&server.out)).await;
+        server.out.clear();
+        let mut reply = Vec::new();
+        let answered = match sent {
+            Ok(Ok(())) => reply_into(server, to.s, &mut reply).await,
+            _ => {
+                server.broken = true;
+                Err("server connection lost")
+            }
+        };
+        match answered {
+            Ok(()) if reply.starts_with(b"+OK") => {
+                to.pool.metrics.warm_fills.fetch_add(1, Relaxed);
+            }
+            // NOKEY: nothing there (or moved already); BUSYKEY: the new owner's is newer.
+            Ok(()) if reply.starts_with(b"+NOKEY") || reply.starts_with(b"-BUSYKEY") => {}
+            Ok(()) => {
+                tracing::warn!(server = %source.address, to = %target, error = %String::from_utf8_lossy(&reply).trim_end(), "a key could not be read through from its previous owner");
+            }
+            Err(_) => failed(source, to.s),
+        }
+        to.side.sweep();
+    }
+    Some(node)
+}
+
 /// A command of one key, sent whole to the key's server (past servers that cannot be reached).
-async fn one(
-    snap: &Snapshot,
-    pool: &Pool,
-    servers: &mut Servers,
-    s: &Settings,
-    key: &[u8],
-    raw: &[u8],
-    now: Instant,
-) -> Pending {
-    let hash = placed(pool, snap, key);
-    match backend::place(pool, snap, servers, s, hash, now).await {
+async fn one(to: &mut To<'_>, key: &[u8], raw: &[u8]) -> Pending {
+    let hash = placed(to.pool, to.snap, key);
+    let placed = match read_through(to, hash, key).await {
+        Some(node) => match connect(to.servers, &to.snap.workers()[node], to.s).await {
+            Some(server) => Some((server, node)),
+            None => backend::place(to.pool, to.snap, to.servers, to.s, hash, to.now).await,
+        },
+        None => backend::place(to.pool, to.snap, to.servers, to.s, hash, to.now).await,
+    };
+    match placed {
         Some((server, node)) => {
-            servers.0[server].out.extend_from_slice(raw);
+            to.servers.0[server].out.extend_from_slice(raw);
             Pending::One { server, node }
         }
         None => Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec()),
@@ -432,18 +491,11 @@ async fn one(
 }
 
 /// A command whose keys must share a server (it is atomic there): sent whole to it, or refused.
-#[allow(clippy::too_many_arguments)]
-async fn together(
-    snap: &Snapshot,
-    pool: &Pool,
-    servers: &mut Servers,
-    s: &Settings,
-    name: &str,
-    keys: &[&[u8]],
-    raw: &[u8],
-    now: Instant,
-) -> Pending {
-    let nodes: Vec<Option<usize>> = keys.iter().map(|k| pick(pool, snap, placed(pool, snap, k), &[], now)).collect();
+async fn together(to: &mut To<'_>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pending {
+    let mut nodes = Vec::with_capacity(keys.len());
+    for k in keys {
+        nodes.push(node_for(to, k).await);
+    }
     if nodes.windows(2).any(|w| w[0] != w[1]) {
         let mut scratch = Vec::new();
         return Pending::Ready(error(
@@ -451,30 +503,19 @@ async fn together(
             &format!("the keys of {name} are on different servers (give them one {{hash tag}})"),
         ));
     }
-    one(snap, pool, servers, s, keys[0], raw, now).await
+    one(to, keys[0], raw).await
 }
 
 /// A command split by server: each server gets the same command over its keys (`stride` 2: key
 /// and value pairs).
-#[allow(clippy::too_many_arguments)]
-async fn split(
-    snap: &Snapshot,
-    pool: &Pool,
-    servers: &mut Servers,
-    s: &Settings,
-    how: Merge,
-    verb: &[u8],
-    items: &[&[u8]],
-    stride: usize,
-    now: Instant,
-) -> Pending {
+async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride: usize) -> Pending {
     // node -> the client's positions of its keys
     let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
     let n = items.len() / stride;
     for i in 0..n {
         let key = items[i * stride];
-        let Some(node) = pick(pool, snap, placed(pool, snap, key), &[], now) else {
-            pool.metrics.no_worker.fetch_add(1, Relaxed);
+        let Some(node) = node_for(to, key).await else {
+            to.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
         };
         match by_node.iter_mut().find(|(x, _)| *x == node) {
@@ -484,13 +525,13 @@ async fn split(
     }
     let mut parts = Vec::with_capacity(by_node.len());
     for (node, positions) in by_node {
-        let Some(server) = connect(servers, &snap.workers()[node], s).await else {
+        let Some(server) = connect(to.servers, &to.snap.workers()[node], to.s).await else {
             return Pending::Ready(b"-ERR keyroute: a server of these keys cannot be reached\r\n".to_vec());
         };
         let words = std::iter::once(verb)
             .chain(positions.iter().flat_map(|&i| items[i * stride..(i + 1) * stride].iter().copied()));
         let words: Vec<&[u8]> = words.collect();
-        codec::command(&mut servers.0[server].out, words.into_iter());
+        codec::command(&mut to.servers.0[server].out, words.into_iter());
         parts.push((server, node, positions));
     }
     Pending::Split { how, parts, n }

@@ -1,0 +1,315 @@
+//! The memcached side of a move: `lru_crawler metadump all` lists a server's keys (with their
+//! sizes); each key is read with `mg` (value, client flags, remaining TTL), added on its new
+//! owner with `ms ... ME`, and deleted from the old one with `md` once the new one has it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Buf as _, BytesMut};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use super::{Found, MoveError, Options, Outcome, server_error};
+use crate::memcache::codec::valid_key;
+
+/// memcached reads a TTL above this many seconds as a Unix time.
+const RELATIVE_TTL_MAX: i64 = 60 * 60 * 24 * 30;
+
+/// One connection to a memcached server, used one pipeline at a time.
+struct Conn {
+    addr: SocketAddr,
+    stream: TcpStream,
+    buf: BytesMut,
+    timeout: Duration,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr, timeout: Duration) -> Result<Conn, MoveError> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| server_error(addr, "connect timed out"))?
+            .map_err(|e| server_error(addr, format!("cannot connect: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Conn { addr, stream, buf: BytesMut::with_capacity(64 * 1024), timeout })
+    }
+
+    async fn write(&mut self, out: &[u8]) -> Result<(), MoveError> {
+        let addr = self.addr;
+        match tokio::time::timeout(self.timeout, self.stream.write_all(out)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(server_error(addr, format!("write: {e}"))),
+            Err(_) => Err(server_error(addr, "timed out")),
+        }
+    }
+
+    /// Reads until `buf` holds `n` bytes.
+    async fn fill(&mut self, n: usize) -> Result<(), MoveError> {
+        let addr = self.addr;
+        while self.buf.len() < n {
+            self.buf.reserve(64 * 1024);
+            match tokio::time::timeout(self.timeout, self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) => return Err(server_error(addr, "closed the connection")),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(server_error(addr, format!("read: {e}"))),
+                Err(_) => return Err(server_error(addr, "timed out")),
+            }
+        }
+        Ok(())
+    }
+
+    /// One line, without its CRLF.
+    async fn line(&mut self) -> Result<Vec<u8>, MoveError> {
+        loop {
+            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+                let mut line = self.buf.split_to(nl + 1).to_vec();
+                line.truncate(line.len().saturating_sub(if line.ends_with(b"\r\n") { 2 } else { 1 }));
+                return Ok(line);
+            }
+            if self.buf.len() > 1 << 20 {
+                return Err(server_error(self.addr, "sent a line longer than 1 MiB"));
+            }
+            let want = self.buf.len() + 1;
+            self.fill(want).await?;
+        }
+    }
+}
+
+/// A server's keys, from one `lru_crawler metadump all`, handed out a batch at a time.
+pub(super) struct Dump {
+    keys: std::vec::IntoIter<Found>,
+    batch: usize,
+}
+
+impl Dump {
+    pub(super) async fn open(server: SocketAddr, options: &Options) -> Result<Dump, MoveError> {
+        let mut conn = Conn::open(server, options.timeout).await?;
+        let mut keys = Vec::new();
+        // The crawler does one thing at a time: a busy one is asked again, for up to a minute.
+        let mut busy = 0;
+        'dump: loop {
+            conn.write(b"lru_crawler metadump all\r\n").await?;
+            loop {
+                let line = conn.line().await?;
+                if line == b"END" {
+                    break 'dump;
+                }
+                if line.starts_with(b"BUSY") && busy < 600 {
+                    busy += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue 'dump;
+                }
+                if line.starts_with(b"ERROR")
+                    || line.starts_with(b"CLIENT_ERROR")
+                    || line.starts_with(b"SERVER_ERROR")
+                    || line.starts_with(b"BUSY")
+                {
+                    return Err(server_error(
+                        server,
+                        format!("refused lru_crawler metadump: {}", String::from_utf8_lossy(&line)),
+                    ));
+                }
+                if let Some(found) = metadump_line(&line) {
+                    keys.push(found);
+                }
+            }
+        }
+        Ok(Dump { keys: keys.into_iter(), batch: options.batch.max(1) })
+    }
+
+    pub(super) fn next(&mut self) -> Option<Vec<Found>> {
+        let batch: Vec<Found> = self.keys.by_ref().take(self.batch).collect();
+        (!batch.is_empty()).then_some(batch)
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        self.keys.len() == 0
+    }
+}
+
+/// A metadump line's key (percent-decoded) and size: `key=K exp=.. la=.. cas=.. fetch=.. cls=..
+/// size=N`. Keys that are not text keys (binary keys are shown in base64) are skipped.
+fn metadump_line(line: &[u8]) -> Option<Found> {
+    let mut key = None;
+    let mut bytes = 0;
+    let mut binary = false;
+    for field in line.split(|&b| b == b' ') {
+        if let Some(k) = field.strip_prefix(b"key=") {
+            key = Some(percent_decode(k)?);
+        } else if let Some(n) = field.strip_prefix(b"size=") {
+            bytes = std::str::from_utf8(n).ok()?.parse().ok()?;
+        } else if field == b"b" {
+            binary = true;
+        }
+    }
+    let key = key.filter(|k| !binary && valid_key(k))?;
+    Some(Found { key, bytes })
+}
+
+fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' {
+            let hex = std::str::from_utf8(s.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// A value read from the old server.
+struct Item {
+    flags: u32,
+    /// Remaining seconds; `None`: never expires.
+    ttl: Option<i64>,
+    data: Vec<u8>,
+}
+
+/// Copies keys off one server and deletes them there.
+pub(super) struct Copy {
+    source: Conn,
+    timeout: Duration,
+    owners: Vec<Conn>,
+}
+
+impl Copy {
+    pub(super) async fn open(source: SocketAddr, options: &Options) -> Result<Copy, MoveError> {
+        Ok(Copy { source: Conn::open(source, options.timeout).await?, timeout: options.timeout, owners: Vec::new() })
+    }
+
+    /// Reads `keys` on the old server, adds them on `to`, and deletes on the old server those
+    /// the new one stored or already had.
+    pub(super) async fn send(&mut self, to: SocketAddr, keys: &[Vec<u8>]) -> Result<Outcome, MoveError> {
+        let mut outcome = Outcome::default();
+        let mut out = Vec::new();
+        for k in keys {
+            out.extend_from_slice(b"mg ");
+            out.extend_from_slice(k);
+            out.extend_from_slice(b" v f t\r\n");
+        }
+        self.source.write(&out).await?;
+        let mut items = Vec::with_capacity(keys.len());
+        for _ in keys {
+            items.push(self.read_item().await?);
+        }
+        let at = match self.owners.iter().position(|c| c.addr == to) {
+            Some(i) => i,
+            None => {
+                self.owners.push(Conn::open(to, self.timeout).await?);
+                self.owners.len() - 1
+            }
+        };
+        let now = unix_now();
+        out.clear();
+        let mut sent = Vec::new();
+        for (k, item) in keys.iter().zip(&items) {
+            let Some(item) = item else {
+                outcome.vanished += 1;
+                continue;
+            };
+            let ttl = match item.ttl {
+                None => 0,
+                Some(t) if t <= 0 => {
+                    // Expiring now: not worth a copy.
+                    outcome.vanished += 1;
+                    continue;
+                }
+                Some(t) if t > RELATIVE_TTL_MAX => now.saturating_add(t),
+                Some(t) => t,
+            };
+            out.extend_from_slice(
+                format!("ms {} {} F{} T{ttl} ME\r\n", String::from_utf8_lossy(k), item.data.len(), item.flags)
+                    .as_bytes(),
+            );
+            out.extend_from_slice(&item.data);
+            out.extend_from_slice(b"\r\n");
+            sent.push(k);
+        }
+        let owner = &mut self.owners[at];
+        owner.write(&out).await?;
+        let mut gone = Vec::new();
+        for k in sent {
+            let answer = owner.line().await?;
+            match answer.as_slice() {
+                b"HD" => {
+                    outcome.moved += 1;
+                    gone.push(k);
+                }
+                b"NS" => {
+                    outcome.superseded += 1;
+                    gone.push(k);
+                }
+                other => {
+                    tracing::warn!(from = %self.source.addr, %to, key = %String::from_utf8_lossy(k), answer = %String::from_utf8_lossy(other), "a key could not be added on its new owner");
+                    outcome.failed += 1;
+                }
+            }
+        }
+        out.clear();
+        for k in &gone {
+            out.extend_from_slice(b"md ");
+            out.extend_from_slice(k);
+            out.extend_from_slice(b"\r\n");
+        }
+        self.source.write(&out).await?;
+        for _ in &gone {
+            self.source.line().await?;
+        }
+        Ok(outcome)
+    }
+
+    /// An `mg KEY v f t` answer: `VA <len> f<flags> t<ttl>` and the data, or `EN`.
+    async fn read_item(&mut self) -> Result<Option<Item>, MoveError> {
+        let addr = self.source.addr;
+        let line = self.source.line().await?;
+        if line == b"EN" {
+            return Ok(None);
+        }
+        let garbled = || server_error(addr, format!("answered mg with '{}'", String::from_utf8_lossy(&line)));
+        let text = std::str::from_utf8(&line).map_err(|_| garbled())?;
+        let mut parts = text.split(' ');
+        if parts.next() != Some("VA") {
+            return Err(garbled());
+        }
+        let len: usize = parts.next().and_then(|n| n.parse().ok()).ok_or_else(garbled)?;
+        let (mut flags, mut ttl) = (0, None);
+        for p in parts {
+            if let Some(f) = p.strip_prefix('f') {
+                flags = f.parse().map_err(|_| garbled())?;
+            } else if let Some(t) = p.strip_prefix('t') {
+                let t: i64 = t.parse().map_err(|_| garbled())?;
+                ttl = (t >= 0).then_some(t);
+            }
+        }
+        let total = len.checked_add(2).ok_or_else(garbled)?;
+        self.source.fill(total).await?;
+        let data = self.source.buf[..len].to_vec();
+        self.source.buf.advance(total);
+        Ok(Some(Item { flags, ttl, data }))
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadump_lines() {
+        let f = metadump_line(b"key=user%3A42%25 exp=-1 la=1700000000 cas=7 fetch=no cls=1 size=70").expect("a key");
+        assert_eq!((f.key.as_slice(), f.bytes), (&b"user:42%"[..], 70));
+        assert!(metadump_line(b"key=YWJj exp=-1 la=1 cas=1 fetch=no cls=1 size=60 b").is_none());
+        assert!(metadump_line(b"key=bad%2 exp=-1").is_none());
+        assert!(metadump_line(b"key=sp%20ace size=1").is_none(), "a key memcached's text protocol cannot carry");
+        assert!(metadump_line(b"ERROR").is_none());
+    }
+}
