@@ -170,18 +170,21 @@ pub(crate) async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings
         let mut stream = TcpStream::connect(w.address).await?;
         let _ = stream.set_nodelay(true);
         if let Some(greeting) = &s.greeting {
+            // Redis's AUTH or HELLO: one whole reply, a status or (HELLO's) a map.
             stream.write_all(greeting).await?;
-            let mut line = Vec::new();
-            let mut byte = [0u8; 1];
-            while !line.ends_with(b"\n") && line.len() < 512 {
-                if stream.read(&mut byte).await? == 0 {
+            let mut answer = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !matches!(crate::resp::codec::reply_len(&answer), Ok(Some(_))) && answer.len() < 64 * 1024 {
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
                     break;
                 }
-                line.push(byte[0]);
+                answer.extend_from_slice(&chunk[..n]);
             }
-            if !line.starts_with(b"+") {
-                tracing::warn!(server = %w.address, answer = %String::from_utf8_lossy(&line).trim_end(), "the server refused the proxy's AUTH");
-                return Err(std::io::Error::other("refused the proxy's AUTH"));
+            if !(answer.starts_with(b"+") || answer.starts_with(b"%")) {
+                let first = answer.split(|&b| b == b'\n').next().unwrap_or_default();
+                tracing::warn!(server = %w.address, answer = %String::from_utf8_lossy(first).trim_end(), "the server refused the proxy's greeting (AUTH or HELLO)");
+                return Err(std::io::Error::other("refused the proxy's greeting"));
             }
         }
         Ok::<TcpStream, std::io::Error>(stream)

@@ -69,7 +69,8 @@
 //! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints, and `dashboard` (the operator's page and its feed) |
 //! | `backend` | a cache listener's side of its servers: connections per client, batches, placement and accounting |
 //! | `memcache` | the memcached listener: `codec` (the text protocol, sans IO), then the connection loop |
-//! | `resp` | the Redis listener: `codec` (RESP2, sans IO), then the connection loop |
+//! | `resp` | the Redis listener: `codec` (RESP2 and RESP3, sans IO), then the connection loop |
+//! | `relocate` | `keyroute move`: a store's keys moved after a membership change (planned, rate-limited, resumable, verified) |
 //! | `connection` | one connection: TLS and ALPN, HTTP/1.1 on [`keyroute_http1`] (head and send timeouts, upgrades) or HTTP/2 on hyper |
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, the hot-key ticker, reload, shutdown |
 

@@ -59,10 +59,10 @@ fn reply_len(b: &[u8]) -> Option<usize> {
     match b[0] {
         b'$' if n < 0 => Some(nl),
         b'$' => (b.len() >= nl + n as usize + 2).then_some(nl + n as usize + 2),
-        b'*' if n <= 0 => Some(nl),
-        b'*' => {
+        b'*' | b'~' | b'%' if n <= 0 => Some(nl),
+        b'*' | b'~' | b'%' => {
             let mut at = nl;
-            for _ in 0..n {
+            for _ in 0..if b[0] == b'%' { 2 * n } else { n } {
                 at += reply_len(&b[at..])?;
             }
             Some(at)
@@ -477,5 +477,55 @@ async fn writes_during_a_move_are_not_lost() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     assert!(fills > 0, "keys touched before the move were read through: {fills}");
+    gw.handle.shutdown();
+}
+
+/// RESP3 (issue 22): `HELLO 3` answers a map and switches the client's protocol, and with it its
+/// connections to the servers, so maps, sets, nulls and doubles come back as RESP3 clients expect;
+/// split commands merge in RESP3; `HELLO 2` switches back; an unknown version is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_3_speaks_resp3_to_the_client_and_its_servers() {
+    let (_procs, addrs) = redis_servers(3).await;
+    let gw = start_gateway(&config(&addrs, "rendezvous")).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, &cmd(&["HSET", "h", "f", "1"]), 1).await, ":1\r\n");
+    assert_eq!(ask(&mut c, &cmd(&["HGETALL", "h"]), 1).await, "*2\r\n$1\r\nf\r\n$1\r\n1\r\n", "RESP2 first");
+    assert_eq!(ask(&mut c, &cmd(&["HELLO", "4"]), 1).await, "-NOPROTO unsupported protocol version\r\n");
+    let hello = ask(&mut c, &cmd(&["HELLO", "3"]), 1).await;
+    assert!(hello.starts_with("%7\r\n$6\r\nserver\r\n$8\r\nkeyroute\r\n"), "{hello}");
+    assert!(hello.contains("$5\r\nproto\r\n:3\r\n"), "{hello}");
+    assert_eq!(ask(&mut c, &cmd(&["HGETALL", "h"]), 1).await, "%1\r\n$1\r\nf\r\n$1\r\n1\r\n", "a map");
+    assert_eq!(ask(&mut c, &cmd(&["SADD", "s", "m"]), 1).await, ":1\r\n");
+    assert_eq!(ask(&mut c, &cmd(&["SMEMBERS", "s"]), 1).await, "~1\r\n$1\r\nm\r\n", "a set");
+    assert_eq!(ask(&mut c, &cmd(&["GET", "missing"]), 1).await, "_\r\n", "RESP3's null");
+    assert_eq!(ask(&mut c, &cmd(&["ZADD", "z", "1.5", "m"]), 1).await, ":1\r\n");
+    assert_eq!(ask(&mut c, &cmd(&["ZSCORE", "z", "m"]), 1).await, ",1.5\r\n", "a double");
+    // A split command over several servers, merged in RESP3.
+    let mut req = Vec::new();
+    for i in 0..12 {
+        req.extend(cmd(&["SET", &format!("k{i}"), &format!("v{i}")]));
+    }
+    ask(&mut c, &req, 12).await;
+    let mget = ask(&mut c, &cmd(&["MGET", "k0", "nope", "k5", "k11"]), 1).await;
+    assert_eq!(mget, "*4\r\n$2\r\nv0\r\n_\r\n$2\r\nv5\r\n$3\r\nv11\r\n");
+    // Pipelined across the switch back: the command after HELLO 2 is answered in RESP2.
+    let r = ask(&mut c, &[cmd(&["HELLO", "2"]), cmd(&["HGETALL", "h"]), cmd(&["GET", "missing"])].concat(), 3).await;
+    assert!(r.starts_with("*14\r\n"), "{r}");
+    assert!(r.ends_with("*2\r\n$1\r\nf\r\n$1\r\n1\r\n$-1\r\n"), "{r}");
+    gw.handle.shutdown();
+
+    // With a password on the listener and on the servers: HELLO 3 AUTH authenticates.
+    let (_procs, addrs) = redis_servers_with(2, &["--requirepass", "s3rv3r"]).await;
+    let text = config(&addrs, "rendezvous").replace(
+        "max_item_bytes = 4096\n",
+        "max_item_bytes = 4096\npassword = \"cl13nt\"\nserver_password = \"s3rv3r\"\n",
+    );
+    let gw = start_gateway(&text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert!(ask(&mut c, &cmd(&["HELLO", "3"]), 1).await.starts_with("-NOAUTH HELLO must be called"));
+    assert!(ask(&mut c, &cmd(&["HELLO", "3", "AUTH", "default", "wrong"]), 1).await.starts_with("-WRONGPASS"));
+    assert!(ask(&mut c, &cmd(&["HELLO", "3", "AUTH", "default", "cl13nt"]), 1).await.starts_with("%7\r\n"));
+    assert_eq!(ask(&mut c, &cmd(&["HSET", "h2", "a", "b"]), 1).await, ":1\r\n");
+    assert_eq!(ask(&mut c, &cmd(&["HGETALL", "h2"]), 1).await, "%1\r\n$1\r\na\r\n$1\r\nb\r\n");
     gw.handle.shutdown();
 }

@@ -1,4 +1,4 @@
-//! RESP2, sans IO: a client's command (an array of bulk strings, or an inline line) parsed in
+//! RESP2 and RESP3, sans IO: a client's command (an array of bulk strings, or an inline line) parsed in
 //! place, the length of one server reply in a buffer, and the elements of an array reply.
 
 use std::ops::Range;
@@ -96,48 +96,54 @@ fn header(buf: &[u8], at: usize) -> Result<Option<(i64, usize)>, Unframed> {
     Ok(Some((n, at + nl + 1)))
 }
 
-/// The length of one whole reply at the start of `buf` (simple strings, errors, integers, bulk
-/// strings and arrays, nested; the null bulk and the null array), if it is all there.
+/// The length of one whole reply at the start of `buf`, if it is all there: RESP2's simple
+/// strings, errors, integers, bulk strings and arrays (nested; the null bulk and the null array),
+/// and RESP3's null (`_`), double (`,`), boolean (`#`), big number (`(`), blob error (`!`),
+/// verbatim string (`=`), map (`%`, two elements per entry), set (`~`), push (`>`) and attribute
+/// (`|`: its entries, then the value it describes).
 ///
 /// # Errors
 ///
-/// A reply that is not RESP2.
+/// A reply that is neither.
 pub(crate) fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
-    // Elements still to read, per open array.
+    const NOT_RESP: Unframed = Unframed("ERR server reply is not RESP");
+    // Elements still to read, per open aggregate.
     let mut at = 0;
     let mut open: Vec<i64> = Vec::new();
     loop {
         let Some(&t) = buf.get(at) else { return Ok(None) };
         match t {
-            b'+' | b'-' | b':' => {
+            b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => {
                 let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') else { return Ok(None) };
                 at += nl + 1;
             }
-            b'$' => {
+            b'$' | b'!' | b'=' => {
                 let Some((n, body)) = header(buf, at)? else { return Ok(None) };
                 at = if n < 0 {
                     body
                 } else {
-                    usize::try_from(n)
-                        .ok()
-                        .and_then(|n| body.checked_add(n)?.checked_add(2))
-                        .ok_or(Unframed("ERR server reply is not RESP2"))?
+                    usize::try_from(n).ok().and_then(|n| body.checked_add(n)?.checked_add(2)).ok_or(NOT_RESP)?
                 };
                 if buf.len() < at {
                     return Ok(None);
                 }
             }
-            b'*' => {
+            b'*' | b'~' | b'>' | b'%' | b'|' => {
                 let Some((n, body)) = header(buf, at)? else { return Ok(None) };
                 at = body;
+                let n = match t {
+                    b'%' => n.checked_mul(2).ok_or(NOT_RESP)?,
+                    b'|' => n.checked_mul(2).and_then(|n| n.checked_add(1)).ok_or(NOT_RESP)?,
+                    _ => n,
+                };
                 if n > 0 {
                     open.push(n);
                     continue;
                 }
             }
-            _ => return Err(Unframed("ERR server reply is not RESP2")),
+            _ => return Err(NOT_RESP),
         }
-        // One element ended: close the arrays it completes.
+        // One element ended: close the aggregates it completes.
         loop {
             match open.last_mut() {
                 None => return Ok(Some(at)),

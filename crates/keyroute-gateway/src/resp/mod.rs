@@ -1,4 +1,4 @@
-//! A Redis proxy listener (`protocol = "redis"`): RESP2 in front of a pool of standalone Redis
+//! A Redis proxy listener (`protocol = "redis"`): RESP2 and RESP3 in front of a pool of standalone Redis
 //! servers, placed by the pool's strategy (the `redis-cluster` mode places by keyslot, `twemproxy`
 //! as nutcracker does), each key by its `{hash tag}` when it has one.
 //!
@@ -16,12 +16,24 @@
 //!   them: commands of every server or none (`KEYS`, `SCAN`, `RANDOMKEY`, `DBSIZE`, `FLUSHALL`,
 //!   `FLUSHDB`, `INFO`, `CONFIG`...), blocking commands (`BLPOP`, `BRPOP`, `BLMOVE`, `BZPOPMIN`,
 //!   `WAIT`, `XREAD`/`XREADGROUP`...), transactions (`MULTI`, `EXEC`, `WATCH`...), pub/sub
-//!   (`SUBSCRIBE`, `PUBLISH`...), `SELECT` of another database, `HELLO` (RESP3 is not served yet),
-//!   and anything else unknown.
+//!   (`SUBSCRIBE`, `PUBLISH`...), `SELECT` of another database, and anything else unknown.
+//! - **RESP3**: `HELLO 3` (with `AUTH default PASSWORD` and `SETNAME`, as Redis takes them) answers
+//!   the proxy's map (`server` keyroute, `proto`, `mode` standalone...) and switches the client:
+//!   its connections to the servers are opened anew with `HELLO 3`, so the servers' maps, sets,
+//!   nulls, doubles and booleans reach it as they are, and split commands merge in RESP3.
+//!   `HELLO 2` switches back; another version is `-NOPROTO`.
 //! - **Passwords**: with `password` on the listener, a client must `AUTH PASSWORD` (or `AUTH
 //!   default PASSWORD`) first; every other command gets `-NOAUTH` until then, and a wrong one
 //!   `-WRONGPASS`, as Redis answers. With `server_password`, the proxy sends `AUTH` on every
 //!   connection it opens to a server (a server that refuses it is a failed connect).
+//!
+//! - **A server that joins, with `[pool.handoff]`**: a store's key lives in one place, so every
+//!   key whose owner is the new server goes there at once (no gradual admission, unlike the
+//!   memcached listener's warm-up), and within the window, a command on such a key first moves
+//!   it from its previous owner (`MIGRATE ... KEYS key` run there: atomic, and never replacing a
+//!   newer value the new owner has), counted in `keyroute_pool_warm_fills_total`. `keyroute
+//!   move` moves the keys no command touched (see [`crate::relocate`]). A server that leaves is
+//!   not read through: the proxy no longer knows it.
 //!
 //! Commands are served in pipelined batches as the memcached listener's are (see
 //! [`crate::backend`]): sent to their servers first, one write per server, then the replies read in
@@ -192,7 +204,6 @@ fn refusal(name: &str) -> Option<&'static str> {
         "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => "is a transaction, whose keys may be on several servers",
         "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SUNSUBSCRIBE" | "PUBLISH"
         | "SPUBLISH" | "PUBSUB" => "is pub/sub, which has no key to place",
-        "HELLO" => "switches protocol: keyroute speaks RESP2 only, for now",
         "AUTH" => "authenticates, and this listener has no password (set password on the listener)",
         "RENAME" | "RENAMENX" | "SMOVE" | "LMOVE" | "RPOPLPUSH" | "SDIFFSTORE" | "SINTERSTORE" | "SUNIONSTORE"
         | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" | "ZRANGESTORE" | "GEOSEARCHSTORE" | "BITOP" | "COPY"
@@ -237,22 +248,21 @@ fn error(out: &mut Vec<u8>, message: &str) -> Vec<u8> {
 pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shared>, config: CacheListener, _held: H) {
     let mut c = Client::new(stream, &shared);
     let mut pending: Vec<Pending> = Vec::new();
-    // The proxy's AUTH to each server it connects to.
-    let greeting: Option<Arc<[u8]>> = config.server_password.as_ref().map(|p| {
-        let mut g = Vec::new();
-        codec::command(&mut g, [&b"AUTH"[..], p.as_bytes()].into_iter());
-        Arc::from(g)
-    });
+    // The proxy's greeting to each server it connects to, for each protocol the client may speak.
+    let greetings =
+        [greeting(config.server_password.as_deref(), false), greeting(config.server_password.as_deref(), true)];
     let password: Option<Arc<str>> = config.server_password.as_deref().map(Arc::from);
     let mut authenticated = config.password.is_none();
+    let mut resp3 = false;
     loop {
         let Some(pool) = pool_of(&shared, config.pool) else { return };
         let snap = pool.snapshot();
         let mut settings = Settings::of(&snap);
-        settings.greeting = greeting.clone();
+        settings.greeting = greetings[usize::from(resp3)].clone();
         settings.password = password.clone();
         let now = Instant::now();
         let mut close = false;
+        let mut switched = false;
         while pending.len() < 1024 {
             let (n, ranges) = match codec::request(&c.input, config.max_item_bytes) {
                 Ok(Some(r)) => r,
@@ -299,6 +309,19 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                 c.input.advance(n);
                 continue;
             }
+            if name == "HELLO" {
+                let (answer, proto) = hello(&args, config.password.as_deref(), &mut authenticated, resp3);
+                pending.push(Pending::Ready(answer));
+                c.input.advance(n);
+                if let Some(p) = proto.filter(|&p| p != resp3) {
+                    // The client's server connections speak its protocol: they are opened anew,
+                    // after this batch.
+                    resp3 = p;
+                    switched = true;
+                    break;
+                }
+                continue;
+            }
             if !authenticated {
                 pending.push(Pending::Ready(b"-NOAUTH Authentication required.\r\n".to_vec()));
                 c.input.advance(n);
@@ -315,12 +338,104 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
         if !c.reply().await || close {
             return;
         }
+        if switched {
+            c.servers = Servers::default();
+            c.side = Servers::default();
+        }
         // More whole commands than one batch are served before reading.
         let more = matches!(codec::request(&c.input, config.max_item_bytes), Ok(Some(_)));
         if !more && !c.read().await {
             return;
         }
     }
+}
+
+/// What the proxy sends first on each server connection: `HELLO 3` for a client that speaks
+/// RESP3 (with `AUTH default PASSWORD` when the servers need one), else `AUTH PASSWORD` or nothing.
+fn greeting(password: Option<&str>, resp3: bool) -> Option<Arc<[u8]>> {
+    let mut args: Vec<&[u8]> = Vec::new();
+    if resp3 {
+        args.extend([&b"HELLO"[..], b"3"]);
+        if let Some(p) = password {
+            args.extend([&b"AUTH"[..], b"default", p.as_bytes()]);
+        }
+    } else if let Some(p) = password {
+        args.extend([&b"AUTH"[..], p.as_bytes()]);
+    }
+    if args.is_empty() {
+        return None;
+    }
+    let mut g = Vec::new();
+    codec::command(&mut g, args.into_iter());
+    Some(Arc::from(g))
+}
+
+/// `HELLO [protover [AUTH username password] [SETNAME name]]`: its answer, and the protocol to
+/// speak from now on (`Some(true)`: RESP3) when it names one and is accepted. `AUTH` in it
+/// authenticates as the `AUTH` command does.
+fn hello(args: &[&[u8]], password: Option<&str>, authenticated: &mut bool, resp3: bool) -> (Vec<u8>, Option<bool>) {
+    let mut proto = None;
+    let mut rest = &args[1..];
+    if let Some(v) = rest.first() {
+        match *v {
+            b"2" => proto = Some(false),
+            b"3" => proto = Some(true),
+            _ if std::str::from_utf8(v).is_ok_and(|v| v.parse::<i64>().is_ok()) => {
+                return (b"-NOPROTO unsupported protocol version\r\n".to_vec(), None);
+            }
+            _ => return (b"-ERR Protocol version is not an integer or out of range\r\n".to_vec(), None),
+        }
+        rest = &rest[1..];
+    }
+    let mut auth = None;
+    while let Some(option) = rest.first() {
+        let option = option.to_ascii_uppercase();
+        match (option.as_slice(), rest.len()) {
+            (b"AUTH", 3..) => {
+                auth = Some((rest[1], rest[2]));
+                rest = &rest[3..];
+            }
+            (b"SETNAME", 2..) => rest = &rest[2..],
+            _ => {
+                let message = format!("-ERR Syntax error in HELLO option '{}'\r\n", String::from_utf8_lossy(&option));
+                return (message.into_bytes(), None);
+            }
+        }
+    }
+    if let Some((user, given)) = auth {
+        // With no password on the listener, the default user takes any (Redis's `nopass`).
+        let ok = user == b"default" && password.is_none_or(|p| matches_password(given, p));
+        if !ok {
+            return (b"-WRONGPASS invalid username-password pair or user is disabled.\r\n".to_vec(), None);
+        }
+        *authenticated = true;
+    }
+    if !*authenticated {
+        return (
+            b"-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n".to_vec(),
+            None,
+        );
+    }
+    let three = proto.unwrap_or(resp3);
+    let fields: [(&str, Option<&str>, i64); 7] = [
+        ("server", Some("keyroute"), 0),
+        ("version", Some(env!("CARGO_PKG_VERSION")), 0),
+        ("proto", None, if three { 3 } else { 2 }),
+        ("id", None, 0),
+        ("mode", Some("standalone"), 0),
+        ("role", Some("master"), 0),
+        ("modules", None, -1),
+    ];
+    let mut o = if three { b"%7\r\n".to_vec() } else { b"*14\r\n".to_vec() };
+    for (name, text, number) in fields {
+        codec::bulk(&mut o, name.as_bytes());
+        match (text, number) {
+            (Some(t), _) => codec::bulk(&mut o, t.as_bytes()),
+            (None, -1) => o.extend_from_slice(b"*0\r\n"),
+            (None, n) => o.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+        }
+    }
+    (o, proto)
 }
 
 /// Whether `given` is the listener's password, in time independent of where they differ.
