@@ -264,12 +264,12 @@ async fn a_dead_server_moves_only_its_keys_and_no_command_hangs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_twemproxy_user_switches_without_a_flush() {
-    let (procs, addrs) = memcacheds(4).await;
-    // nutcracker in front of the four, as its users run it: ketama over md5, weights 1, 2, 1, 1.
+    let (procs, addrs) = memcacheds(8).await;
+    // nutcracker in front of the eight, as its users run it: ketama over md5, with weights.
     let dir = std::env::temp_dir().join(format!("keyroute-nutcracker-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let (port, stats) = (free_port(), free_port());
-    let weights = [1, 2, 1, 1];
+    let weights = [1, 2, 1, 3, 1, 1, 2, 5];
     let servers: String = addrs.iter().zip(weights).map(|(a, w)| format!("   - {a}:{w}\n")).collect();
     let yml = format!(
         "cache:\n  listen: 127.0.0.1:{port}\n  hash: md5\n  distribution: ketama\n  hash_tag: \"{{}}\"\n  timeout: 1000\n  auto_eject_hosts: false\n  servers:\n{servers}"
@@ -298,25 +298,37 @@ async fn a_twemproxy_user_switches_without_a_flush() {
         .expect("converted")
         .replace(&format!("listen = \"{n_addr}\""), "listen = \"127.0.0.1:0\"");
     let gw = start_gateway(&text).await;
-    // Written through nutcracker...
+    // 10,000 keys written through nutcracker (each once, so each on nutcracker's owner only)...
     let mut n = TcpStream::connect(n_addr).await.expect("connect nutcracker");
-    let keys: Vec<String> = (0..400)
+    let keys: Vec<String> = (0..10_000)
         .map(|i| if i % 10 == 0 { format!("{{user{}}}:profile:{i}", i % 7) } else { format!("item:{i}") })
         .collect();
-    for k in &keys {
-        assert_eq!(
-            ask(&mut n, format!("set {k} 0 0 {}\r\n{k}\r\n", k.len()).as_bytes(), "\r\n").await,
-            "STORED\r\n",
-            "{k}"
-        );
-    }
-    // ...every key is found through keyroute: no cache lost on the day of the switch.
-    let mut k_conn = TcpStream::connect(gw.addr).await.expect("connect keyroute");
-    for chunk in keys.chunks(50) {
-        let r = ask(&mut k_conn, format!("get {}\r\n", chunk.join(" ")).as_bytes(), "END\r\n").await;
-        for k in chunk {
-            assert!(r.contains(&format!("VALUE {k} 0 {}\r\n{k}\r\n", k.len())), "{k} not found through keyroute: {r}");
+    for chunk in keys.chunks(500) {
+        let req: String = chunk.iter().map(|k| format!("set {k} 0 0 {}\r\n{k}\r\n", k.len())).collect();
+        let mut r = ask(&mut n, req.as_bytes(), "\r\n").await;
+        while r.matches("\r\n").count() < chunk.len() {
+            r.push_str(&read_until(&mut n, "\r\n").await);
         }
+        assert_eq!(r, "STORED\r\n".repeat(chunk.len()));
+    }
+    // ...are every one found through keyroute: keyroute places each on nutcracker's server, and
+    // no cache is lost on the day of the switch.
+    let mut k_conn = TcpStream::connect(gw.addr).await.expect("connect keyroute");
+    let mut differences = Vec::new();
+    for chunk in keys.chunks(100) {
+        let r = ask(&mut k_conn, format!("get {}\r\n", chunk.join(" ")).as_bytes(), "END\r\n").await;
+        differences.extend(chunk.iter().filter(|k| !r.contains(&format!("VALUE {k} 0 {}\r\n{k}\r\n", k.len()))));
+    }
+    assert!(
+        differences.is_empty(),
+        "{} of 10,000 keys placed elsewhere than nutcracker: {:?}",
+        differences.len(),
+        &differences[..differences.len().min(5)]
+    );
+    for a in &addrs {
+        let mut s = TcpStream::connect(a).await.expect("direct");
+        let stats = ask(&mut s, b"stats\r\n", "END\r\n").await;
+        assert!(!stats.contains("STAT curr_items 0\r\n"), "every server holds keys: {a}");
     }
     // And keyroute's writes land where nutcracker reads them.
     for k in keys.iter().take(100) {
