@@ -5,7 +5,7 @@
 # keyroute serve --threads 1 with the configuration `keyroute from-nutcracker` makes of the same
 # YAML (so both place every key alike). The same load through each, rounds alternated:
 # crates/keyroute-bench/examples/mc_load.rs, CONNECTIONS connections each writing DEPTH commands at
-# once (one SET in ten, the rest single-key GETs, VALUE_BYTES-byte values, KEYS keys written first).
+# once (one SET in sixteen, the rest single-key GETs, VALUE_BYTES-byte values, KEYS keys written first).
 # "direct" sends the same load to one memcached server (no proxy: the floor).
 # For each: ops/s, and the proxy's CPU time per operation (user+sys from /proc/PID/stat over the
 # run, over the operations completed).
@@ -16,6 +16,11 @@
 #                                            Redis listener (twemproxy placement); the load is
 #                                            redis-benchmark -t set,get -P DEPTH -c CONNECTIONS
 #                                            -d VALUE_BYTES -r KEYS for REQUESTS requests
+#         SERVERS_N=8 MULTI=100 bench/memcache.sh   8 servers; every GET a multi-get of 100 keys
+#                                            (MGET for redis, through mc_load)
+#         RATE=20000 bench/memcache.sh       open loop: 20,000 commands/s, latency p50/p99/p999
+#                                            taken from each command's due time (mc_load; RESP
+#                                            too with PROTOCOL=redis)
 # Needs memcached and nutcracker (installed with apt-get when missing, as root). Starts every process
 # itself on 127.0.0.1 and kills them by PID on exit.
 set -euo pipefail
@@ -31,6 +36,9 @@ KEYS=${KEYS:-10000}
 BASE_PORT=${BASE_PORT:-21211}
 PROTOCOL=${PROTOCOL:-memcached}
 REQUESTS=${REQUESTS:-400000}
+SERVERS_N=${SERVERS_N:-4}
+MULTI=${MULTI:-1}
+RATE=${RATE:-}
 [[ $PROTOCOL == memcached || $PROTOCOL == redis ]] || { echo "PROTOCOL is memcached or redis" >&2; exit 64; }
 
 log() { echo "[memcache.sh] $*" >&2; }
@@ -74,15 +82,15 @@ server() { # $1 = port
     fi
     PIDS+=($!)
 }
-for i in 0 1 2 3; do
+for i in $(seq 0 $((SERVERS_N - 1))); do
     port=$((BASE_PORT + i))
     server "$port"
     SERVERS+=("127.0.0.1:$port")
 done
-DIRECT_PORT=$((BASE_PORT + 4))
+DIRECT_PORT=$((BASE_PORT + 20))
 server "$DIRECT_PORT"
-NUT_PORT=$((BASE_PORT + 10))
-KR_PORT=$((BASE_PORT + 11))
+NUT_PORT=$((BASE_PORT + 21))
+KR_PORT=$((BASE_PORT + 22))
 {
     echo "bench:"
     echo "  listen: 127.0.0.1:$NUT_PORT"
@@ -93,18 +101,18 @@ KR_PORT=$((BASE_PORT + 11))
     echo "  servers:"
     for s in "${SERVERS[@]}"; do echo "   - $s:1"; done
 } >"$TMP/nutcracker.yml"
-"$NUTCRACKER" -c "$TMP/nutcracker.yml" -s $((BASE_PORT + 12)) -a 127.0.0.1 -o "$TMP/nutcracker.log" &
+"$NUTCRACKER" -c "$TMP/nutcracker.yml" -s $((BASE_PORT + 23)) -a 127.0.0.1 -o "$TMP/nutcracker.log" &
 NUT_PID=$!
 PIDS+=("$NUT_PID")
 if [[ $PROTOCOL == redis ]]; then
     # from-nutcracker converts memcached pools only: the same placement, written out.
     {
-        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nprotocol = "redis"\npool = "bench"\n\n' $((BASE_PORT + 13)) "$KR_PORT"
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nprotocol = "redis"\npool = "bench"\n\n' $((BASE_PORT + 24)) "$KR_PORT"
         printf '[[pool]]\nname = "bench"\nstrategy = "twemproxy"\n[pool.retry]\nper_try_timeout_ms = 1000\n'
         for s in "${SERVERS[@]}"; do printf '[[pool.worker]]\nname = "%s"\naddress = "%s"\n' "$s" "$s"; done
     } >"$TMP/keyroute.toml"
 else
-    "$KEYROUTE" from-nutcracker "$TMP/nutcracker.yml" --admin "127.0.0.1:$((BASE_PORT + 13))" |
+    "$KEYROUTE" from-nutcracker "$TMP/nutcracker.yml" --admin "127.0.0.1:$((BASE_PORT + 24))" |
         sed "s/127.0.0.1:$NUT_PORT/127.0.0.1:$KR_PORT/" >"$TMP/keyroute.toml"
 fi
 "$KEYROUTE" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.log" 2>&1 &
@@ -129,7 +137,7 @@ for round in $(seq "$ROUNDS"); do
         pid=${PID[$target]}
         before=0
         [[ $pid != 0 ]] && before=$(cpu_ticks "$pid")
-        if [[ $PROTOCOL == redis ]]; then
+        if [[ $PROTOCOL == redis && -z $RATE && $MULTI == 1 ]]; then
             start=$(date +%s.%N)
             rb=$(redis-benchmark -h 127.0.0.1 -p "${PORT[$target]}" -t set,get -P "$DEPTH" -c "$CONNECTIONS" \
                 -d "$VALUE_BYTES" -r "$KEYS" -n "$REQUESTS" -q 2>&1 | tr '\r' '\n' | grep -E '^(SET|GET):' || true)
@@ -138,7 +146,8 @@ for round in $(seq "$ROUNDS"); do
             [[ $(grep -c 'requests per second' <<<"$rb") == 2 ]] || done_ops=0
             out="ops=$done_ops seconds=$secs ops_per_sec=$(awk -v o="$done_ops" -v s="$secs" 'BEGIN { printf "%.0f", o / s }') misses=0 errors=$((done_ops == 0))"
         else
-            out=$("$LOAD" "127.0.0.1:${PORT[$target]}" "$CONNECTIONS" "$DEPTH" "$SECONDS_PER_RUN" "$VALUE_BYTES" "$KEYS")
+            out=$(MC_PROTOCOL=$PROTOCOL MC_MULTI=$MULTI MC_RATE=$RATE \
+                "$LOAD" "127.0.0.1:${PORT[$target]}" "$CONNECTIONS" "$DEPTH" "$SECONDS_PER_RUN" "$VALUE_BYTES" "$KEYS")
         fi
         after=0
         [[ $pid != 0 ]] && after=$(cpu_ticks "$pid")
@@ -148,30 +157,35 @@ for round in $(seq "$ROUNDS"); do
         misses=$(sed -E 's/.*misses=([0-9]+).*/\1/' <<<"$out")
         us=$(awk -v t=$((after - before)) -v ops="$ops" -v hz="$TICK" 'BEGIN { if (ops > 0) printf "%.3f", t / hz * 1e6 / ops; else print "-" }')
         [[ $target == direct ]] && us="-"
+        p99=$(grep -oE 'p99_us=[0-9]+' <<<"$out" | cut -d= -f2 || true)
+        p999=$(grep -oE 'p999_us=[0-9]+' <<<"$out" | cut -d= -f2 || true)
         log "round $round $target: $out cpu_us_per_op=$us"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$rate" "$us" "$errors" "$misses" >>"$RESULTS"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$rate" "$us" "$errors" "$misses" "${p99:--}" "${p999:--}" >>"$RESULTS"
     done
 done
 
 echo "# keyroute $PROTOCOL listener vs nutcracker"
 echo
 echo "- command: \`PROTOCOL=$PROTOCOL ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN REQUESTS=$REQUESTS CONNECTIONS=$CONNECTIONS DEPTH=$DEPTH VALUE_BYTES=$VALUE_BYTES KEYS=$KEYS bench/memcache.sh\`"
-echo "- load: examples/mc_load: $CONNECTIONS connections x $DEPTH pipelined commands (1 SET in 10, single-key GETs), $VALUE_BYTES-byte values, $KEYS keys"
-echo "- 4 memcached (-t 1) behind nutcracker $("$NUTCRACKER" -V 2>&1 | head -1 | awk '{print $NF}') (ketama, md5) and behind keyroute serve --threads 1 (from-nutcracker); direct: one memcached, no proxy"
+if [[ -n $RATE ]]; then
+    echo "- load: examples/mc_load, open loop: $RATE commands/s over $CONNECTIONS connections (1 SET in 16, GETs of $MULTI key(s)), $VALUE_BYTES-byte values, $KEYS keys"
+else
+    echo "- load: examples/mc_load (or redis-benchmark): $CONNECTIONS connections x $DEPTH pipelined commands (1 SET in 16, GETs of $MULTI key(s)), $VALUE_BYTES-byte values, $KEYS keys"
+fi
+echo "- $SERVERS_N $PROTOCOL servers (memcached -t 1) behind nutcracker $("$NUTCRACKER" -V 2>&1 | head -1 | awk '{print $NF}') (ketama, md5) and behind keyroute serve --threads 1 (from-nutcracker); direct: one memcached, no proxy"
 echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); nproc: $(nproc); keyroute $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (+ uncommitted changes)')"
 echo
-echo "| round | target | ops/s | proxy CPU us/op | errors | misses |"
-echo "|---:|---|---:|---:|---:|---:|"
-awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6 }' "$RESULTS"
+echo "| round | target | ops/s | proxy CPU us/op | errors | misses | p99 us | p99.9 us |"
+echo "|---:|---|---:|---:|---:|---:|---:|---:|"
+awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8 }' "$RESULTS"
 echo
 echo "Medians:"
 echo
-echo "| target | ops/s | proxy CPU us/op |"
-echo "|---|---:|---:|"
+echo "| target | ops/s | proxy CPU us/op | p99 us | p99.9 us |"
+echo "|---|---:|---:|---:|---:|"
+median() { awk -F'\t' -v t="$1" -v c="$2" '$2 == t { print $c }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 for target in direct nutcracker keyroute; do
-    rate=$(awk -F'\t' -v t="$target" '$2 == t { print $3 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-    us=$(awk -F'\t' -v t="$target" '$2 == t { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-    echo "| $target | $rate | $us |"
+    echo "| $target | $(median "$target" 3) | $(median "$target" 4) | $(median "$target" 7) | $(median "$target" 8) |"
 done
 k=$(awk -F'\t' '$2 == "keyroute" { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 n=$(awk -F'\t' '$2 == "nutcracker" { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')

@@ -529,3 +529,76 @@ async fn hello_3_speaks_resp3_to_the_client_and_its_servers() {
     assert_eq!(ask(&mut c, &cmd(&["HGETALL", "h2"]), 1).await, "%1\r\n$1\r\na\r\n$1\r\nb\r\n");
     gw.handle.shutdown();
 }
+
+/// Hot keys on the Redis listener (issue 22): a key read hard gets replicas; its GETs spread over
+/// them (a replica's miss is read from the owner, answered, and copied there, with a TTL of at
+/// most 10 s); a write (SET, APPEND, DEL...) goes to the owner and deletes the replicas' copies,
+/// so that no read through the proxy sees a value older than the last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_is_read_from_its_replicas_and_its_copies_deleted_on_a_write() {
+    let (_procs, addrs) = redis_servers(4).await;
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true\n[pool.retry]";
+    let gw = start_gateway(&config(&addrs, "rendezvous").replace("[pool.retry]", hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, &cmd(&["SET", "viral", "v1"]), 1).await, "+OK\r\n");
+    let burst: Vec<u8> = (0..50).flat_map(|_| cmd(&["GET", "viral"])).collect();
+    let mut replicas = 0;
+    for _ in 0..60 {
+        assert_eq!(ask(&mut c, &burst, 50).await, "$2\r\nv1\r\n".repeat(50), "every read hits");
+        let (_, v) = admin(&gw, "GET", "/hotkeys", "", None).await;
+        replicas = v["pools"][0]["keys"]
+            .as_array()
+            .and_then(|ks| ks.iter().find(|k| k["key"] == "viral"))
+            .and_then(|k| k["replicas"].as_u64())
+            .unwrap_or(0);
+        if replicas > 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(replicas > 1, "the key became hot with replicas");
+    let holders = |value: &'static str| {
+        let addrs = addrs.clone();
+        async move {
+            let mut n = 0;
+            for a in &addrs {
+                let mut d = TcpStream::connect(a).await.expect("direct");
+                if ask(&mut d, &cmd(&["GET", "viral"]), 1).await == value {
+                    n += 1;
+                }
+            }
+            n
+        }
+    };
+    // Reads spread: the replicas fill from the owner.
+    assert_eq!(ask(&mut c, &burst, 50).await, "$2\r\nv1\r\n".repeat(50));
+    assert!(holders("$2\r\nv1\r\n").await > 1, "copies on the replicas");
+    let ttls: Vec<i64> = {
+        let mut t = Vec::new();
+        for a in &addrs {
+            let mut d = TcpStream::connect(a).await.expect("direct");
+            t.push(
+                ask(&mut d, &cmd(&["PTTL", "viral"]), 1).await.trim_start_matches(':').trim().parse().expect("pttl"),
+            );
+        }
+        t
+    };
+    assert_eq!(ttls.iter().filter(|&&t| t == -1).count(), 1, "the owner's copy never expires: {ttls:?}");
+    assert!(
+        ttls.iter().all(|&t| t == -1 || t == -2 || (0..=10_000).contains(&t)),
+        "copies live 10 s at most: {ttls:?}"
+    );
+    // A write goes to the owner and deletes the copies, in the same pipeline as the reads after it.
+    let mut req = cmd(&["APPEND", "viral", "!"]);
+    req.extend(&burst);
+    let r = ask(&mut c, &req, 51).await;
+    assert_eq!(r, format!(":3\r\n{}", "$3\r\nv1!\r\n".repeat(50)), "no read sees the value before the write");
+    assert_eq!(holders("$2\r\nv1\r\n").await, 0, "no copy of the old value is left");
+    // A DEL (a split command) deletes every copy too.
+    let mut req = cmd(&["DEL", "viral"]);
+    req.extend(&burst);
+    let r = ask(&mut c, &req, 51).await;
+    assert_eq!(r, format!(":1\r\n{}", "$-1\r\n".repeat(50)), "a deleted hot key is gone from every replica");
+    assert_eq!(holders("$-1\r\n").await, 4);
+    gw.handle.shutdown();
+}

@@ -35,6 +35,16 @@
 //!   move` moves the keys no command touched (see [`crate::relocate`]). A server that leaves is
 //!   not read through: the proxy no longer knows it.
 //!
+//! - **Hot keys** (with `[pool.hot_keys]`, detected and sized as for HTTP): a hot key's `GET`s
+//!   take its replicas (the first of its ranking) in turn; a replica's miss is read from the
+//!   owner (`GET` and `PTTL`), answered, and copied to the replica with `SET ... PX` (at most
+//!   10 s, which bounds how stale a copy can be when its fill raced a write). Any other command
+//!   that writes the key (and `DEL`, `UNLINK`, `MSET` of it) goes to the owner and deletes the
+//!   replicas' copies in the same batch, so no later read through the proxy sees a value older
+//!   than the last write it forwarded. Other reads of a hot key go to its owner. Copies are a
+//!   cache's: on a pool whose keys `keyroute move` will move, leave hot keys off (a copy on a
+//!   new owner would count as a newer value there).
+//!
 //! Commands are served in pipelined batches as the memcached listener's are (see
 //! [`crate::backend`]): sent to their servers first, one write per server, then the replies read in
 //! the client's order. A server that cannot be reached is a passive-ejection failure and a
@@ -223,6 +233,11 @@ enum Pending {
     One { server: usize, node: usize },
     /// A split command's parts: (server, node, the client's positions of its keys).
     Split { how: Merge, parts: Vec<(usize, usize, Vec<usize>)>, n: usize },
+    /// A hot key's `GET` on a replica (`node`) that is not its owner: a miss there is read from
+    /// the owner, answered, and copied to the replica.
+    HotGet { server: usize, node: usize, owner: usize, key: Vec<u8> },
+    /// A reply read and dropped (a hot key's copy deleted on a replica).
+    Discard { server: usize },
 }
 
 /// How a split command's replies merge.
@@ -328,13 +343,24 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
                 continue;
             }
             let raw = &c.input[..n];
-            let mut to = To { snap: &snap, pool: &pool, servers: &mut c.servers, side: &mut c.side, s: &settings, now };
+            let mut to = To {
+                snap: &snap,
+                pool: &pool,
+                servers: &mut c.servers,
+                side: &mut c.side,
+                s: &settings,
+                now,
+                turn: &mut c.turn,
+                extra: Vec::new(),
+            };
             let p = serve_command(&mut to, name, &args, raw).await;
+            let extra = std::mem::take(&mut to.extra);
             pending.push(p);
+            pending.extend(extra);
             c.input.advance(n);
         }
         backend::flush(&mut c.servers, &settings).await;
-        finish(&snap, &mut pending, &mut c.servers, &settings, now, &mut c.out).await;
+        finish(&snap, &pool, &mut pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
         if !c.reply().await || close {
             return;
         }
@@ -453,6 +479,11 @@ struct To<'a> {
     side: &'a mut Servers,
     s: &'a Settings,
     now: Instant,
+    /// Which replica of a hot key the next `GET` takes.
+    turn: &'a mut usize,
+    /// Requests sent besides the command's own (a hot key's copies deleted), whose replies are
+    /// read and dropped: they follow the command in the batch.
+    extra: Vec<Pending>,
 }
 
 /// One command: answered here, refused, or sent (whole, or split by server).
@@ -517,7 +548,7 @@ async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) 
                 format!("-ERR wrong number of arguments for '{}' command\r\n", name.to_ascii_lowercase()).into_bytes(),
             );
         }
-        return one(to, args[1], raw).await;
+        return one(to, name, args[1], raw).await;
     }
     let message = match refusal(name) {
         Some(why) => format!("{name} {why}: not proxied"),
@@ -587,8 +618,21 @@ async fn read_through(to: &mut To<'_>, hash: Placed, key: &[u8]) -> Option<usize
 }
 
 /// A command of one key, sent whole to the key's server (past servers that cannot be reached).
-async fn one(to: &mut To<'_>, key: &[u8], raw: &[u8]) -> Pending {
+/// A hot key's `GET` takes its replicas in turn; its writes go to its owner and delete the
+/// replicas' copies.
+async fn one(to: &mut To<'_>, name: &str, key: &[u8], raw: &[u8]) -> Pending {
     let hash = placed(to.pool, to.snap, key);
+    if let Some(h) = hash.0
+        && let Some(r) = to.snap.hot().map(|hot| hot.replicas(h)).filter(|&r| r > 1)
+    {
+        if name == "GET" {
+            if let Some(p) = hot_get(to, h, r, key, raw).await {
+                return p;
+            }
+        } else if READ_ONLY.binary_search(&name).is_err() {
+            invalidate_copies(to, h, r, key).await;
+        }
+    }
     let placed = match read_through(to, hash, key).await {
         Some(node) => match connect(to.servers, &to.snap.workers()[node], to.s).await {
             Some(server) => Some((server, node)),
@@ -605,6 +649,175 @@ async fn one(to: &mut To<'_>, key: &[u8], raw: &[u8]) -> Pending {
     }
 }
 
+/// Commands that only read their key (a hot key's are not followed by deleting its copies).
+const READ_ONLY: &[&str] = &[
+    "BITCOUNT",
+    "BITFIELD_RO",
+    "BITPOS",
+    "DUMP",
+    "EXPIRETIME",
+    "GEODIST",
+    "GEOHASH",
+    "GEOPOS",
+    "GEORADIUSBYMEMBER_RO",
+    "GEORADIUS_RO",
+    "GEOSEARCH",
+    "GET",
+    "GETBIT",
+    "GETRANGE",
+    "HEXISTS",
+    "HEXPIRETIME",
+    "HGET",
+    "HGETALL",
+    "HKEYS",
+    "HLEN",
+    "HMGET",
+    "HPEXPIRETIME",
+    "HPTTL",
+    "HRANDFIELD",
+    "HSCAN",
+    "HSTRLEN",
+    "HTTL",
+    "HVALS",
+    "LINDEX",
+    "LLEN",
+    "LPOS",
+    "LRANGE",
+    "PEXPIRETIME",
+    "PFCOUNT",
+    "PTTL",
+    "SCARD",
+    "SISMEMBER",
+    "SMEMBERS",
+    "SMISMEMBER",
+    "SORT_RO",
+    "SRANDMEMBER",
+    "SSCAN",
+    "STRLEN",
+    "SUBSTR",
+    "TTL",
+    "TYPE",
+    "XLEN",
+    "XPENDING",
+    "XRANGE",
+    "XREVRANGE",
+    "ZCARD",
+    "ZCOUNT",
+    "ZLEXCOUNT",
+    "ZMSCORE",
+    "ZRANDMEMBER",
+    "ZRANGE",
+    "ZRANGEBYLEX",
+    "ZRANGEBYSCORE",
+    "ZRANK",
+    "ZREVRANGE",
+    "ZREVRANGEBYLEX",
+    "ZREVRANGEBYSCORE",
+    "ZREVRANK",
+    "ZSCAN",
+    "ZSCORE",
+];
+
+/// The longest a hot key's copy on a replica lives (milliseconds): a fill that raced a write
+/// (read from the owner before the write, copied after the write deleted the copies) is stale
+/// for no longer than this.
+const HOT_COPY_MS: i64 = 10_000;
+
+/// A hot key's `GET` (`r` replicas): sent to the healthy replica whose turn it is. `None` when
+/// that is the owner, or it cannot be reached (the command is then placed as usual).
+async fn hot_get(to: &mut To<'_>, h: u64, r: usize, key: &[u8], raw: &[u8]) -> Option<Pending> {
+    let owner = to.snap.policy().owner(h)?;
+    let healthy: Vec<usize> = to
+        .snap
+        .policy()
+        .ranked(h)
+        .take(r)
+        .filter(|&i| to.snap.state(i, to.now) == crate::pool::State::Healthy)
+        .collect();
+    if healthy.is_empty() {
+        return None;
+    }
+    *to.turn = to.turn.wrapping_add(1);
+    let node = healthy[*to.turn % healthy.len()];
+    if node == owner {
+        return None;
+    }
+    let server = connect(to.servers, &to.snap.workers()[node], to.s).await?;
+    to.servers.0[server].out.extend_from_slice(raw);
+    Some(Pending::HotGet { server, node, owner, key: key.to_vec() })
+}
+
+/// A hot key's write: the copies on its replicas other than the owner are deleted (in the same
+/// batch, before any later read of them), so that no replica serves a value older than the last
+/// write the proxy forwarded.
+async fn invalidate_copies(to: &mut To<'_>, h: u64, r: usize, key: &[u8]) {
+    let Some(owner) = to.snap.policy().owner(h) else { return };
+    let others: Vec<usize> = to.snap.policy().ranked(h).take(r).filter(|&i| i != owner).collect();
+    for node in others {
+        let Some(server) = connect(to.servers, &to.snap.workers()[node], to.s).await else { continue };
+        codec::command(&mut to.servers.0[server].out, [&b"DEL"[..], key].into_iter());
+        to.extra.push(Pending::Discard { server });
+    }
+}
+
+/// A hot key's miss on a replica: `GET` and `PTTL` on the owner (a side connection), the value
+/// answered, and copied to the replica (`SET ... PX`, at most [`HOT_COPY_MS`]).
+#[allow(clippy::too_many_arguments)]
+async fn hot_fill(
+    snap: &Snapshot,
+    pool: &Pool,
+    side: &mut Servers,
+    s: &Settings,
+    key: &[u8],
+    owner: usize,
+    replica: usize,
+    out: &mut Vec<u8>,
+) -> bool {
+    let Some(j) = connect(side, &snap.workers()[owner], s).await else { return false };
+    codec::command(&mut side.0[j].out, [&b"GET"[..], key].into_iter());
+    codec::command(&mut side.0[j].out, [&b"PTTL"[..], key].into_iter());
+    backend::flush(side, s).await;
+    let (mut value, mut ttl) = (Vec::new(), Vec::new());
+    let ok = reply_into(&mut side.0[j], s, &mut value).await.is_ok()
+        && reply_into(&mut side.0[j], s, &mut ttl).await.is_ok();
+    side.sweep();
+    if !ok {
+        failed(&snap.workers()[owner], s);
+        return false;
+    }
+    out.extend_from_slice(&value);
+    let Some(bytes) = bulk_payload(&value) else { return true };
+    let ms = std::str::from_utf8(ttl.strip_prefix(b":").unwrap_or_default())
+        .ok()
+        .and_then(|t| t.trim().parse::<i64>().ok())
+        .unwrap_or(-1);
+    let px = if ms < 0 { HOT_COPY_MS } else { ms.min(HOT_COPY_MS) }.max(1).to_string();
+    // On a side connection too: the replica's batch connection still has this batch's replies
+    // to give.
+    if let Some(k) = connect(side, &snap.workers()[replica], s).await {
+        let server = &mut side.0[k];
+        codec::command(&mut server.out, [&b"SET"[..], key, bytes, b"PX", px.as_bytes()].into_iter());
+        let written = tokio::time::timeout(s.answer, server.stream.write_all(&server.out)).await;
+        server.out.clear();
+        let mut dropped = Vec::new();
+        if matches!(written, Ok(Ok(()))) && reply_into(server, s, &mut dropped).await.is_ok() {
+            pool.metrics.warm_fills.fetch_add(1, Relaxed);
+        } else {
+            server.broken = true;
+        }
+        side.sweep();
+    }
+    true
+}
+
+/// The payload of a bulk string reply (`None` for a null, or another type).
+fn bulk_payload(reply: &[u8]) -> Option<&[u8]> {
+    let rest = reply.strip_prefix(b"$")?;
+    let nl = rest.iter().position(|&b| b == b'\n')?;
+    let n: usize = std::str::from_utf8(rest[..nl].strip_suffix(b"\r")?).ok()?.parse().ok()?;
+    rest.get(nl + 1..nl + 1 + n)
+}
+
 /// A command whose keys must share a server (it is atomic there): sent whole to it, or refused.
 async fn together(to: &mut To<'_>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pending {
     let mut nodes = Vec::with_capacity(keys.len());
@@ -618,7 +831,7 @@ async fn together(to: &mut To<'_>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pe
             &format!("the keys of {name} are on different servers (give them one {{hash tag}})"),
         ));
     }
-    one(to, keys[0], raw).await
+    one(to, name, keys[0], raw).await
 }
 
 /// A command split by server: each server gets the same command over its keys (`stride` 2: key
@@ -627,8 +840,15 @@ async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride
     // node -> the client's positions of its keys
     let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
     let n = items.len() / stride;
+    let writes = matches!(how, Merge::Ok) || verb.eq_ignore_ascii_case(b"DEL") || verb.eq_ignore_ascii_case(b"UNLINK");
     for i in 0..n {
         let key = items[i * stride];
+        if writes
+            && let Some(h) = placed(to.pool, to.snap, key).0
+            && let Some(r) = to.snap.hot().map(|hot| hot.replicas(h)).filter(|&r| r > 1)
+        {
+            invalidate_copies(to, h, r, key).await;
+        }
         let Some(node) = node_for(to, key).await else {
             to.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
@@ -653,10 +873,13 @@ async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride
 }
 
 /// Reads every reply of the batch, in order, into `out`.
+#[allow(clippy::too_many_arguments)]
 async fn finish(
     snap: &Snapshot,
+    pool: &Pool,
     pending: &mut Vec<Pending>,
     servers: &mut Servers,
+    side: &mut Servers,
     s: &Settings,
     started: Instant,
     out: &mut Vec<u8>,
@@ -675,6 +898,30 @@ async fn finish(
                         out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
                     }
                 }
+            }
+            Pending::HotGet { server, node, owner, key } => {
+                let w = &snap.workers()[node];
+                let mark = out.len();
+                match reply_into(&mut servers.0[server], s, out).await {
+                    Ok(()) => {
+                        succeeded(w, started);
+                        if matches!(&out[mark..], b"$-1\r\n" | b"_\r\n") {
+                            out.truncate(mark);
+                            if !hot_fill(snap, pool, side, s, &key, owner, node, out).await {
+                                out.extend_from_slice(b"-ERR keyroute: server connection lost\r\n");
+                            }
+                        }
+                    }
+                    Err(why) => {
+                        out.truncate(mark);
+                        failed(w, s);
+                        out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
+                    }
+                }
+            }
+            Pending::Discard { server } => {
+                let mut dropped = Vec::new();
+                let _ = reply_into(&mut servers.0[server], s, &mut dropped).await;
             }
             Pending::Split { how, parts, n } => {
                 let mut replies = Vec::with_capacity(parts.len());
