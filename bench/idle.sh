@@ -20,7 +20,7 @@ CLIENTS=${CLIENTS:-5000}
 PROTOCOL=${PROTOCOL:-memcached}
 BASE_PORT=${BASE_PORT:-24211}
 [[ $PROTOCOL == memcached || $PROTOCOL == redis ]] || { echo "PROTOCOL is memcached or redis" >&2; exit 64; }
-ulimit -n 65536
+ulimit -n "$(ulimit -Hn)"
 
 log() { echo "[idle.sh] $*" >&2; }
 PIDS=()
@@ -43,9 +43,9 @@ SERVERS=()
 for i in 0 1 2 3; do
     port=$((BASE_PORT + i))
     if [[ $PROTOCOL == redis ]]; then
-        redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --maxclients 60000 >/dev/null &
+        redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --maxclients 15000 >/dev/null &
     else
-        memcached -l 127.0.0.1 -p "$port" -U 0 -t 1 -m 64 -c 60000 "${user[@]}" &
+        memcached -l 127.0.0.1 -p "$port" -U 0 -t 1 -m 64 -c 15000 "${user[@]}" &
     fi
     PIDS+=($!)
     SERVERS+=("127.0.0.1:$port")

@@ -123,6 +123,19 @@ pub(crate) async fn answer_into(
     result
 }
 
+/// Waits for a server's answer as a try waits for an HTTP worker's response headers: the server
+/// counts as awaited meanwhile, and an answer is its sign of life. A server that answers nothing
+/// for the pool's stall window (`[pool.passive] stall_ms`) while commands wait on it is stalled,
+/// and new commands go around it, as for an HTTP worker.
+pub(crate) async fn awaiting<T, E>(w: &Arc<WorkerState>, answer: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+    let _waiting = w.await_headers(Instant::now());
+    let result = answer.await;
+    if result.is_ok() {
+        w.headers_arrived(Instant::now());
+    }
+    result
+}
+
 /// A key's hash on the batch's table (recorded in the pool's recent keys, for the dashboard and
 /// the remapped share), or `None` when the strategy does not place this key by hash.
 #[derive(Clone, Copy)]

@@ -523,3 +523,41 @@ async fn keyroute_move_moves_memcached_keys_to_their_new_owners() {
     }
     assert_eq!(total, n, "every key once");
 }
+
+/// A server that takes commands and answers nothing is stalled as an HTTP worker is (issue 22):
+/// once commands have waited on it for the pool's stall window, it shows as `stalled` and new
+/// commands for its keys go to the next server at once, not after the per-try timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_answers_nothing_is_stalled_and_routed_around() {
+    let (_procs, addrs) = memcacheds(1).await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let extra = "[pool.retry]\nattempts = 2\nper_try_timeout_ms = 8000\n[pool.passive]\nstall_ms = 300\n";
+    let gw = start_gateway(&config(&[addrs[0], silent_addr], "rendezvous", extra)).await;
+    // A key the silent server owns.
+    let mut key = None;
+    for i in 0..100 {
+        let (_, v) = admin(&gw, "GET", &format!("/placement?key=s{i}"), "", None).await;
+        if v["owner"] == silent_addr.to_string() {
+            key = Some(format!("s{i}"));
+            break;
+        }
+    }
+    let key = key.expect("a key on the silent server");
+    let mut waiting = TcpStream::connect(gw.addr).await.expect("connect");
+    waiting.write_all(format!("get {key}\r\n").as_bytes()).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let state = worker_info(&gw, &silent_addr.to_string()).await["state"].clone();
+    assert_eq!(state, "stalled", "after the stall window with a command waiting");
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let started = std::time::Instant::now();
+    assert_eq!(ask(&mut c, format!("get {key}\r\n").as_bytes(), "END\r\n").await, "END\r\n");
+    assert!(started.elapsed() < Duration::from_secs(4), "answered by the next server, not after the 8 s timeout");
+    hold.abort();
+}

@@ -60,7 +60,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use self::codec::{Answer, Command, Refused};
-use crate::backend::{self, Client, Placed, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded};
+use crate::backend::{
+    self, Client, Placed, Server, Servers, Settings, awaiting, connect, failed, pick, pool_of, succeeded,
+};
 use crate::config::CacheListener;
 use crate::pool::{Pool, Snapshot};
 use crate::state::Shared;
@@ -387,7 +389,7 @@ async fn finish(
             Pending::One { server, node, retrieval, answer, quiet, noreply } => {
                 let w = &snap.workers()[node];
                 let mark = out.len();
-                match answer_into(&mut servers.0[server], retrieval, answer, quiet, s.answer, out).await {
+                match awaiting(w, answer_into(&mut servers.0[server], retrieval, answer, quiet, s.answer, out)).await {
                     Ok(()) => {
                         succeeded(w, started);
                         if noreply {
@@ -404,7 +406,7 @@ async fn finish(
             Pending::Warm { server, node, previous, key } => {
                 let w = &snap.workers()[node];
                 let mark = out.len();
-                match answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, out).await {
+                match awaiting(w, answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, out)).await {
                     Ok(()) => {
                         succeeded(w, started);
                         if &out[mark..] == b"END\r\n" {
@@ -421,7 +423,9 @@ async fn finish(
                 for (server, node) in parts {
                     let w = &snap.workers()[node];
                     let mut a = Vec::new();
-                    match answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, &mut a).await {
+                    match awaiting(w, answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, &mut a))
+                        .await
+                    {
                         Ok(()) => {
                             succeeded(w, started);
                             answers.push(a);

@@ -61,7 +61,9 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::backend::{self, Client, Placed, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded};
+use crate::backend::{
+    self, Client, Placed, Server, Servers, Settings, awaiting, connect, failed, pick, pool_of, succeeded,
+};
 use crate::config::CacheListener;
 use crate::pool::{Pool, Snapshot};
 use crate::state::Shared;
@@ -890,7 +892,7 @@ async fn finish(
             Pending::One { server, node } => {
                 let w = &snap.workers()[node];
                 let mark = out.len();
-                match reply_into(&mut servers.0[server], s, out).await {
+                match awaiting(w, reply_into(&mut servers.0[server], s, out)).await {
                     Ok(()) => succeeded(w, started),
                     Err(why) => {
                         out.truncate(mark);
@@ -902,7 +904,7 @@ async fn finish(
             Pending::HotGet { server, node, owner, key } => {
                 let w = &snap.workers()[node];
                 let mark = out.len();
-                match reply_into(&mut servers.0[server], s, out).await {
+                match awaiting(w, reply_into(&mut servers.0[server], s, out)).await {
                     Ok(()) => {
                         succeeded(w, started);
                         if matches!(&out[mark..], b"$-1\r\n" | b"_\r\n") {
@@ -929,7 +931,7 @@ async fn finish(
                 for (server, node, positions) in parts {
                     let w = &snap.workers()[node];
                     let mut r = Vec::new();
-                    match reply_into(&mut servers.0[server], s, &mut r).await {
+                    match awaiting(w, reply_into(&mut servers.0[server], s, &mut r)).await {
                         Ok(()) => {
                             succeeded(w, started);
                             replies.push((r, positions));
