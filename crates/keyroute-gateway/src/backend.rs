@@ -1,7 +1,8 @@
-//! A cache listener's side of its pool's servers: each client connection's own connection to
-//! each server it needs, the requests of a pipelined batch gathered per server and written at
-//! once, and the placement and accounting of each command. Shared by the memcached and Redis
-//! listeners, which differ only in their protocol.
+//! A cache listener's side of its pool's servers: the connections a client connection's batches
+//! use (shared by the thread's clients: see [`crate::pipe`]) and its own side connections, the
+//! requests of a pipelined batch gathered per server and submitted at once, and the placement and
+//! accounting of each command. Shared by the memcached and Redis listeners, which differ only in
+//! their protocol.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,32 +15,175 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::metrics::Outcome;
+use crate::pipe::{Pipe, Reader, Registry};
 use crate::pool::{Pool, Snapshot, WorkerState};
 use crate::state::Shared;
 
-/// A connection to one server, held by one client connection, with the requests of the batch
-/// being made for it.
+/// A client connection's way to one server, with the requests of the batch being made for it.
 pub(crate) struct Server {
     pub(crate) addr: SocketAddr,
-    pub(crate) stream: TcpStream,
-    pub(crate) buf: BytesMut,
+    link: Link,
     pub(crate) out: Vec<u8>,
     /// It failed in this batch: its later answers are not waited for, and it is dropped after.
     pub(crate) broken: bool,
 }
 
-/// A client connection's servers: few (a pool's), so found by a scan.
+enum Link {
+    /// A connection of this client's own (the side connections of the warm-up and fill routes,
+    /// used one exchange at a time).
+    Own { stream: TcpStream, buf: BytesMut },
+    /// The thread's shared connection: the ticket of this batch's requests, and the read side
+    /// while it is this client's turn.
+    Shared { pipe: Arc<Pipe>, ticket: Option<u64>, turn: Option<tokio::sync::OwnedMutexGuard<Reader>> },
+}
+
+impl Server {
+    /// What has been read of the server's answers and not yet consumed (on a shared connection,
+    /// only during this client's turn: see [`Server::begin`]).
+    pub(crate) fn buffered(&self) -> &[u8] {
+        match &self.link {
+            Link::Own { buf, .. } => buf,
+            Link::Shared { turn: Some(r), .. } => &r.buf,
+            Link::Shared { .. } => &[],
+        }
+    }
+
+    /// Drops the first `n` bytes read (an answer taken).
+    pub(crate) fn consume(&mut self, n: usize) {
+        match &mut self.link {
+            Link::Own { buf, .. } => buf.advance(n),
+            Link::Shared { turn: Some(r), .. } => r.buf.advance(n),
+            Link::Shared { .. } => {}
+        }
+    }
+
+    /// On a shared connection, waits for this batch's turn to read.
+    async fn begin(&mut self) -> Result<(), &'static str> {
+        if let Link::Shared { pipe, ticket, turn } = &mut self.link
+            && turn.is_none()
+        {
+            let t = ticket.ok_or("server connection lost")?;
+            *turn = Some(pipe.turn(t).await.map_err(|_| "server connection lost")?);
+        }
+        Ok(())
+    }
+
+    /// Reads more of the server's answers.
+    async fn fill(&mut self) -> Result<(), &'static str> {
+        let read = match &mut self.link {
+            Link::Own { stream, buf } => {
+                buf.reserve(4096);
+                stream.read_buf(buf).await
+            }
+            Link::Shared { turn: Some(r), .. } => {
+                let r = &mut **r;
+                r.buf.reserve(16 * 1024);
+                r.stream.read_buf(&mut r.buf).await
+            }
+            Link::Shared { .. } => return Err("server connection lost"),
+        };
+        match read {
+            Ok(0) | Err(_) => Err("server connection lost"),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// The server failed in this batch: on a shared connection, every client waiting on it fails
+    /// too (the connection is out of step).
+    fn fail(&mut self) {
+        self.broken = true;
+        if let Link::Shared { pipe, ticket, turn } = &mut self.link {
+            pipe.poison();
+            *ticket = None;
+            *turn = None;
+        }
+    }
+
+    /// This batch's answers on this server are read: the turn passes to the next client. A
+    /// ticket whose answers were never read leaves the connection out of step, so it is poisoned
+    /// instead.
+    pub(crate) fn release(&mut self) {
+        if let Link::Shared { pipe, ticket, turn } = &mut self.link
+            && let Some(t) = ticket.take()
+        {
+            if turn.take().is_some() {
+                pipe.pass(t);
+            } else {
+                pipe.poison();
+            }
+        }
+    }
+
+    /// Writes the requests gathered now, on a connection of this client's own (the side
+    /// connections); `false` when it failed.
+    pub(crate) async fn send_now(&mut self, timeout: Duration) -> bool {
+        let Link::Own { stream, .. } = &mut self.link else { return false };
+        let ok = matches!(tokio::time::timeout(timeout, stream.write_all(&self.out)).await, Ok(Ok(())));
+        self.out.clear();
+        if !ok {
+            self.broken = true;
+        }
+        ok
+    }
+
+    fn dead(&self) -> bool {
+        self.broken || matches!(&self.link, Link::Shared { pipe, .. } if pipe.is_broken())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // A client gone in the middle of its turn (its task cancelled) leaves the rest of its
+        // answers unread.
+        if let Link::Shared { pipe, ticket: Some(_), .. } = &self.link {
+            pipe.poison();
+        }
+    }
+}
+
+/// A client connection's servers: few (a pool's), so found by a scan. With a registry, they are
+/// the thread's shared connections; without, connections of the client's own.
 #[derive(Default)]
-pub(crate) struct Servers(pub(crate) Vec<Server>);
+pub(crate) struct Servers(pub(crate) Vec<Server>, Option<Arc<Registry>>);
 
 impl Servers {
+    /// Servers reached over the thread's shared connections.
+    pub(crate) fn shared() -> Servers {
+        Servers(Vec::new(), Some(Registry::current()))
+    }
+
     pub(crate) fn find(&self, addr: SocketAddr) -> Option<usize> {
         self.0.iter().position(|s| s.addr == addr)
     }
 
-    /// Drops the connections that failed.
+    /// Ends the batch: each turn passes on, and the servers that failed are dropped.
     pub(crate) fn sweep(&mut self) {
+        for s in &mut self.0 {
+            s.release();
+        }
         self.0.retain(|s| !s.broken);
+    }
+
+    /// Sets the link to `addr` at `at` (or a new one): its index.
+    fn put(&mut self, at: Option<usize>, addr: SocketAddr, link: Link) -> usize {
+        let server = Server { addr, link, out: Vec::new(), broken: false };
+        match at {
+            Some(i) => {
+                self.0[i] = server;
+                i
+            }
+            None => {
+                self.0.push(server);
+                self.0.len() - 1
+            }
+        }
+    }
+
+    /// Frees the batch buffers of an idle client.
+    pub(crate) fn idle(&mut self) {
+        for s in &mut self.0 {
+            s.out = Vec::new();
+        }
     }
 }
 
@@ -70,16 +214,29 @@ impl Settings {
     }
 }
 
-/// Writes each server's requests of the batch at once; a server that cannot take them is broken.
+/// Sends each server's requests of the batch. On shared connections they are submitted together
+/// (one ticket per server, in the same order on every connection) and written by each
+/// connection's writer with other clients' requests; on the client's own, written now. A server
+/// that cannot take them is broken.
 pub(crate) async fn flush(servers: &mut Servers, s: &Settings) {
+    if let Some(registry) = &servers.1 {
+        let _order = registry.submit.lock();
+        for server in &mut servers.0 {
+            if let Link::Shared { pipe, ticket, .. } = &mut server.link
+                && !server.out.is_empty()
+            {
+                match pipe.submit(&server.out) {
+                    Some(t) => *ticket = Some(t),
+                    None => server.broken = true,
+                }
+                server.out.clear();
+            }
+        }
+    }
     for server in &mut servers.0 {
-        if server.out.is_empty() {
-            continue;
+        if !server.out.is_empty() && matches!(server.link, Link::Own { .. }) {
+            server.send_now(s.answer).await;
         }
-        if !matches!(tokio::time::timeout(s.answer, server.stream.write_all(&server.out)).await, Ok(Ok(()))) {
-            server.broken = true;
-        }
-        server.out.clear();
     }
 }
 
@@ -92,15 +249,12 @@ pub(crate) async fn frame(
     server: &mut Server,
     frame: &impl Fn(&[u8]) -> Result<Option<usize>, Garbled>,
 ) -> Result<usize, &'static str> {
+    server.begin().await?;
     loop {
-        if let Some(n) = frame(&server.buf).map_err(|_| "server answer garbled")? {
+        if let Some(n) = frame(server.buffered()).map_err(|_| "server answer garbled")? {
             return Ok(n);
         }
-        server.buf.reserve(4096);
-        match server.stream.read_buf(&mut server.buf).await {
-            Ok(0) | Err(_) => return Err("server connection lost"),
-            Ok(_) => {}
-        }
+        server.fill().await?;
     }
 }
 
@@ -118,9 +272,73 @@ pub(crate) async fn answer_into(
     }
     let result = tokio::time::timeout(timeout, read(server, out)).await.unwrap_or(Err("server timeout"));
     if result.is_err() {
-        server.broken = true;
+        server.fail();
     }
     result
+}
+
+/// An answer read in the first pass of a batch's answers: where it is in the batch's arena, or
+/// why the server gave none.
+pub(crate) type Slot = Result<std::ops::Range<usize>, &'static str>;
+
+/// One answer a command of the batch reads: its server (an index into the client's), the node
+/// whose stall clock runs while it is awaited (none for an answer only dropped), and how the
+/// listener frames it.
+pub(crate) struct Read<R> {
+    pub(crate) server: usize,
+    pub(crate) node: Option<usize>,
+    pub(crate) how: R,
+}
+
+/// How a listener reads one answer of a server: appended to `out`.
+pub(crate) trait Framing {
+    fn read<'a>(
+        &'a self,
+        server: &'a mut Server,
+        s: &'a Settings,
+        out: &'a mut Vec<u8>,
+    ) -> impl Future<Output = Result<(), &'static str>> + Send + 'a;
+}
+
+/// Reads every answer of a batch (`reads`: each command's, in the client's order) into `arena`,
+/// server by server, before any is used: a shared connection's turn is then held only while this
+/// client's answers on it are read, never while it waits on another server, so a slow server
+/// holds up only the commands sent to it. Each command's slots, in its reads' order.
+pub(crate) async fn read_all<R: Framing>(
+    snap: &Snapshot,
+    servers: &mut Servers,
+    s: &Settings,
+    reads: &[Vec<Read<R>>],
+    arena: &mut Vec<u8>,
+) -> Vec<Vec<Slot>> {
+    let mut slots: Vec<Vec<Slot>> = reads.iter().map(|r| vec![Err("server connection lost"); r.len()]).collect();
+    let mut order: Vec<usize> = Vec::new();
+    for r in reads.iter().flatten() {
+        if !order.contains(&r.server) {
+            order.push(r.server);
+        }
+    }
+    for server in order {
+        for (i, parts) in reads.iter().enumerate() {
+            for (k, r) in parts.iter().enumerate().filter(|(_, r)| r.server == server) {
+                let start = arena.len();
+                let answer = r.how.read(&mut servers.0[server], s, arena);
+                let result = match r.node.and_then(|n| snap.workers().get(n)) {
+                    Some(w) => awaiting(w, answer).await,
+                    None => answer.await,
+                };
+                slots[i][k] = match result {
+                    Ok(()) => Ok(start..arena.len()),
+                    Err(why) => {
+                        arena.truncate(start);
+                        Err(why)
+                    }
+                };
+            }
+        }
+        servers.0[server].release();
+    }
+    slots
 }
 
 /// Waits for a server's answer as a try waits for an HTTP worker's response headers: the server
@@ -176,8 +394,20 @@ pub(crate) fn pick(pool: &Pool, snap: &Snapshot, hash: Placed, tried: &[usize], 
 /// This client's connection to `w` (its index), made now if needed; a connect that fails is
 /// counted against the server.
 pub(crate) async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings) -> Option<usize> {
-    if let Some(i) = servers.find(w.address) {
-        return (!servers.0[i].broken).then_some(i);
+    let at = servers.find(w.address);
+    if let Some(i) = at {
+        if servers.0[i].broken {
+            return None;
+        }
+        if !servers.0[i].dead() {
+            return Some(i);
+        }
+        // The shared connection failed in another client's batch: this one takes the new one
+        // (in place: the batch's commands name their server by its index).
+    }
+    let shared = servers.1.as_ref().and_then(|r| r.get(w.address, &s.greeting));
+    if let Some(pipe) = shared {
+        return Some(servers.put(at, w.address, Link::Shared { pipe, ticket: None, turn: None }));
     }
     let open = async {
         let mut stream = TcpStream::connect(w.address).await?;
@@ -204,14 +434,15 @@ pub(crate) async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings
     };
     match tokio::time::timeout(s.connect, open).await {
         Ok(Ok(stream)) => {
-            servers.0.push(Server {
-                addr: w.address,
-                stream,
-                buf: BytesMut::with_capacity(4096),
-                out: Vec::new(),
-                broken: false,
-            });
-            Some(servers.0.len() - 1)
+            let link = match &servers.1 {
+                Some(registry) => {
+                    let pipe = Pipe::new(w.address, stream, s.answer);
+                    registry.put(s.greeting.clone(), &pipe);
+                    Link::Shared { pipe, ticket: None, turn: None }
+                }
+                None => Link::Own { stream, buf: BytesMut::with_capacity(4096) },
+            };
+            Some(servers.put(at, w.address, link))
         }
         _ => {
             w.metrics.connect_errors.fetch_add(1, Relaxed);
@@ -282,9 +513,9 @@ impl Client {
         Client {
             stream,
             stop: shared.stop_accepting.subscribe(),
-            input: BytesMut::with_capacity(4096),
-            out: Vec::with_capacity(4096),
-            servers: Servers::default(),
+            input: BytesMut::new(),
+            out: Vec::new(),
+            servers: Servers::shared(),
             side: Servers::default(),
             turn: 0,
         }
@@ -300,8 +531,22 @@ impl Client {
         ok
     }
 
-    /// Reads more of the client's; `false` when it closed, or the gateway stops.
+    /// Reads more of the client's; `false` when it closed, or the gateway stops. A client with
+    /// nothing unread holds no buffer while it waits (an idle client costs its socket and this
+    /// task, not buffers).
     pub(crate) async fn read(&mut self) -> bool {
+        if self.input.is_empty() {
+            self.input = BytesMut::new();
+            self.out = Vec::new();
+            self.servers.idle();
+            let ready = tokio::select! {
+                r = self.stream.readable() => r,
+                _ = self.stop.wait_for(|s| *s) => return false,
+            };
+            if ready.is_err() {
+                return false;
+            }
+        }
         self.input.reserve(4096);
         let read = tokio::select! {
             r = self.stream.read_buf(&mut self.input) => r,

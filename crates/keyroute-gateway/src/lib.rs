@@ -67,7 +67,8 @@
 //! | [`membership`] | `record` (the members a prefix's records give), `saved` (the last members on disk), `source` (the watch task) |
 //! | `prober` | the active health check task (beside, not inside, `health`: it needs `pool`) |
 //! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints, and `dashboard` (the operator's page and its feed) |
-//! | `backend` | a cache listener's side of its servers: connections per client, batches, placement and accounting |
+//! | `backend` | a cache listener's side of its servers: batches, placement and accounting |
+//! | `pipe` | the cache listeners' server connections, shared by a thread's clients (tickets and turns) |
 //! | `memcache` | the memcached listener: `codec` (the text protocol, sans IO), then the connection loop |
 //! | `resp` | the Redis listener: `codec` (RESP2 and RESP3, sans IO), then the connection loop |
 //! | `relocate` | `keyroute move`: a store's keys moved after a membership change (planned, rate-limited, resumable, verified) |
@@ -98,6 +99,7 @@ mod memcache;
 mod metrics;
 #[cfg(test)]
 mod mutate;
+mod pipe;
 mod pool;
 mod prober;
 mod proxy;

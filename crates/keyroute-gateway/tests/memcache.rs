@@ -561,3 +561,123 @@ async fn a_server_that_answers_nothing_is_stalled_and_routed_around() {
     assert!(started.elapsed() < Duration::from_secs(4), "answered by the next server, not after the 8 s timeout");
     hold.abort();
 }
+
+/// Clients share the proxy's server connections (issue 22): 24 clients pipelining sets and
+/// multi-gets at once, each of its own keys, each get every answer of its own and no other's; the
+/// servers see a few connections from the proxy, not one per client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_share_server_connections_and_each_gets_its_own_answers() {
+    let (_procs, addrs) = memcacheds(3).await;
+    let gw = start_gateway(&config(&addrs, "rendezvous", "")).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..24 {
+        let addr = gw.addr;
+        tasks.spawn(async move {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            for round in 0..40 {
+                let keys: Vec<String> = (0..12).map(|i| format!("c{client}:r{round}:k{i}")).collect();
+                let mut req = String::new();
+                for (i, k) in keys.iter().enumerate() {
+                    let v = format!("{client}-{round}-{i}");
+                    req.push_str(&format!("set {k} {client} 0 {}\r\n{v}\r\n", v.len()));
+                }
+                req.push_str(&format!("get {}\r\n", keys.join(" ")));
+                for k in keys.iter().take(3) {
+                    req.push_str(&format!("get {k}\r\n"));
+                }
+                let mut r = ask(&mut c, req.as_bytes(), "END\r\n").await;
+                while r.matches("END\r\n").count() < 4 {
+                    r.push_str(&read_until(&mut c, "END\r\n").await);
+                }
+                let mut want = "STORED\r\n".repeat(keys.len());
+                for (i, k) in keys.iter().enumerate() {
+                    let v = format!("{client}-{round}-{i}");
+                    want.push_str(&format!("VALUE {k} {client} {}\r\n{v}\r\n", v.len()));
+                }
+                want.push_str("END\r\n");
+                for (i, k) in keys.iter().enumerate().take(3) {
+                    let v = format!("{client}-{round}-{i}");
+                    want.push_str(&format!("VALUE {k} {client} {}\r\n{v}\r\nEND\r\n", v.len()));
+                }
+                assert_eq!(r, want, "client {client} round {round}");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a client");
+    }
+    // A few connections per server (one per proxy thread), not 24.
+    for a in &addrs {
+        let mut s = TcpStream::connect(a).await.expect("direct");
+        let stats = ask(&mut s, b"stats\r\n", "END\r\n").await;
+        let conns: usize = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("STAT curr_connections "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("curr_connections");
+        // memcached counts its listener, this connection, and the proxy's.
+        assert!(conns <= 2 + 4, "{a}: {conns} connections");
+    }
+}
+
+/// A silent server holds up only the commands sent to it (issue 22): a client whose batch waits
+/// on a server that answers nothing has read its answers from the others, so the clients that
+/// share those server connections with it are answered at once, not after its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_holds_up_only_its_own_commands() {
+    let (_procs, addrs) = memcacheds(1).await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let extra = "[pool.retry]\nattempts = 1\nper_try_timeout_ms = 4000\n[pool.passive]\nstall_ms = 0\n";
+    let gw = start_gateway(&config(&[addrs[0], silent_addr], "rendezvous", extra)).await;
+    let owner = async |key: &str| {
+        let (_, v) = admin(&gw, "GET", &format!("/placement?key={key}"), "", None).await;
+        v["owner"].as_str().unwrap_or_default().to_owned()
+    };
+    let (mut on_live, mut on_silent) = (None, None);
+    for i in 0..100 {
+        let k = format!("h{i}");
+        if owner(&k).await == silent_addr.to_string() {
+            on_silent.get_or_insert(k);
+        } else {
+            on_live.get_or_insert(k);
+        }
+    }
+    let (live, dead) = (on_live.expect("a live key"), on_silent.expect("a silent key"));
+    // Clients that use the live server, one before the stuck batch (so the connections exist).
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+        assert_eq!(ask(&mut c, format!("get {live}\r\n").as_bytes(), "END\r\n").await, "END\r\n");
+        clients.push(c);
+    }
+    // Stuck clients: a live key, then a silent one, in one batch.
+    let mut stuck = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+        c.write_all(format!("get {live}\r\nget {dead}\r\n").as_bytes()).await.expect("write");
+        stuck.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    for c in &mut clients {
+        assert_eq!(ask(c, format!("get {live}\r\n").as_bytes(), "END\r\n").await, "END\r\n");
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "the live server's clients waited {:?}", started.elapsed());
+    for c in &mut stuck {
+        let r = read_until(c, "\r\n").await;
+        let r = if r == "END\r\n" { r + &read_until(c, "\r\n").await } else { r };
+        // The first to time out poisons the shared connection: the others' answer is lost with it.
+        assert!(
+            r == "END\r\nSERVER_ERROR server timeout\r\n" || r == "END\r\nSERVER_ERROR server connection lost\r\n",
+            "{r:?}"
+        );
+    }
+    hold.abort();
+}

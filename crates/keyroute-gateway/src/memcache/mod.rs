@@ -61,7 +61,7 @@ use tokio::time::Instant;
 
 use self::codec::{Answer, Command, Refused};
 use crate::backend::{
-    self, Client, Placed, Server, Servers, Settings, awaiting, connect, failed, pick, pool_of, succeeded,
+    self, Client, Placed, Read, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded,
 };
 use crate::config::CacheListener;
 use crate::pool::{Pool, Snapshot};
@@ -268,7 +268,47 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
     }
 }
 
+/// How a memcached answer is framed: a retrieval's (`VALUE` blocks to `END`), its kind, and
+/// whether it is a quiet command's (whatever comes before `MN`).
+struct Framed {
+    retrieval: bool,
+    answer: Answer,
+    quiet: bool,
+}
+
+impl backend::Framing for Framed {
+    fn read<'a>(
+        &'a self,
+        server: &'a mut Server,
+        s: &'a Settings,
+        out: &'a mut Vec<u8>,
+    ) -> impl Future<Output = Result<(), &'static str>> + Send + 'a {
+        answer_into(server, self.retrieval, self.answer, self.quiet, s.answer, out)
+    }
+}
+
 impl Pending {
+    /// The answers this command reads, in order, each with how it is framed (retrieval, answer
+    /// kind, quiet).
+    fn reads(&self) -> Vec<Read<Framed>> {
+        let read = |server: usize, node: Option<usize>, (retrieval, answer, quiet)| Read {
+            server,
+            node,
+            how: Framed { retrieval, answer, quiet },
+        };
+        match self {
+            Pending::Ready(_) | Pending::Owned(_) => Vec::new(),
+            Pending::One { server, node, retrieval, answer, quiet, .. } => {
+                vec![read(*server, Some(*node), (*retrieval, *answer, *quiet))]
+            }
+            Pending::Discard { server, answer, quiet } => vec![read(*server, None, (false, *answer, *quiet))],
+            Pending::Warm { server, node, .. } => vec![read(*server, Some(*node), (true, Answer::Line, false))],
+            Pending::Multi { parts, .. } => {
+                parts.iter().map(|&(server, node)| read(server, Some(node), (true, Answer::Line, false))).collect()
+            }
+        }
+    }
+
     /// The same, its answer read as a retrieval's (`VALUE` blocks to `END`).
     fn retrieval(self) -> Pending {
         match self {
@@ -382,53 +422,51 @@ async fn finish(
     out: &mut Vec<u8>,
 ) {
     backend::flush(servers, s).await;
-    for p in pending.drain(..) {
+    let reads: Vec<Vec<Read<Framed>>> = pending.iter().map(Pending::reads).collect();
+    let mut arena = Vec::new();
+    let slots = backend::read_all(snap, servers, s, &reads, &mut arena).await;
+    for (p, slot) in pending.drain(..).zip(slots) {
         match p {
             Pending::Ready(bytes) => out.extend_from_slice(bytes),
             Pending::Owned(bytes) => out.extend_from_slice(&bytes),
-            Pending::One { server, node, retrieval, answer, quiet, noreply } => {
+            Pending::One { node, noreply, .. } => {
                 let w = &snap.workers()[node];
                 let mark = out.len();
-                match awaiting(w, answer_into(&mut servers.0[server], retrieval, answer, quiet, s.answer, out)).await {
-                    Ok(()) => {
+                match &slot[0] {
+                    Ok(range) => {
                         succeeded(w, started);
-                        if noreply {
-                            out.truncate(mark);
+                        if !noreply {
+                            out.extend_from_slice(&arena[range.clone()]);
                         }
                     }
                     Err(why) => server_error(out, mark, w, s, why),
                 }
             }
-            Pending::Discard { server, answer, quiet } => {
-                let mut dropped = Vec::new();
-                let _ = answer_into(&mut servers.0[server], false, answer, quiet, s.answer, &mut dropped).await;
-            }
-            Pending::Warm { server, node, previous, key } => {
+            Pending::Discard { .. } => {}
+            Pending::Warm { node, previous, key, .. } => {
                 let w = &snap.workers()[node];
                 let mark = out.len();
-                match awaiting(w, answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, out)).await {
-                    Ok(()) => {
+                match &slot[0] {
+                    Ok(range) => {
                         succeeded(w, started);
-                        if &out[mark..] == b"END\r\n" {
-                            out.truncate(mark);
+                        if &arena[range.clone()] == b"END\r\n" {
                             warm_fill(snap, pool, side, s, &key, previous, node, out).await;
                             out.extend_from_slice(b"END\r\n");
+                        } else {
+                            out.extend_from_slice(&arena[range.clone()]);
                         }
                     }
                     Err(why) => server_error(out, mark, w, s, why),
                 }
             }
             Pending::Multi { parts, keys } => {
-                let mut answers = Vec::with_capacity(parts.len());
-                for (server, node) in parts {
+                let mut answers: Vec<&[u8]> = Vec::with_capacity(parts.len());
+                for ((_, node), result) in parts.into_iter().zip(&slot) {
                     let w = &snap.workers()[node];
-                    let mut a = Vec::new();
-                    match awaiting(w, answer_into(&mut servers.0[server], true, Answer::Line, false, s.answer, &mut a))
-                        .await
-                    {
-                        Ok(()) => {
+                    match result {
+                        Ok(range) => {
                             succeeded(w, started);
-                            answers.push(a);
+                            answers.push(&arena[range.clone()]);
                         }
                         // Its keys are misses; the failure is counted.
                         Err(_) => failed(w, s),
@@ -467,12 +505,12 @@ async fn answer_into(
     backend::answer_into(server, timeout, out, async |server: &mut Server, out: &mut Vec<u8>| {
         loop {
             let n = backend::frame(server, &frame).await?;
-            if quiet && server.buf.starts_with(b"MN\r\n") {
-                server.buf.advance(4);
+            if quiet && server.buffered().starts_with(b"MN\r\n") {
+                server.consume(4);
                 return Ok(());
             }
-            out.extend_from_slice(&server.buf[..n]);
-            server.buf.advance(n);
+            out.extend_from_slice(&server.buffered()[..n]);
+            server.consume(n);
             if !quiet {
                 return Ok(());
             }

@@ -57,12 +57,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Buf as _;
-use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::backend::{
-    self, Client, Placed, Server, Servers, Settings, awaiting, connect, failed, pick, pool_of, succeeded,
+    self, Client, Placed, Read, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded,
 };
 use crate::config::CacheListener;
 use crate::pool::{Pool, Snapshot};
@@ -240,6 +239,33 @@ enum Pending {
     HotGet { server: usize, node: usize, owner: usize, key: Vec<u8> },
     /// A reply read and dropped (a hot key's copy deleted on a replica).
     Discard { server: usize },
+}
+
+/// A RESP reply, framed as a whole.
+struct Reply;
+
+impl backend::Framing for Reply {
+    fn read<'a>(
+        &'a self,
+        server: &'a mut Server,
+        s: &'a Settings,
+        out: &'a mut Vec<u8>,
+    ) -> impl Future<Output = Result<(), &'static str>> + Send + 'a {
+        reply_into(server, s, out)
+    }
+}
+
+impl Pending {
+    /// The replies this command reads, in order.
+    fn reads(&self) -> Vec<Read<Reply>> {
+        let read = |server: usize, node: Option<usize>| Read { server, node, how: Reply };
+        match self {
+            Pending::Ready(_) => Vec::new(),
+            Pending::One { server, node } | Pending::HotGet { server, node, .. } => vec![read(*server, Some(*node))],
+            Pending::Discard { server } => vec![read(*server, None)],
+            Pending::Split { parts, .. } => parts.iter().map(|(server, node, _)| read(*server, Some(*node))).collect(),
+        }
+    }
 }
 
 /// How a split command's replies merge.
@@ -593,15 +619,10 @@ async fn read_through(to: &mut To<'_>, hash: Placed, key: &[u8]) -> Option<usize
         args.extend([&b"KEYS"[..], key]);
         let server = &mut to.side.0[i];
         codec::command(&mut server.out, args.into_iter());
-        let sent = tokio::time::timeout(to.s.answer, server.stream.write_all(&server.out)).await;
-        server.out.clear();
         let mut reply = Vec::new();
-        let answered = match sent {
-            Ok(Ok(())) => reply_into(server, to.s, &mut reply).await,
-            _ => {
-                server.broken = true;
-                Err("server connection lost")
-            }
+        let answered = match server.send_now(to.s.answer).await {
+            true => reply_into(server, to.s, &mut reply).await,
+            false => Err("server connection lost"),
         };
         match answered {
             Ok(()) if reply.starts_with(b"+OK") => {
@@ -799,10 +820,8 @@ async fn hot_fill(
     if let Some(k) = connect(side, &snap.workers()[replica], s).await {
         let server = &mut side.0[k];
         codec::command(&mut server.out, [&b"SET"[..], key, bytes, b"PX", px.as_bytes()].into_iter());
-        let written = tokio::time::timeout(s.answer, server.stream.write_all(&server.out)).await;
-        server.out.clear();
         let mut dropped = Vec::new();
-        if matches!(written, Ok(Ok(()))) && reply_into(server, s, &mut dropped).await.is_ok() {
+        if server.send_now(s.answer).await && reply_into(server, s, &mut dropped).await.is_ok() {
             pool.metrics.warm_fills.fetch_add(1, Relaxed);
         } else {
             server.broken = true;
@@ -886,59 +905,57 @@ async fn finish(
     started: Instant,
     out: &mut Vec<u8>,
 ) {
-    for p in pending.drain(..) {
+    let reads: Vec<Vec<Read<Reply>>> = pending.iter().map(Pending::reads).collect();
+    let mut arena = Vec::new();
+    let slots = backend::read_all(snap, servers, s, &reads, &mut arena).await;
+    let error = |out: &mut Vec<u8>, w: &crate::pool::WorkerState, why: &str| {
+        failed(w, s);
+        out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
+    };
+    for (p, slot) in pending.drain(..).zip(slots) {
         match p {
             Pending::Ready(bytes) => out.extend_from_slice(&bytes),
-            Pending::One { server, node } => {
+            Pending::One { node, .. } => {
                 let w = &snap.workers()[node];
-                let mark = out.len();
-                match awaiting(w, reply_into(&mut servers.0[server], s, out)).await {
-                    Ok(()) => succeeded(w, started),
-                    Err(why) => {
-                        out.truncate(mark);
-                        failed(w, s);
-                        out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
+                match &slot[0] {
+                    Ok(range) => {
+                        succeeded(w, started);
+                        out.extend_from_slice(&arena[range.clone()]);
                     }
+                    Err(why) => error(out, w, why),
                 }
             }
-            Pending::HotGet { server, node, owner, key } => {
+            Pending::HotGet { node, owner, key, .. } => {
                 let w = &snap.workers()[node];
-                let mark = out.len();
-                match awaiting(w, reply_into(&mut servers.0[server], s, out)).await {
-                    Ok(()) => {
+                match &slot[0] {
+                    Ok(range) => {
                         succeeded(w, started);
-                        if matches!(&out[mark..], b"$-1\r\n" | b"_\r\n") {
-                            out.truncate(mark);
+                        let reply = &arena[range.clone()];
+                        if matches!(reply, b"$-1\r\n" | b"_\r\n") {
                             if !hot_fill(snap, pool, side, s, &key, owner, node, out).await {
                                 out.extend_from_slice(b"-ERR keyroute: server connection lost\r\n");
                             }
+                        } else {
+                            out.extend_from_slice(reply);
                         }
                     }
-                    Err(why) => {
-                        out.truncate(mark);
-                        failed(w, s);
-                        out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
-                    }
+                    Err(why) => error(out, w, why),
                 }
             }
-            Pending::Discard { server } => {
-                let mut dropped = Vec::new();
-                let _ = reply_into(&mut servers.0[server], s, &mut dropped).await;
-            }
+            Pending::Discard { .. } => {}
             Pending::Split { how, parts, n } => {
                 let mut replies = Vec::with_capacity(parts.len());
                 let mut failure = None;
-                for (server, node, positions) in parts {
+                for ((_, node, positions), result) in parts.into_iter().zip(&slot) {
                     let w = &snap.workers()[node];
-                    let mut r = Vec::new();
-                    match awaiting(w, reply_into(&mut servers.0[server], s, &mut r)).await {
-                        Ok(()) => {
+                    match result {
+                        Ok(range) => {
                             succeeded(w, started);
-                            replies.push((r, positions));
+                            replies.push((&arena[range.clone()], positions));
                         }
                         Err(why) => {
                             failed(w, s);
-                            failure = Some(why);
+                            failure = Some(*why);
                         }
                     }
                 }
@@ -950,7 +967,7 @@ async fn finish(
 }
 
 /// A split command's reply from its servers' replies.
-fn merge(how: Merge, replies: &[(Vec<u8>, Vec<usize>)], n: usize, failure: Option<&str>, out: &mut Vec<u8>) {
+fn merge(how: Merge, replies: &[(&[u8], Vec<usize>)], n: usize, failure: Option<&str>, out: &mut Vec<u8>) {
     if let Some(why) = failure {
         out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
         return;
@@ -990,8 +1007,8 @@ async fn reply_into(server: &mut Server, s: &Settings, out: &mut Vec<u8>) -> Res
     let frame = |buf: &[u8]| codec::reply_len(buf).map_err(|_| backend::Garbled);
     backend::answer_into(server, s.answer, out, async |server: &mut Server, out: &mut Vec<u8>| {
         let n = backend::frame(server, &frame).await?;
-        out.extend_from_slice(&server.buf[..n]);
-        server.buf.advance(n);
+        out.extend_from_slice(&server.buffered()[..n]);
+        server.consume(n);
         Ok(())
     })
     .await
