@@ -5,10 +5,11 @@
 //! # How a connection is served
 //!
 //! Commands are read as the client pipelines them and served in batches: every whole command
-//! buffered is sent to its server first (one write per server), then the answers are read, each
-//! from its server, in the client's order, and written back at once. Each client connection holds
-//! its own connection to each server it needed, so a client's commands reach a server in the
-//! client's order, and a server's answers come back in that order too.
+//! buffered is submitted to its server first, then the answers are read, server by server, and
+//! written back in the client's order at once. The clients of a thread share one connection per
+//! server (nutcracker's model, see [`crate::pipe`]): the requests of many clients reach a server
+//! in one write, a client's in its order, and each client reads its own answers when its turn on
+//! the connection comes.
 //!
 //! - A one-key command goes to the server [`Snapshot::decide`] picks for the key: its owner, or,
 //!   when the owner is unhealthy, ejected or draining, the next server of the key's ranking
