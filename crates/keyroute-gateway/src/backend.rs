@@ -75,11 +75,7 @@ impl Server {
                 buf.reserve(4096);
                 stream.read_buf(buf).await
             }
-            Link::Shared { turn: Some(r), .. } => {
-                let r = &mut **r;
-                r.buf.reserve(16 * 1024);
-                r.stream.read_buf(&mut r.buf).await
-            }
+            Link::Shared { pipe, turn: Some(r), .. } => pipe.read(&mut r.buf).await,
             Link::Shared { .. } => return Err("server connection lost"),
         };
         match read {
@@ -303,38 +299,36 @@ pub(crate) trait Framing {
 /// Reads every answer of a batch (`reads`: each command's, in the client's order) into `arena`,
 /// server by server, before any is used: a shared connection's turn is then held only while this
 /// client's answers on it are read, never while it waits on another server, so a slow server
-/// holds up only the commands sent to it. Each command's slots, in its reads' order.
+/// holds up only the commands sent to it. One slot per read, in `reads`' order.
 pub(crate) async fn read_all<R: Framing>(
     snap: &Snapshot,
     servers: &mut Servers,
     s: &Settings,
-    reads: &[Vec<Read<R>>],
+    reads: &[Read<R>],
     arena: &mut Vec<u8>,
-) -> Vec<Vec<Slot>> {
-    let mut slots: Vec<Vec<Slot>> = reads.iter().map(|r| vec![Err("server connection lost"); r.len()]).collect();
+) -> Vec<Slot> {
+    let mut slots: Vec<Slot> = vec![Err("server connection lost"); reads.len()];
     let mut order: Vec<usize> = Vec::new();
-    for r in reads.iter().flatten() {
+    for r in reads {
         if !order.contains(&r.server) {
             order.push(r.server);
         }
     }
     for server in order {
-        for (i, parts) in reads.iter().enumerate() {
-            for (k, r) in parts.iter().enumerate().filter(|(_, r)| r.server == server) {
-                let start = arena.len();
-                let answer = r.how.read(&mut servers.0[server], s, arena);
-                let result = match r.node.and_then(|n| snap.workers().get(n)) {
-                    Some(w) => awaiting(w, answer).await,
-                    None => answer.await,
-                };
-                slots[i][k] = match result {
-                    Ok(()) => Ok(start..arena.len()),
-                    Err(why) => {
-                        arena.truncate(start);
-                        Err(why)
-                    }
-                };
-            }
+        for (r, slot) in reads.iter().zip(slots.iter_mut()).filter(|(r, _)| r.server == server) {
+            let start = arena.len();
+            let answer = r.how.read(&mut servers.0[server], s, arena);
+            let result = match r.node.and_then(|n| snap.workers().get(n)) {
+                Some(w) => awaiting(w, answer).await,
+                None => answer.await,
+            };
+            *slot = match result {
+                Ok(()) => Ok(start..arena.len()),
+                Err(why) => {
+                    arena.truncate(start);
+                    Err(why)
+                }
+            };
         }
         servers.0[server].release();
     }
@@ -436,8 +430,12 @@ pub(crate) async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings
         Ok(Ok(stream)) => {
             let link = match &servers.1 {
                 Some(registry) => {
-                    let pipe = Pipe::new(w.address, stream, s.answer);
-                    registry.put(s.greeting.clone(), &pipe);
+                    // Another client may have opened one meanwhile: one connection per server.
+                    let pipe = registry.get(w.address, &s.greeting).unwrap_or_else(|| {
+                        let pipe = Pipe::new(w.address, stream, s.answer);
+                        registry.put(s.greeting.clone(), &pipe);
+                        pipe
+                    });
                     Link::Shared { pipe, ticket: None, turn: None }
                 }
                 None => Link::Own { stream, buf: BytesMut::with_capacity(4096) },
@@ -491,6 +489,13 @@ pub(crate) fn succeeded(w: &WorkerState, started: Instant) {
     w.metrics.record_latency(started.elapsed());
     w.metrics.record_class(Some(200));
     w.observe_success();
+}
+
+/// Forgets that `stream` was readable: a read that returned less than it had room for drained
+/// it, so the next wait starts on the poller rather than with a read that finds nothing (tokio
+/// keeps the mark until a read fails with `WouldBlock`).
+pub(crate) fn clear_readable(stream: &TcpStream) {
+    let _ = stream.try_io(tokio::io::Interest::READABLE, || Err::<(), _>(std::io::ErrorKind::WouldBlock.into()));
 }
 
 /// A client connection of a cache listener: its socket, what it sent not yet served, the answers
@@ -548,11 +553,27 @@ impl Client {
             }
         }
         self.input.reserve(4096);
-        let read = tokio::select! {
-            r = self.stream.read_buf(&mut self.input) => r,
-            _ = self.stop.wait_for(|s| *s) => return false,
-        };
-        matches!(read, Ok(n) if n > 0)
+        loop {
+            let spare = self.input.capacity() - self.input.len();
+            match self.stream.try_read_buf(&mut self.input) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    if n < spare {
+                        clear_readable(&self.stream);
+                    }
+                    return true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return false,
+            }
+            let ready = tokio::select! {
+                r = self.stream.readable() => r,
+                _ = self.stop.wait_for(|s| *s) => return false,
+            };
+            if ready.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Reads and drops `n` bytes of the client's (a refused data block), without holding them.
@@ -560,7 +581,8 @@ impl Client {
         let here = n.min(self.input.len());
         self.input.advance(here);
         n -= here;
-        let mut scratch = [0u8; 8192];
+        // On the heap: an array here would make every connection's task this much larger.
+        let mut scratch = vec![0u8; n.min(8192)];
         while n > 0 {
             let want = n.min(scratch.len());
             match self.stream.read(&mut scratch[..want]).await {

@@ -26,9 +26,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
-use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, OwnedMutexGuard, oneshot};
 
 /// A shared connection's identity: its server, and the greeting it was opened with (Redis's AUTH
@@ -68,15 +66,16 @@ impl Registry {
     }
 }
 
-/// The read side, held by the client whose turn it is.
+/// The read side, held by the client whose turn it is: what has been read and not yet taken.
 pub(crate) struct Reader {
-    pub(crate) stream: OwnedReadHalf,
     pub(crate) buf: BytesMut,
 }
 
 /// A server connection shared by a thread's clients.
 pub(crate) struct Pipe {
     pub(crate) addr: SocketAddr,
+    /// Read by the client whose turn it is, written by the writer task.
+    stream: Arc<TcpStream>,
     inner: Arc<Inner>,
     reader: Arc<tokio::sync::Mutex<Reader>>,
 }
@@ -108,14 +107,34 @@ impl Pipe {
     /// Shares `stream` (connected, greeted): its writer task starts on the current runtime, and
     /// each write it makes must complete within `timeout`.
     pub(crate) fn new(addr: SocketAddr, stream: TcpStream, timeout: Duration) -> Arc<Pipe> {
-        let (read, write) = stream.into_split();
+        let stream = Arc::new(stream);
         let inner = Arc::new(Inner { state: Mutex::new(State::default()), wake: Notify::new() });
-        tokio::spawn(writer(Arc::clone(&inner), write, timeout));
+        tokio::spawn(writer(Arc::clone(&inner), Arc::clone(&stream), timeout));
         Arc::new(Pipe {
             addr,
+            stream,
             inner,
-            reader: Arc::new(tokio::sync::Mutex::new(Reader { stream: read, buf: BytesMut::with_capacity(16 * 1024) })),
+            reader: Arc::new(tokio::sync::Mutex::new(Reader { buf: BytesMut::new() })),
         })
+    }
+
+    /// Reads what the server sent into `buf` (the turn holder's), waiting for it; the bytes read
+    /// (0 at the end of the stream).
+    pub(crate) async fn read(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        buf.reserve(16 * 1024);
+        loop {
+            let spare = buf.capacity() - buf.len();
+            match self.stream.try_read_buf(buf) {
+                Ok(n) => {
+                    if n > 0 && n < spare {
+                        crate::backend::clear_readable(&self.stream);
+                    }
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.stream.readable().await?,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub(crate) fn is_broken(&self) -> bool {
@@ -188,8 +207,21 @@ impl Drop for Pipe {
     }
 }
 
+/// Writes all of `buf`, trying at once and waiting for the socket only when it is full.
+async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match stream.try_write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Writes whatever was submitted since the last write, in one write, until the connection breaks.
-async fn writer(inner: Arc<Inner>, mut stream: OwnedWriteHalf, timeout: Duration) {
+async fn writer(inner: Arc<Inner>, stream: Arc<TcpStream>, timeout: Duration) {
     let mut spare = Vec::new();
     loop {
         let mut batch = {
@@ -204,7 +236,7 @@ async fn writer(inner: Arc<Inner>, mut stream: OwnedWriteHalf, timeout: Duration
             inner.wake.notified().await;
             continue;
         }
-        if !matches!(tokio::time::timeout(timeout, stream.write_all(&batch)).await, Ok(Ok(()))) {
+        if !matches!(tokio::time::timeout(timeout, write_all(&stream, &batch)).await, Ok(Ok(()))) {
             let mut st = inner.state.lock();
             st.broken = true;
             st.waiters.clear();
@@ -218,7 +250,7 @@ async fn writer(inner: Arc<Inner>, mut stream: OwnedWriteHalf, timeout: Duration
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     /// Three clients submit in turn; each reads exactly its own answers, in ticket order,
     /// whatever order they ask for their turn in; a poisoned connection fails every waiter.
@@ -244,8 +276,7 @@ mod tests {
         let read = |pipe: Arc<Pipe>, ticket: u64, len: usize| async move {
             let mut r = pipe.turn(ticket).await.expect("turn");
             while r.buf.len() < len {
-                let reader = &mut *r;
-                reader.stream.read_buf(&mut reader.buf).await.expect("read");
+                pipe.read(&mut r.buf).await.expect("read");
             }
             let got = r.buf.split_to(len);
             drop(r);

@@ -359,6 +359,10 @@ async fn a_joining_server_warms_from_the_previous_owner() {
     assert!(status.is_success(), "{status} {answer}");
     // Halfway through the window about half of the newcomer's keys are admitted to it.
     tokio::time::sleep(Duration::from_secs(4)).await;
+    // A multi-get is warmed key by key: every value, in the client's order.
+    let r = ask(&mut c, format!("get {}\r\n", keys[..150].join(" ")).as_bytes(), "END\r\n").await;
+    let want: String = keys[..150].iter().map(|k| format!("VALUE {k} 7 {}\r\n{k}\r\n", k.len())).collect();
+    assert_eq!(r, format!("{want}END\r\n"), "no value of a multi-get lost to the join");
     for k in &keys {
         let r = ask(&mut c, format!("get {k}\r\n").as_bytes(), "END\r\n").await;
         assert_eq!(r, format!("VALUE {k} 7 {}\r\n{k}\r\nEND\r\n", k.len()), "no value lost to the join");

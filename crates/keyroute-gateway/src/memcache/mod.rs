@@ -37,7 +37,8 @@
 //!   (anything but `mg`) also deletes the previous server's copy (`delete ... noreply`, counted in
 //!   `keyroute_pool_warm_invalidations_total`), so that a later miss is never filled with a value
 //!   older than the last write the proxy forwarded. Keys not yet admitted stay on their previous
-//!   server, reads and writes alike. Multi-key gets, `gets` and `gat` are not warmed.
+//!   server, reads and writes alike. A multi-key `get` is warmed key by key; `gets` and `gat`
+//!   are not (a filled value would carry the new server's CAS, or not the new TTL).
 //! - **Hot keys** (with `[pool.hot_keys]`, detected as for HTTP, their replica count growing and
 //!   shrinking with their rate): reads of a hot key spread over its replicas (the first of its
 //!   ranking), and a miss on a replica is filled from the key's owner as above; a `set` goes to
@@ -81,7 +82,9 @@ enum Pending {
     /// wants none.
     One { server: usize, node: usize, retrieval: bool, answer: Answer, quiet: bool, noreply: bool },
     /// A multi-get's parts (server, node), and its keys in the client's order.
-    Multi { parts: Vec<(usize, usize)>, keys: Vec<Vec<u8>> },
+    /// A `get` of several keys also carries, for each key placed on a server within its handoff
+    /// window, that server and the key's previous one: a miss there is filled from it.
+    Multi { parts: Vec<(usize, usize)>, keys: Vec<(Vec<u8>, Option<(usize, usize)>)> },
     /// A `get` of one key on a server that joined within the handoff window: its answer, and on
     /// a miss the key's previous server's value, filled into the new one (the warm-up route).
     Warm { server: usize, node: usize, previous: usize, key: Vec<u8> },
@@ -289,23 +292,32 @@ impl backend::Framing for Framed {
 }
 
 impl Pending {
-    /// The answers this command reads, in order, each with how it is framed (retrieval, answer
-    /// kind, quiet).
-    fn reads(&self) -> Vec<Read<Framed>> {
+    /// How many answers this command reads.
+    fn parts(&self) -> usize {
+        match self {
+            Pending::Ready(_) | Pending::Owned(_) => 0,
+            Pending::One { .. } | Pending::Discard { .. } | Pending::Warm { .. } => 1,
+            Pending::Multi { parts, .. } => parts.len(),
+        }
+    }
+
+    /// Appends the answers this command reads, in order, each with how it is framed (retrieval,
+    /// answer kind, quiet).
+    fn reads(&self, out: &mut Vec<Read<Framed>>) {
         let read = |server: usize, node: Option<usize>, (retrieval, answer, quiet)| Read {
             server,
             node,
             how: Framed { retrieval, answer, quiet },
         };
         match self {
-            Pending::Ready(_) | Pending::Owned(_) => Vec::new(),
+            Pending::Ready(_) | Pending::Owned(_) => {}
             Pending::One { server, node, retrieval, answer, quiet, .. } => {
-                vec![read(*server, Some(*node), (*retrieval, *answer, *quiet))]
+                out.push(read(*server, Some(*node), (*retrieval, *answer, *quiet)));
             }
-            Pending::Discard { server, answer, quiet } => vec![read(*server, None, (false, *answer, *quiet))],
-            Pending::Warm { server, node, .. } => vec![read(*server, Some(*node), (true, Answer::Line, false))],
+            Pending::Discard { server, answer, quiet } => out.push(read(*server, None, (false, *answer, *quiet))),
+            Pending::Warm { server, node, .. } => out.push(read(*server, Some(*node), (true, Answer::Line, false))),
             Pending::Multi { parts, .. } => {
-                parts.iter().map(|&(server, node)| read(server, Some(node), (true, Answer::Line, false))).collect()
+                out.extend(parts.iter().map(|&(server, node)| read(server, Some(node), (true, Answer::Line, false))));
             }
         }
     }
@@ -378,11 +390,21 @@ async fn send_multi(
     };
     // (node, its request line)
     let mut lines: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut warm: Vec<(Vec<u8>, Option<(usize, usize)>)> = Vec::new();
     for key in keys.iter() {
-        let Some(node) = pick(pool, snap, Placed::of(pool, snap, key), &[], now) else {
+        let hash = Placed::of(pool, snap, key);
+        let Some(node) = pick(pool, snap, hash, &[], now) else {
             pool.metrics.no_worker.fetch_add(1, Relaxed);
+            warm.push((key.to_vec(), None));
             continue;
         };
+        // `gets` and `gat` are not warmed: a filled value would carry the new server's CAS, or
+        // no new TTL.
+        let previous = match (kind, hash.0) {
+            (codec::Retrieval::Get, Some(h)) => snap.warm_source(h, node, now),
+            _ => None,
+        };
+        warm.push((key.to_vec(), previous.map(|p| (node, p))));
         let i = match lines.iter().position(|(n, _)| *n == node) {
             Some(i) => i,
             None => {
@@ -406,7 +428,7 @@ async fn send_multi(
         out.extend_from_slice(b"\r\n");
         parts.push((server, node));
     }
-    Pending::Multi { parts, keys: keys.iter().map(<[u8]>::to_vec).collect() }
+    Pending::Multi { parts, keys: warm }
 }
 
 /// Writes the batch's requests (one write per server), then reads every answer, in order, into
@@ -423,10 +445,16 @@ async fn finish(
     out: &mut Vec<u8>,
 ) {
     backend::flush(servers, s).await;
-    let reads: Vec<Vec<Read<Framed>>> = pending.iter().map(Pending::reads).collect();
+    let mut reads: Vec<Read<Framed>> = Vec::with_capacity(pending.len());
+    for p in pending.iter() {
+        p.reads(&mut reads);
+    }
     let mut arena = Vec::new();
     let slots = backend::read_all(snap, servers, s, &reads, &mut arena).await;
-    for (p, slot) in pending.drain(..).zip(slots) {
+    let mut at = 0;
+    for p in pending.drain(..) {
+        let slot = &slots[at..at + p.parts()];
+        at += p.parts();
         match p {
             Pending::Ready(bytes) => out.extend_from_slice(bytes),
             Pending::Owned(bytes) => out.extend_from_slice(&bytes),
@@ -462,7 +490,7 @@ async fn finish(
             }
             Pending::Multi { parts, keys } => {
                 let mut answers: Vec<&[u8]> = Vec::with_capacity(parts.len());
-                for ((_, node), result) in parts.into_iter().zip(&slot) {
+                for ((_, node), result) in parts.into_iter().zip(slot) {
                     let w = &snap.workers()[node];
                     match result {
                         Ok(range) => {
@@ -474,10 +502,13 @@ async fn finish(
                     }
                 }
                 let mut values: Vec<(&[u8], &[u8])> = answers.iter().flat_map(|a| codec::value_blocks(a)).collect();
-                for key in &keys {
+                for (key, warm) in &keys {
                     // The first block of this key not given yet (a key asked twice is answered twice).
                     if let Some(i) = values.iter().position(|(k, _)| *k == key.as_slice()) {
                         out.extend_from_slice(values.remove(i).1);
+                    } else if let Some((node, previous)) = *warm {
+                        // A miss on a server within its handoff window: the warm-up route.
+                        warm_fill(snap, pool, side, s, key, previous, node, out).await;
                     }
                 }
                 out.extend_from_slice(b"END\r\n");

@@ -256,14 +256,27 @@ impl backend::Framing for Reply {
 }
 
 impl Pending {
-    /// The replies this command reads, in order.
-    fn reads(&self) -> Vec<Read<Reply>> {
+    /// How many replies this command reads.
+    fn parts(&self) -> usize {
+        match self {
+            Pending::Ready(_) => 0,
+            Pending::One { .. } | Pending::HotGet { .. } | Pending::Discard { .. } => 1,
+            Pending::Split { parts, .. } => parts.len(),
+        }
+    }
+
+    /// Appends the replies this command reads, in order.
+    fn reads(&self, out: &mut Vec<Read<Reply>>) {
         let read = |server: usize, node: Option<usize>| Read { server, node, how: Reply };
         match self {
-            Pending::Ready(_) => Vec::new(),
-            Pending::One { server, node } | Pending::HotGet { server, node, .. } => vec![read(*server, Some(*node))],
-            Pending::Discard { server } => vec![read(*server, None)],
-            Pending::Split { parts, .. } => parts.iter().map(|(server, node, _)| read(*server, Some(*node))).collect(),
+            Pending::Ready(_) => {}
+            Pending::One { server, node } | Pending::HotGet { server, node, .. } => {
+                out.push(read(*server, Some(*node)))
+            }
+            Pending::Discard { server } => out.push(read(*server, None)),
+            Pending::Split { parts, .. } => {
+                out.extend(parts.iter().map(|(server, node, _)| read(*server, Some(*node))))
+            }
         }
     }
 }
@@ -905,14 +918,20 @@ async fn finish(
     started: Instant,
     out: &mut Vec<u8>,
 ) {
-    let reads: Vec<Vec<Read<Reply>>> = pending.iter().map(Pending::reads).collect();
+    let mut reads: Vec<Read<Reply>> = Vec::with_capacity(pending.len());
+    for p in pending.iter() {
+        p.reads(&mut reads);
+    }
     let mut arena = Vec::new();
     let slots = backend::read_all(snap, servers, s, &reads, &mut arena).await;
+    let mut at = 0;
     let error = |out: &mut Vec<u8>, w: &crate::pool::WorkerState, why: &str| {
         failed(w, s);
         out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
     };
-    for (p, slot) in pending.drain(..).zip(slots) {
+    for p in pending.drain(..) {
+        let slot = &slots[at..at + p.parts()];
+        at += p.parts();
         match p {
             Pending::Ready(bytes) => out.extend_from_slice(&bytes),
             Pending::One { node, .. } => {
@@ -946,7 +965,7 @@ async fn finish(
             Pending::Split { how, parts, n } => {
                 let mut replies = Vec::with_capacity(parts.len());
                 let mut failure = None;
-                for ((_, node, positions), result) in parts.into_iter().zip(&slot) {
+                for ((_, node, positions), result) in parts.into_iter().zip(slot) {
                     let w = &snap.workers()[node];
                     match result {
                         Ok(range) => {
