@@ -72,6 +72,10 @@ use crate::state::Shared;
 /// The most commands served in one batch.
 const BATCH: usize = 1024;
 
+/// A multi-get's key, and (node, previous node) when it is placed on a server within its handoff
+/// window.
+type MultiKey = (Vec<u8>, Option<(usize, usize)>);
+
 /// A command of the batch, once sent: where its answer comes from.
 enum Pending {
     /// Answered by the proxy.
@@ -84,7 +88,7 @@ enum Pending {
     /// A multi-get's parts (server, node), and its keys in the client's order.
     /// A `get` of several keys also carries, for each key placed on a server within its handoff
     /// window, that server and the key's previous one: a miss there is filled from it.
-    Multi { parts: Vec<(usize, usize)>, keys: Vec<(Vec<u8>, Option<(usize, usize)>)> },
+    Multi { parts: Vec<(usize, usize)>, keys: Vec<MultiKey> },
     /// A `get` of one key on a server that joined within the handoff window: its answer, and on
     /// a miss the key's previous server's value, filled into the new one (the warm-up route).
     Warm { server: usize, node: usize, previous: usize, key: Vec<u8> },
@@ -390,7 +394,7 @@ async fn send_multi(
     };
     // (node, its request line)
     let mut lines: Vec<(usize, Vec<u8>)> = Vec::new();
-    let mut warm: Vec<(Vec<u8>, Option<(usize, usize)>)> = Vec::new();
+    let mut warm: Vec<MultiKey> = Vec::new();
     for key in keys.iter() {
         let hash = Placed::of(pool, snap, key);
         let Some(node) = pick(pool, snap, hash, &[], now) else {
