@@ -102,170 +102,9 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
     let mut c = Client::new(stream, &shared);
     let mut pending: Vec<Pending> = Vec::new();
     loop {
-        let Some(pool) = pool_of(&shared, config.pool) else { return };
-        // One snapshot for the batch: its commands are placed on one table.
-        let snap = pool.snapshot();
-        let settings = Settings::of(&snap);
-        let now = Instant::now();
-        let mut close = false;
-        while pending.len() < BATCH {
-            let Some((n, line)) = codec::line(&c.input) else {
-                if c.input.len() > codec::MAX_LINE {
-                    pending.push(Pending::Ready(b"CLIENT_ERROR line too long\r\n"));
-                    close = true;
-                }
-                break;
-            };
-            match codec::parse(line, config.max_item_bytes) {
-                Err(Refused::TooLarge { skip }) => {
-                    pending.push(Pending::Owned(Refused::TooLarge { skip }.line()));
-                    c.input.advance(n);
-                    if skip > c.input.len() {
-                        // The block is skipped as it arrives: the answers so far go out first.
-                        finish(&snap, &pool, &mut pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out)
-                            .await;
-                        if !c.reply().await || !c.discard(skip).await {
-                            return;
-                        }
-                        continue;
-                    }
-                    c.input.advance(skip);
-                }
-                Err(r) => {
-                    pending.push(Pending::Owned(r.line()));
-                    c.input.advance(n);
-                }
-                Ok(Command::Quit) => {
-                    close = true;
-                    break;
-                }
-                Ok(Command::Version) => {
-                    pending.push(Pending::Owned(
-                        format!("VERSION keyroute-{}\r\n", env!("CARGO_PKG_VERSION")).into_bytes(),
-                    ));
-                    c.input.advance(n);
-                }
-                Ok(Command::MetaNoop) => {
-                    pending.push(Pending::Ready(b"MN\r\n"));
-                    c.input.advance(n);
-                }
-                Ok(Command::Keyed { key, data, quiet, answer }) => {
-                    // The whole command (line and data) must be here before it is sent.
-                    let total = n + data.map_or(0, |d| d + 2);
-                    if c.input.len() < total {
-                        break;
-                    }
-                    if data.is_some_and(|d| &c.input[n + d..total] != b"\r\n") {
-                        pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
-                        close = true;
-                        break;
-                    }
-                    let hash = Placed::of(&pool, &snap, &key);
-                    let request = &c.input[..total];
-                    let write = !line.starts_with(b"mg ");
-                    let replicas = match (snap.hot(), hash.0) {
-                        (Some(hot), Some(h)) if write => hot.replicas(h),
-                        _ => 0,
-                    };
-                    if replicas > 1 && codec::valid_key(&key) {
-                        // A hot key's write: to every replica, so that none serves an older value.
-                        let plain_set = line.starts_with(b"set ");
-                        hot_write(
-                            &snap,
-                            &mut c.servers,
-                            &settings,
-                            hash,
-                            replicas,
-                            request,
-                            plain_set,
-                            &key,
-                            quiet,
-                            answer,
-                            &mut pending,
-                        )
-                        .await;
-                        c.input.advance(total);
-                        continue;
-                    }
-                    let p = send_one(&snap, &pool, &mut c.servers, &settings, hash, request, quiet, answer, now).await;
-                    // A write during the warm-up deletes the copy on the key's previous server,
-                    // so that no miss is ever filled with a value older than this write.
-                    let invalidate = match (&p, hash.0) {
-                        (Pending::One { node, .. }, Some(h)) if write => snap.warm_source(h, *node, now),
-                        _ => None,
-                    };
-                    pending.push(p);
-                    if let Some(previous) = invalidate
-                        && codec::valid_key(&key)
-                        && let Some(server) = connect(&mut c.servers, &snap.workers()[previous], &settings).await
-                    {
-                        let out = &mut c.servers.0[server].out;
-                        out.extend_from_slice(b"delete ");
-                        out.extend_from_slice(&key);
-                        out.extend_from_slice(b" noreply\r\nmn\r\n");
-                        pool.metrics.warm_invalidations.fetch_add(1, Relaxed);
-                        pending.push(Pending::Discard { server, answer: Answer::Line, quiet: true });
-                    }
-                    c.input.advance(total);
-                }
-                Ok(Command::Retrieve { kind, exptime, keys }) => {
-                    let p = match keys.single() {
-                        // One key: its server's answer as it is.
-                        Some(key) => {
-                            let hash = Placed::of(&pool, &snap, key);
-                            let request = &c.input[..n];
-                            // A hot key's reads take its replicas in turn.
-                            let hot = hot_replica(&snap, hash, &mut c.turn, now);
-                            let p = match hot {
-                                Some(node) => send_to(&snap, &mut c.servers, &settings, node, request).await,
-                                None => None,
-                            };
-                            let p = match p {
-                                Some(p) => p,
-                                None => send_one(
-                                    &snap,
-                                    &pool,
-                                    &mut c.servers,
-                                    &settings,
-                                    hash,
-                                    request,
-                                    false,
-                                    Answer::Line,
-                                    now,
-                                )
-                                .await
-                                .retrieval(),
-                            };
-                            match (p, hash.0) {
-                                (Pending::One { server, node, .. }, Some(h)) if kind == codec::Retrieval::Get => {
-                                    // A joining server warms from the key's previous one; a
-                                    // hot key's replica from the key's owner.
-                                    let hot_owner =
-                                        hot.and_then(|_| snap.policy().owner(h)).filter(|&owner| owner != node);
-                                    match snap.warm_source(h, node, now).or(hot_owner) {
-                                        Some(previous) => Pending::Warm { server, node, previous, key: key.to_vec() },
-                                        None => Pending::One {
-                                            server,
-                                            node,
-                                            retrieval: true,
-                                            answer: Answer::Line,
-                                            quiet: false,
-                                            noreply: false,
-                                        },
-                                    }
-                                }
-                                (p, _) => p,
-                            }
-                        }
-                        None => send_multi(&snap, &pool, &mut c.servers, &settings, kind, exptime, keys, now).await,
-                    };
-                    pending.push(p);
-                    c.input.advance(n);
-                }
-            }
-        }
-        finish(&snap, &pool, &mut pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
-        if !c.reply().await || close {
+        // A batch's work is a future of its own, on the heap while it runs: an idle connection's
+        // task holds only its client and its read.
+        if !Box::pin(batch(&mut c, &shared, &config, &mut pending)).await {
             return;
         }
         // More whole commands than one batch are served before reading.
@@ -274,6 +113,176 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
             return;
         }
     }
+}
+
+/// One batch: the whole commands buffered (up to [`BATCH`]) sent, answered and written back;
+/// `false` when the connection is to close.
+async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending: &mut Vec<Pending>) -> bool {
+    let Some(pool) = pool_of(shared, config.pool) else { return false };
+    // One snapshot for the batch: its commands are placed on one table.
+    let snap = pool.snapshot();
+    let settings = Settings::of(&snap);
+    let now = Instant::now();
+    let mut close = false;
+    while pending.len() < BATCH {
+        let Some((n, line)) = codec::line(&c.input) else {
+            if c.input.len() > codec::MAX_LINE {
+                pending.push(Pending::Ready(b"CLIENT_ERROR line too long\r\n"));
+                close = true;
+            }
+            break;
+        };
+        match codec::parse(line, config.max_item_bytes) {
+            Err(Refused::TooLarge { skip }) => {
+                pending.push(Pending::Owned(Refused::TooLarge { skip }.line()));
+                c.input.advance(n);
+                if skip > c.input.len() {
+                    // The block is skipped as it arrives: the answers so far go out first.
+                    finish(&snap, &pool, pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
+                    if !c.reply().await || !c.discard(skip).await {
+                        return false;
+                    }
+                    continue;
+                }
+                c.input.advance(skip);
+            }
+            Err(r) => {
+                pending.push(Pending::Owned(r.line()));
+                c.input.advance(n);
+            }
+            Ok(Command::Quit) => {
+                close = true;
+                break;
+            }
+            Ok(Command::Version) => {
+                pending
+                    .push(Pending::Owned(format!("VERSION keyroute-{}\r\n", env!("CARGO_PKG_VERSION")).into_bytes()));
+                c.input.advance(n);
+            }
+            Ok(Command::MetaNoop) => {
+                pending.push(Pending::Ready(b"MN\r\n"));
+                c.input.advance(n);
+            }
+            Ok(Command::Keyed { key, data, quiet, answer }) => {
+                // The whole command (line and data) must be here before it is sent.
+                let total = n + data.map_or(0, |d| d + 2);
+                if c.input.len() < total {
+                    break;
+                }
+                if data.is_some_and(|d| &c.input[n + d..total] != b"\r\n") {
+                    pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
+                    close = true;
+                    break;
+                }
+                let hash = Placed::of(&pool, &snap, &key);
+                let request = &c.input[..total];
+                let write = !line.starts_with(b"mg ");
+                let replicas = match (snap.hot(), hash.0) {
+                    (Some(hot), Some(h)) if write => hot.replicas(h),
+                    _ => 0,
+                };
+                if replicas > 1 && codec::valid_key(&key) {
+                    // A hot key's write: to every replica, so that none serves an older value.
+                    let plain_set = line.starts_with(b"set ");
+                    hot_write(
+                        &snap,
+                        &mut c.servers,
+                        &settings,
+                        hash,
+                        replicas,
+                        request,
+                        plain_set,
+                        &key,
+                        quiet,
+                        answer,
+                        pending,
+                    )
+                    .await;
+                    c.input.advance(total);
+                    continue;
+                }
+                let p = send_one(&snap, &pool, &mut c.servers, &settings, hash, request, quiet, answer, now).await;
+                // A write during the warm-up deletes the copy on the key's previous server,
+                // so that no miss is ever filled with a value older than this write.
+                let invalidate = match (&p, hash.0) {
+                    (Pending::One { node, .. }, Some(h)) if write => snap.warm_source(h, *node, now),
+                    _ => None,
+                };
+                pending.push(p);
+                if let Some(previous) = invalidate
+                    && codec::valid_key(&key)
+                    && let Some(server) = connect(&mut c.servers, &snap.workers()[previous], &settings).await
+                {
+                    let out = &mut c.servers.0[server].out;
+                    out.extend_from_slice(b"delete ");
+                    out.extend_from_slice(&key);
+                    out.extend_from_slice(b" noreply\r\nmn\r\n");
+                    pool.metrics.warm_invalidations.fetch_add(1, Relaxed);
+                    pending.push(Pending::Discard { server, answer: Answer::Line, quiet: true });
+                }
+                c.input.advance(total);
+            }
+            Ok(Command::Retrieve { kind, exptime, keys }) => {
+                let p = match keys.single() {
+                    // One key: its server's answer as it is.
+                    Some(key) => {
+                        let hash = Placed::of(&pool, &snap, key);
+                        let request = &c.input[..n];
+                        // A hot key's reads take its replicas in turn.
+                        let hot = hot_replica(&snap, hash, &mut c.turn, now);
+                        let p = match hot {
+                            Some(node) => send_to(&snap, &mut c.servers, &settings, node, request).await,
+                            None => None,
+                        };
+                        let p = match p {
+                            Some(p) => p,
+                            None => send_one(
+                                &snap,
+                                &pool,
+                                &mut c.servers,
+                                &settings,
+                                hash,
+                                request,
+                                false,
+                                Answer::Line,
+                                now,
+                            )
+                            .await
+                            .retrieval(),
+                        };
+                        match (p, hash.0) {
+                            (Pending::One { server, node, .. }, Some(h)) if kind == codec::Retrieval::Get => {
+                                // A joining server warms from the key's previous one; a
+                                // hot key's replica from the key's owner.
+                                let hot_owner = hot.and_then(|_| snap.policy().owner(h)).filter(|&owner| owner != node);
+                                match snap.warm_source(h, node, now).or(hot_owner) {
+                                    Some(previous) => Pending::Warm { server, node, previous, key: key.to_vec() },
+                                    None => Pending::One {
+                                        server,
+                                        node,
+                                        retrieval: true,
+                                        answer: Answer::Line,
+                                        quiet: false,
+                                        noreply: false,
+                                    },
+                                }
+                            }
+                            (p, _) => p,
+                        }
+                    }
+                    None => send_multi(&snap, &pool, &mut c.servers, &settings, kind, exptime, keys, now).await,
+                };
+                pending.push(p);
+                c.input.advance(n);
+            }
+        }
+    }
+    finish(&snap, &pool, pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
+    let open = c.reply().await && !close;
+    if pending.capacity() > 64 {
+        *pending = Vec::new();
+    }
+    open
 }
 
 /// How a memcached answer is framed: a retrieval's (`VALUE` blocks to `END`), its kind, and

@@ -300,114 +300,34 @@ fn error(out: &mut Vec<u8>, message: &str) -> Vec<u8> {
     std::mem::take(out)
 }
 
+/// What a client connection has said of itself: its password given, its protocol.
+struct Session {
+    /// The proxy's greeting to each server it connects to, for each protocol the client may
+    /// speak.
+    greetings: [Option<Arc<[u8]>>; 2],
+    password: Option<Arc<str>>,
+    authenticated: bool,
+    resp3: bool,
+}
+
 /// Serves one client connection until it closes, sends `QUIT`, or the gateway stops.
 pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shared>, config: CacheListener, _held: H) {
     let mut c = Client::new(stream, &shared);
     let mut pending: Vec<Pending> = Vec::new();
-    // The proxy's greeting to each server it connects to, for each protocol the client may speak.
-    let greetings =
-        [greeting(config.server_password.as_deref(), false), greeting(config.server_password.as_deref(), true)];
-    let password: Option<Arc<str>> = config.server_password.as_deref().map(Arc::from);
-    let mut authenticated = config.password.is_none();
-    let mut resp3 = false;
+    let mut session = Session {
+        greetings: [
+            greeting(config.server_password.as_deref(), false),
+            greeting(config.server_password.as_deref(), true),
+        ],
+        password: config.server_password.as_deref().map(Arc::from),
+        authenticated: config.password.is_none(),
+        resp3: false,
+    };
     loop {
-        let Some(pool) = pool_of(&shared, config.pool) else { return };
-        let snap = pool.snapshot();
-        let mut settings = Settings::of(&snap);
-        settings.greeting = greetings[usize::from(resp3)].clone();
-        settings.password = password.clone();
-        let now = Instant::now();
-        let mut close = false;
-        let mut switched = false;
-        while pending.len() < 1024 {
-            let (n, ranges) = match codec::request(&c.input, config.max_item_bytes) {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
-                Err(codec::Unframed(why)) => {
-                    pending.push(Pending::Ready(format!("-{why}\r\n").into_bytes()));
-                    close = true;
-                    break;
-                }
-            };
-            let args: Vec<&[u8]> = ranges.iter().map(|r| &c.input[r.clone()]).collect();
-            if args.is_empty() {
-                c.input.advance(n);
-                continue;
-            }
-            let mut upper = [0u8; 32];
-            let name = match args[0] {
-                a if a.len() <= upper.len() => {
-                    upper[..a.len()].copy_from_slice(a);
-                    upper[..a.len()].make_ascii_uppercase();
-                    std::str::from_utf8(&upper[..a.len()]).unwrap_or("?")
-                }
-                _ => "?",
-            };
-            if name == "QUIT" {
-                pending.push(Pending::Ready(b"+OK\r\n".to_vec()));
-                close = true;
-                break;
-            }
-            if name == "AUTH" && config.password.is_some() {
-                // AUTH PASSWORD, or AUTH default PASSWORD (Redis 6's form).
-                let given = match args.len() {
-                    2 => Some(args[1]),
-                    3 if args[1] == b"default" => Some(args[2]),
-                    _ => None,
-                };
-                authenticated = given.is_some_and(|g| matches_password(g, config.password.as_deref().unwrap_or("")));
-                let answer: &[u8] = match (given, authenticated) {
-                    (None, _) => b"-ERR wrong number of arguments for 'auth' command\r\n",
-                    (_, true) => b"+OK\r\n",
-                    (_, false) => b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
-                };
-                pending.push(Pending::Ready(answer.to_vec()));
-                c.input.advance(n);
-                continue;
-            }
-            if name == "HELLO" {
-                let (answer, proto) = hello(&args, config.password.as_deref(), &mut authenticated, resp3);
-                pending.push(Pending::Ready(answer));
-                c.input.advance(n);
-                if let Some(p) = proto.filter(|&p| p != resp3) {
-                    // The client's server connections speak its protocol: they are opened anew,
-                    // after this batch.
-                    resp3 = p;
-                    switched = true;
-                    break;
-                }
-                continue;
-            }
-            if !authenticated {
-                pending.push(Pending::Ready(b"-NOAUTH Authentication required.\r\n".to_vec()));
-                c.input.advance(n);
-                continue;
-            }
-            let raw = &c.input[..n];
-            let mut to = To {
-                snap: &snap,
-                pool: &pool,
-                servers: &mut c.servers,
-                side: &mut c.side,
-                s: &settings,
-                now,
-                turn: &mut c.turn,
-                extra: Vec::new(),
-            };
-            let p = serve_command(&mut to, name, &args, raw).await;
-            let extra = std::mem::take(&mut to.extra);
-            pending.push(p);
-            pending.extend(extra);
-            c.input.advance(n);
-        }
-        backend::flush(&mut c.servers, &settings).await;
-        finish(&snap, &pool, &mut pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
-        if !c.reply().await || close {
+        // A batch's work is a future of its own, on the heap while it runs: an idle connection's
+        // task holds only its client and its read.
+        if !Box::pin(batch(&mut c, &shared, &config, &mut session, &mut pending)).await {
             return;
-        }
-        if switched {
-            c.servers = Servers::default();
-            c.side = Servers::default();
         }
         // More whole commands than one batch are served before reading.
         let more = matches!(codec::request(&c.input, config.max_item_bytes), Ok(Some(_)));
@@ -415,6 +335,120 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
             return;
         }
     }
+}
+
+/// One batch: the whole commands buffered (up to 1024) served and answered; `false` when the
+/// connection is to close.
+async fn batch(
+    c: &mut Client,
+    shared: &Shared,
+    config: &CacheListener,
+    session: &mut Session,
+    pending: &mut Vec<Pending>,
+) -> bool {
+    let Some(pool) = pool_of(shared, config.pool) else { return false };
+    let snap = pool.snapshot();
+    let mut settings = Settings::of(&snap);
+    settings.greeting = session.greetings[usize::from(session.resp3)].clone();
+    settings.password = session.password.clone();
+    let now = Instant::now();
+    let mut close = false;
+    let mut switched = false;
+    while pending.len() < 1024 {
+        let (n, ranges) = match codec::request(&c.input, config.max_item_bytes) {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(codec::Unframed(why)) => {
+                pending.push(Pending::Ready(format!("-{why}\r\n").into_bytes()));
+                close = true;
+                break;
+            }
+        };
+        let args: Vec<&[u8]> = ranges.iter().map(|r| &c.input[r.clone()]).collect();
+        if args.is_empty() {
+            c.input.advance(n);
+            continue;
+        }
+        let mut upper = [0u8; 32];
+        let name = match args[0] {
+            a if a.len() <= upper.len() => {
+                upper[..a.len()].copy_from_slice(a);
+                upper[..a.len()].make_ascii_uppercase();
+                std::str::from_utf8(&upper[..a.len()]).unwrap_or("?")
+            }
+            _ => "?",
+        };
+        if name == "QUIT" {
+            pending.push(Pending::Ready(b"+OK\r\n".to_vec()));
+            close = true;
+            break;
+        }
+        if name == "AUTH" && config.password.is_some() {
+            // AUTH PASSWORD, or AUTH default PASSWORD (Redis 6's form).
+            let given = match args.len() {
+                2 => Some(args[1]),
+                3 if args[1] == b"default" => Some(args[2]),
+                _ => None,
+            };
+            session.authenticated =
+                given.is_some_and(|g| matches_password(g, config.password.as_deref().unwrap_or("")));
+            let answer: &[u8] = match (given, session.authenticated) {
+                (None, _) => b"-ERR wrong number of arguments for 'auth' command\r\n",
+                (_, true) => b"+OK\r\n",
+                (_, false) => b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+            };
+            pending.push(Pending::Ready(answer.to_vec()));
+            c.input.advance(n);
+            continue;
+        }
+        if name == "HELLO" {
+            let (answer, proto) = hello(&args, config.password.as_deref(), &mut session.authenticated, session.resp3);
+            pending.push(Pending::Ready(answer));
+            c.input.advance(n);
+            if let Some(p) = proto.filter(|&p| p != session.resp3) {
+                // The client's server connections speak its protocol: they are opened anew,
+                // after this batch.
+                session.resp3 = p;
+                switched = true;
+                break;
+            }
+            continue;
+        }
+        if !session.authenticated {
+            pending.push(Pending::Ready(b"-NOAUTH Authentication required.\r\n".to_vec()));
+            c.input.advance(n);
+            continue;
+        }
+        let raw = &c.input[..n];
+        let mut to = To {
+            snap: &snap,
+            pool: &pool,
+            servers: &mut c.servers,
+            side: &mut c.side,
+            s: &settings,
+            now,
+            turn: &mut c.turn,
+            extra: Vec::new(),
+        };
+        let p = serve_command(&mut to, name, &args, raw).await;
+        let extra = std::mem::take(&mut to.extra);
+        pending.push(p);
+        pending.extend(extra);
+        c.input.advance(n);
+    }
+    backend::flush(&mut c.servers, &settings).await;
+    finish(&snap, &pool, pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
+    if !c.reply().await || close {
+        return false;
+    }
+    if switched {
+        c.servers = Servers::shared();
+        c.side = Servers::default();
+    }
+    if pending.capacity() > 64 {
+        *pending = Vec::new();
+    }
+    true
 }
 
 /// What the proxy sends first on each server connection: `HELLO 3` for a client that speaks
