@@ -38,8 +38,9 @@ pub enum Command {
     Register(RegisterArgs),
     /// The thumbnail service on this machine: 8 workers and the gateway, each strategy in turn.
     Demo(DemoArgs),
-    /// Convert a nutcracker (twemproxy) configuration to keyroute's: each memcached pool becomes a
-    /// memcached listener and a pool placed as nutcracker places it (no key moves). TOML on stdout.
+    /// Convert a nutcracker (twemproxy) configuration to keyroute's: each pool becomes a memcached
+    /// (or, with redis: true, Redis) listener and a pool placed as nutcracker places it (no key
+    /// moves). TOML on stdout.
     FromNutcracker(FromNutcrackerArgs),
     /// Move a store's keys after a membership change: every key on an old server whose owner in
     /// the new member set is another server goes there (Redis: MIGRATE; memcached: mg, ms, md).

@@ -267,29 +267,13 @@ async fn a_twemproxy_user_switches_without_a_flush() {
     let (procs, addrs) = memcacheds(8).await;
     // nutcracker in front of the eight, as its users run it: ketama over md5, with weights.
     let dir = std::env::temp_dir().join(format!("keyroute-nutcracker-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (port, stats) = (free_port(), free_port());
+    let port = free_port();
     let weights = [1, 2, 1, 3, 1, 1, 2, 5];
     let servers: String = addrs.iter().zip(weights).map(|(a, w)| format!("   - {a}:{w}\n")).collect();
     let yml = format!(
         "cache:\n  listen: 127.0.0.1:{port}\n  hash: md5\n  distribution: ketama\n  hash_tag: \"{{}}\"\n  timeout: 1000\n  auto_eject_hosts: false\n  servers:\n{servers}"
     );
-    let conf = dir.join("nutcracker.yml");
-    std::fs::write(&conf, &yml).expect("write conf");
-    let nutcracker = ["/usr/sbin/nutcracker", "/usr/bin/nutcracker"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("nutcracker (Debian's nutcracker; scripts/test.sh installs it)");
-    let child = Command::new(nutcracker)
-        .arg("-c")
-        .arg(&conf)
-        .args(["-s", &stats.to_string(), "-a", "127.0.0.1", "-o"])
-        .arg(dir.join("nutcracker.log"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn nutcracker");
-    let _nutcracker = Proc(child);
+    let _nutcracker = start_nutcracker(&dir, &yml);
     let n_addr = SocketAddr::from(([127, 0, 0, 1], port));
     wait_port(n_addr).await;
     // keyroute with the configuration `keyroute from-nutcracker` makes of the same YAML (on

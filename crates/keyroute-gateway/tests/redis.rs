@@ -602,3 +602,64 @@ async fn a_hot_key_is_read_from_its_replicas_and_its_copies_deleted_on_a_write()
     assert_eq!(holders("$-1\r\n").await, 4);
     gw.handle.shutdown();
 }
+
+/// A twemproxy user with Redis pools switches without losing a key (issue 22): real nutcracker
+/// (`redis: true`, ketama over md5, weights; one pool with `hash_tag`, one without) in front of
+/// four redis-servers, and keyroute with the configuration `keyroute from-nutcracker` makes of the
+/// same YAML beside it; 2,000 keys written through nutcracker (some with braces) are each read back
+/// through keyroute, so each is placed on nutcracker's server, and AUTH is asked as nutcracker asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twemproxy_redis_user_switches_without_losing_a_key() {
+    let (_procs, addrs) = redis_servers_with(4, &["--requirepass", "tw3m"]).await;
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let (tagged, whole) = (free(), free());
+    let servers: String = addrs.iter().zip([1, 3, 1, 2]).map(|(a, w)| format!("   - {a}:{w}\n")).collect();
+    let pool = |name: &str, port: u16, tag: &str| {
+        format!(
+            "{name}:\n  listen: 127.0.0.1:{port}\n  hash: md5\n  distribution: ketama\n{tag}  redis: true\n  redis_auth: tw3m\n  timeout: 1000\n  servers:\n{servers}"
+        )
+    };
+    let yml = format!("{}{}", pool("tagged", tagged, "  hash_tag: \"{}\"\n"), pool("whole", whole, ""));
+    let dir = std::env::temp_dir().join(format!("keyroute-nutcracker-redis-{}", std::process::id()));
+    let _nutcracker = start_nutcracker(&dir, &yml);
+    let mut text =
+        keyroute_gateway::config::from_nutcracker(&yml, "nutcracker.yml", "127.0.0.1:0".parse().expect("addr"))
+            .expect("converted");
+    for port in [tagged, whole] {
+        text = text.replace(&format!("listen = \"127.0.0.1:{port}\""), "listen = \"127.0.0.1:0\"");
+    }
+    let config = keyroute_gateway::Config::parse(&text, "converted.toml").expect("valid config");
+    let gateway = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+    // The gateway's listeners, in the file's order: tagged, then whole.
+    let ours = gateway.local_addrs();
+    let handle = gateway.handle();
+    let run = tokio::spawn(async move { gateway.run(std::future::pending()).await.expect("run") });
+    for (theirs, mine, prefix) in [(tagged, ours[0], "t"), (whole, ours[1], "w")] {
+        let addr = SocketAddr::from(([127, 0, 0, 1], theirs));
+        let mut n = None;
+        for _ in 0..100 {
+            if let Ok(s) = TcpStream::connect(addr).await {
+                n = Some(s);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let mut n = n.expect("nutcracker listens");
+        assert_eq!(ask(&mut n, &cmd(&["AUTH", "tw3m"]), 1).await, "+OK\r\n");
+        let keys: Vec<String> = (0..1000)
+            .map(|i| if i % 5 == 0 { format!("{prefix}:{{user{}}}:{i}", i % 9) } else { format!("{prefix}:item:{i}") })
+            .collect();
+        let req: Vec<u8> = keys.iter().flat_map(|k| cmd(&["SET", k, k])).collect();
+        assert_eq!(ask(&mut n, &req, keys.len()).await, "+OK\r\n".repeat(keys.len()));
+        let mut k = TcpStream::connect(mine).await.expect("keyroute");
+        assert!(ask(&mut k, &cmd(&["GET", "x"]), 1).await.starts_with("-NOAUTH"), "AUTH first, as nutcracker");
+        assert_eq!(ask(&mut k, &cmd(&["AUTH", "tw3m"]), 1).await, "+OK\r\n");
+        let req: Vec<u8> = keys.iter().flat_map(|key| cmd(&["GET", key])).collect();
+        let r = ask(&mut k, &req, keys.len()).await;
+        let want: String = keys.iter().map(|key| format!("${}\r\n{key}\r\n", key.len())).collect();
+        assert!(r == want, "keys placed elsewhere than nutcracker placed them ({prefix})");
+    }
+    handle.shutdown();
+    run.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}

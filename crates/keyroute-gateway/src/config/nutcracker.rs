@@ -1,8 +1,8 @@
 //! A nutcracker (twemproxy) configuration, converted to keyroute's: `keyroute from-nutcracker`.
 //!
-//! Each memcached pool of the YAML becomes a `protocol = "memcached"` listener at the same
-//! `listen` address and a pool with `strategy = "twemproxy"` over the same servers, in the same
-//! order, with the same weights and names. keyroute's `twemproxy` mode reproduces nutcracker
+//! Each pool of the YAML becomes a listener at the same `listen` address (`protocol =
+//! "memcached"`, or `"redis"` for a pool with `redis: true`) and a pool with `strategy =
+//! "twemproxy"` over the same servers, in the same order, with the same weights and names. keyroute's `twemproxy` mode reproduces nutcracker
 //! 0.5.0's ketama continuum (`hash: md5`, `distribution: ketama`; `hash_tag` too), so every key
 //! has the same server: switching loses no cache.
 //!
@@ -14,12 +14,14 @@
 //! | `timeout` | `[pool.retry] per_try_timeout_ms`, and `connect_timeout_ms` |
 //! | `auto_eject_hosts`, `server_failure_limit`, `server_retry_timeout` | `[pool.passive] consecutive_failures`, `base_ejection_ms` (0 failures when `auto_eject_hosts` is off) |
 //! | `servers: - host:port:weight [name]` | `[[pool.worker]]`: `name` (the server's name, else `host:port`, the label twemproxy hashes), `address`, `weight` |
+//! | `redis: true` | `protocol = "redis"` |
+//! | `redis_auth` | the listener's `password` (clients `AUTH` first, as nutcracker asks) and `server_password` |
+//! | `redis_db` | 0 only: keyroute serves database 0 (another would find the keys elsewhere) |
 //!
 //! Failover differs by design: an ejected server's keys walk to the next server of their
 //! ranking, where nutcracker rebuilds its continuum over the live servers (moving other servers'
 //! keys too). Settings of connection handling (`backlog`, `client_connections`, `preconnect`,
-//! `server_connections`) have no counterpart and are listed in a comment. A pool with
-//! `redis: true` is refused: keyroute does not serve Redis pools yet.
+//! `server_connections`) have no counterpart and are listed in a comment.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -29,11 +31,13 @@ use yaml_rust2::{Yaml, YamlLoader};
 use super::ConfigError;
 
 /// Settings that are read and have no keyroute counterpart.
-const IGNORED: [&str; 6] =
-    ["backlog", "client_connections", "preconnect", "server_connections", "redis_db", "redis_auth"];
+const IGNORED: [&str; 4] = ["backlog", "client_connections", "preconnect", "server_connections"];
 
 /// Settings converted.
-const CONVERTED: [&str; 9] = [
+const CONVERTED: [&str; 12] = [
+    "redis",
+    "redis_auth",
+    "redis_db",
     "listen",
     "hash",
     "distribution",
@@ -76,8 +80,8 @@ pub fn from_nutcracker(text: &str, file: &str, admin: SocketAddr) -> Result<Stri
             .map(|i| start + 2 + i)
     };
     let mut out = format!(
-        "# Converted from {file} by `keyroute from-nutcracker`: each pool is a memcached listener and a\n\
-         # pool placed exactly as nutcracker places it (strategy \"twemproxy\"), so no key moves.\n\n\
+        "# Converted from {file} by `keyroute from-nutcracker`: each pool is a memcached (or Redis) listener\n\
+         # and a pool placed exactly as nutcracker places it (strategy \"twemproxy\"), so no key moves.\n\n\
          [admin]\nlisten = \"{admin}\"\n"
     );
     let mut listeners = String::new();
@@ -95,17 +99,14 @@ pub fn from_nutcracker(text: &str, file: &str, admin: SocketAddr) -> Result<Stri
         if let Some((k, _)) = settings
             .iter()
             .filter_map(|(k, v)| Some((k.as_str()?, v)))
-            .find(|(k, _)| !CONVERTED.contains(k) && !IGNORED.contains(k) && *k != "redis")
+            .find(|(k, _)| !CONVERTED.contains(k) && !IGNORED.contains(k))
         {
             return Err(err(at(k), field(k), "not a nutcracker setting keyroute knows".into()));
         }
-        if get("redis").and_then(Yaml::as_bool) == Some(true) {
-            return Err(err(
-                at("redis"),
-                field("redis"),
-                "a Redis pool: keyroute serves memcached pools only, for now".into(),
-            ));
-        }
+        let redis = match get("redis") {
+            None => false,
+            Some(v) => v.as_bool().ok_or_else(|| err(at("redis"), field("redis"), "must be true or false".into()))?,
+        };
         let text_of = |k: &str| -> Result<Option<String>, ConfigError> {
             match get(k) {
                 None | Some(Yaml::Null) => Ok(None),
@@ -131,6 +132,17 @@ pub fn from_nutcracker(text: &str, file: &str, admin: SocketAddr) -> Result<Stri
                 format!("'{}' is not an ip:port (a unix socket or a name is not converted)", listen.escape_debug()),
             )
         })?;
+        let auth = text_of("redis_auth")?;
+        if !redis && auth.is_some() {
+            return Err(err(at("redis_auth"), field("redis_auth"), "is for a pool with redis: true".into()));
+        }
+        if number("redis_db", 0)? != 0 {
+            return Err(err(
+                at("redis_db"),
+                field("redis_db"),
+                "keyroute serves database 0 only: the keys of another would not be found".into(),
+            ));
+        }
         let hash = text_of("hash")?.unwrap_or_else(|| "fnv1a_64".into());
         let distribution = text_of("distribution")?.unwrap_or_else(|| "ketama".into());
         if hash != "md5" || distribution != "ketama" {
@@ -161,10 +173,14 @@ pub fn from_nutcracker(text: &str, file: &str, admin: SocketAddr) -> Result<Stri
         }
         let _ = write!(
             listeners,
-            "\n[[listener]]\nname = {}\nlisten = \"{listen}\"\nprotocol = \"memcached\"\npool = {}\n",
+            "\n[[listener]]\nname = {}\nlisten = \"{listen}\"\nprotocol = \"{}\"\npool = {}\n",
             quote(name),
+            if redis { "redis" } else { "memcached" },
             quote(name)
         );
+        if let Some(a) = &auth {
+            let _ = write!(listeners, "password = {}\nserver_password = {}\n", quote(a), quote(a));
+        }
         let _ = write!(pool_text, "\n[[pool]]\nname = {}\nstrategy = \"twemproxy\"\n", quote(name));
         if timeout > 0 {
             let _ = writeln!(pool_text, "connect_timeout_ms = {timeout}");
@@ -243,6 +259,17 @@ mod tests {
     const ADMIN: &str = "127.0.0.1:9901";
 
     #[test]
+    fn a_redis_pool_becomes_a_redis_listener_with_its_password() {
+        let yml = "r:\n  listen: 127.0.0.1:22122\n  hash: md5\n  distribution: ketama\n  redis: true\n  redis_auth: s3cret\n  redis_db: 0\n  servers:\n   - 127.0.0.1:6379:1\n   - 127.0.0.1:6380:1\n";
+        let toml = from_nutcracker(yml, "n.yml", ADMIN.parse().expect("addr")).expect("converted");
+        let config = crate::Config::parse(&toml, "converted.toml").unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        let cache = config.listeners[0].cache.as_ref().expect("a cache listener");
+        assert_eq!(cache.protocol, crate::config::CacheProtocol::Redis);
+        assert_eq!((cache.password.as_deref(), cache.server_password.as_deref()), (Some("s3cret"), Some("s3cret")));
+        assert_eq!(config.pools[0].strategy.name(), "twemproxy");
+    }
+
+    #[test]
     fn a_pool_becomes_a_listener_and_a_twemproxy_pool() {
         let yml = "alpha:\n  listen: 127.0.0.1:22121\n  hash: md5\n  distribution: ketama\n  hash_tag: \"{}\"\n  timeout: 400\n  auto_eject_hosts: true\n  server_failure_limit: 3\n  server_retry_timeout: 2000\n  preconnect: true\n  servers:\n   - 127.0.0.1:11211:1\n   - 127.0.0.2:11212:2 cache-b\n";
         let toml = from_nutcracker(yml, "n.yml", ADMIN.parse().expect("addr")).expect("converted");
@@ -270,9 +297,14 @@ mod tests {
                 "a.distribution",
             ),
             (
-                "a:\n  listen: 127.0.0.1:1\n  hash: md5\n  redis: true\n  servers:\n   - 127.0.0.1:2:1\n",
+                "a:\n  listen: 127.0.0.1:1\n  hash: md5\n  redis: true\n  redis_db: 3\n  servers:\n   - 127.0.0.1:2:1\n",
+                Some(5),
+                "a.redis_db",
+            ),
+            (
+                "a:\n  listen: 127.0.0.1:1\n  hash: md5\n  redis_auth: pw\n  servers:\n   - 127.0.0.1:2:1\n",
                 Some(4),
-                "a.redis",
+                "a.redis_auth",
             ),
             ("a:\n  listen: /tmp/sock\n  hash: md5\n  servers:\n   - 127.0.0.1:2:1\n", Some(2), "a.listen"),
             ("a:\n  listen: 127.0.0.1:1\n  hash: md5\n  servers:\n   - 127.0.0.1:2\n", Some(4), "a.servers"),

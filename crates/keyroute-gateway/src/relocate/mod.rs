@@ -149,7 +149,7 @@ impl Layout {
     /// The address of `key`'s owner, the key placed as `store`'s listener places it.
     fn owner(&self, store: &Store, key: &[u8]) -> Option<SocketAddr> {
         let placed = match store {
-            Store::Redis { .. } => crate::resp::codec::hash_tag(key),
+            Store::Redis { .. } => crate::resp::placed_part(self.policy.strategy(), key),
             Store::Memcached => key,
         };
         let i = self.policy.owner(self.policy.key_hash(placed))?;

@@ -1,6 +1,7 @@
 //! A Redis proxy listener (`protocol = "redis"`): RESP2 and RESP3 in front of a pool of standalone Redis
 //! servers, placed by the pool's strategy (the `redis-cluster` mode places by keyslot, `twemproxy`
-//! as nutcracker does), each key by its `{hash tag}` when it has one.
+//! as nutcracker does), each key by its `{hash tag}` when it has one (in the `twemproxy` mode, by
+//! the pool's `hash_tag` as nutcracker does, and by the whole key without one).
 //!
 //! # Commands
 //!
@@ -634,7 +635,17 @@ async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) 
 
 /// The key's placement: its hash tag's, when it has one.
 fn placed(pool: &Pool, snap: &Snapshot, key: &[u8]) -> Placed {
-    Placed::of(pool, snap, codec::hash_tag(key))
+    Placed::of(pool, snap, placed_part(snap.config().strategy, key))
+}
+
+/// The part of a key that places it: its `{hash tag}` (as Redis Cluster and twemproxy users
+/// write them), except in the `twemproxy` mode, which places as nutcracker does: by the pool's
+/// own `hash_tag`, and by the whole key when it has none.
+pub(crate) fn placed_part(strategy: keyroute::Strategy, key: &[u8]) -> &[u8] {
+    match strategy {
+        keyroute::Strategy::Compat(keyroute::compat::Mode::Twemproxy) => key,
+        _ => codec::hash_tag(key),
+    }
 }
 
 /// The node a key goes to: its owner in a store's handoff (the key moved there first: see
