@@ -220,8 +220,22 @@ pub fn config_text(backends: &[&Backend], pool_extra: &str, top_extra: &str) -> 
 }
 
 pub async fn start_gateway(text: &str) -> Gw {
-    let config = Config::parse(text, "test.toml").expect("valid config");
-    let gw = Gateway::bind(config).await.expect("bind");
+    // A bind to port 0 can fail with "address in use" when the kernel finds no free ephemeral
+    // port for it at that moment (the tests leave many connections in TIME_WAIT): asked again.
+    let mut attempt = 0;
+    let gw = loop {
+        let config = Config::parse(text, "test.toml").expect("valid config");
+        match Gateway::bind(config).await {
+            Ok(gw) => break gw,
+            Err(keyroute_gateway::GatewayError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && attempt < 5 =>
+            {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+            }
+            Err(e) => panic!("bind: {e:?}"),
+        }
+    };
     let addr = gw.local_addrs()[0];
     let admin = gw.admin_addr();
     let handle = gw.handle();
@@ -450,4 +464,27 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Real nutcracker (Debian's; scripts/test.sh installs it) running `yml`, its files in `dir`,
+/// its stats on a free loopback port; stopped by pid when dropped.
+pub fn start_nutcracker(dir: &std::path::Path, yml: &str) -> Proc {
+    std::fs::create_dir_all(dir).expect("dir");
+    let conf = dir.join("nutcracker.yml");
+    std::fs::write(&conf, yml).expect("write conf");
+    let stats = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let nutcracker = ["/usr/sbin/nutcracker", "/usr/bin/nutcracker"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("nutcracker (Debian's nutcracker; scripts/test.sh installs it)");
+    let child = std::process::Command::new(nutcracker)
+        .arg("-c")
+        .arg(&conf)
+        .args(["-s", &stats.to_string(), "-a", "127.0.0.1", "-o"])
+        .arg(dir.join("nutcracker.log"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn nutcracker");
+    Proc(child)
 }
