@@ -172,7 +172,7 @@ if [[ -n $RATE ]]; then
 else
     echo "- load: examples/mc_load (or redis-benchmark): $CONNECTIONS connections x $DEPTH pipelined commands (1 SET in 16, GETs of $MULTI key(s)), $VALUE_BYTES-byte values, $KEYS keys"
 fi
-echo "- $SERVERS_N $PROTOCOL servers (memcached -t 1) behind nutcracker $("$NUTCRACKER" -V 2>&1 | head -1 | awk '{print $NF}') (ketama, md5) and behind keyroute serve --threads 1 (from-nutcracker); direct: one memcached, no proxy"
+echo "- $SERVERS_N $PROTOCOL servers$([[ $PROTOCOL == memcached ]] && echo " (-t 1)") behind nutcracker $("$NUTCRACKER" -V 2>&1 | head -1 | awk '{print $NF}') (ketama, md5) and behind keyroute serve --threads 1 (from-nutcracker); direct: one memcached, no proxy"
 echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); nproc: $(nproc); keyroute $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (+ uncommitted changes)')"
 echo
 echo "| round | target | ops/s | proxy CPU us/op | errors | misses | p99 us | p99.9 us |"
