@@ -189,8 +189,8 @@ pub(crate) struct Settings {
     pub(crate) connect: Duration,
     pub(crate) attempts: usize,
     pub(crate) may_eject: bool,
-    /// Sent first on every new server connection (Redis's `AUTH`), whose one-line answer must
-    /// start with `+`.
+    /// Sent first on every new server connection (Redis's `AUTH`, or `HELLO 3`), whose answer
+    /// must be a status (`+OK`) or a map (`HELLO`'s).
     pub(crate) greeting: Option<Arc<[u8]>>,
     /// The servers' password (Redis's `server_password`), which `MIGRATE` gives the new owner.
     pub(crate) password: Option<Arc<str>>,
