@@ -514,11 +514,18 @@ async fn finish(
                         Err(_) => failed(w, s),
                     }
                 }
-                let mut values: Vec<(&[u8], &[u8])> = answers.iter().flat_map(|a| codec::value_blocks(a)).collect();
+                // Each server answers its keys in the order they were asked (the client's, restricted
+                // to that server), skipping misses: a key's value, if any, is at the head of its
+                // server's answer when the keys before it are taken. One look at each server's head
+                // per key (a key asked twice is answered twice).
+                let blocks: Vec<Vec<(&[u8], &[u8])>> = answers.iter().map(|a| codec::value_blocks(a)).collect();
+                let mut heads = vec![0usize; blocks.len()];
                 for (key, warm) in &keys {
-                    // The first block of this key not given yet (a key asked twice is answered twice).
-                    if let Some(i) = values.iter().position(|(k, _)| *k == key.as_slice()) {
-                        out.extend_from_slice(values.remove(i).1);
+                    let hit =
+                        (0..blocks.len()).find(|&p| blocks[p].get(heads[p]).is_some_and(|(k, _)| *k == key.as_slice()));
+                    if let Some(p) = hit {
+                        out.extend_from_slice(blocks[p][heads[p]].1);
+                        heads[p] += 1;
                     } else if let Some((node, previous)) = *warm {
                         // A miss on a server within its handoff window: the warm-up route.
                         warm_fill(snap, pool, side, s, key, previous, node, out).await;
