@@ -1,5 +1,5 @@
 //! A cache listener's side of its pool's servers: the connections a client connection's batches
-//! use (shared by the thread's clients: see [`crate::pipe`]) and its own side connections, the
+//! use (shared by the thread's clients: see the `pipe` module) and its own side connections, the
 //! requests of a pipelined batch gathered per server and submitted at once, and the placement and
 //! accounting of each command. Shared by the memcached and Redis listeners, which differ only in
 //! their protocol.
@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::metrics::Outcome;
-use crate::pipe::{Pipe, Reader, Registry};
+use crate::pipe::{Pipe, Reader, Registry, clear_readable};
 use crate::pool::{Pool, Snapshot, WorkerState};
 use crate::state::Shared;
 
@@ -192,6 +192,8 @@ pub(crate) struct Settings {
     /// Sent first on every new server connection (Redis's `AUTH`, or `HELLO 3`), whose answer
     /// must be a status (`+OK`) or a map (`HELLO`'s).
     pub(crate) greeting: Option<Arc<[u8]>>,
+    /// Whether what the server sent is its whole answer to the greeting (the listener's framing).
+    pub(crate) greeting_whole: fn(&[u8]) -> bool,
     /// The servers' password (Redis's `server_password`), which `MIGRATE` gives the new owner.
     pub(crate) password: Option<Arc<str>>,
 }
@@ -205,6 +207,7 @@ impl Settings {
             attempts: snap.config().retry.attempts.max(1) as usize,
             may_eject: snap.may_eject(),
             greeting: None,
+            greeting_whole: |_| true,
             password: None,
         }
     }
@@ -411,7 +414,7 @@ pub(crate) async fn connect(servers: &mut Servers, w: &WorkerState, s: &Settings
             stream.write_all(greeting).await?;
             let mut answer = Vec::new();
             let mut chunk = [0u8; 1024];
-            while !matches!(crate::resp::codec::reply_len(&answer), Ok(Some(_))) && answer.len() < 64 * 1024 {
+            while !(s.greeting_whole)(&answer) && answer.len() < 64 * 1024 {
                 let n = stream.read(&mut chunk).await?;
                 if n == 0 {
                     break;
@@ -489,13 +492,6 @@ pub(crate) fn succeeded(w: &WorkerState, started: Instant) {
     w.metrics.record_latency(started.elapsed());
     w.metrics.record_class(Some(200));
     w.observe_success();
-}
-
-/// Forgets that `stream` was readable: a read that returned less than it had room for drained
-/// it, so the next wait starts on the poller rather than with a read that finds nothing (tokio
-/// keeps the mark until a read fails with `WouldBlock`).
-pub(crate) fn clear_readable(stream: &TcpStream) {
-    let _ = stream.try_io(tokio::io::Interest::READABLE, || Err::<(), _>(std::io::ErrorKind::WouldBlock.into()));
 }
 
 /// A client connection of a cache listener: its socket, what it sent not yet served, the answers

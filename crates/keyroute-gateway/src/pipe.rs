@@ -127,7 +127,7 @@ impl Pipe {
             match self.stream.try_read_buf(buf) {
                 Ok(n) => {
                     if n > 0 && n < spare {
-                        crate::backend::clear_readable(&self.stream);
+                        clear_readable(&self.stream);
                     }
                     return Ok(n);
                 }
@@ -245,6 +245,13 @@ async fn writer(inner: Arc<Inner>, stream: Arc<TcpStream>, timeout: Duration) {
         batch.clear();
         spare = batch;
     }
+}
+
+/// Forgets that `stream` was readable: a read that returned less than it had room for drained
+/// it, so the next wait starts on the poller rather than with a read that finds nothing (tokio
+/// keeps the mark until a read fails with `WouldBlock`).
+pub(crate) fn clear_readable(stream: &TcpStream) {
+    let _ = stream.try_io(tokio::io::Interest::READABLE, || Err::<(), _>(std::io::ErrorKind::WouldBlock.into()));
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! Commands are read as the client pipelines them and served in batches: every whole command
 //! buffered is submitted to its server first, then the answers are read, server by server, and
 //! written back in the client's order at once. The clients of a thread share one connection per
-//! server (nutcracker's model, see [`crate::pipe`]): the requests of many clients reach a server
+//! server (nutcracker's model, see the `pipe` module): the requests of many clients reach a server
 //! in one write, a client's in its order, and each client reads its own answers when its turn on
 //! the connection comes.
 //!

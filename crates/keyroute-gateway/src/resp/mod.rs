@@ -33,7 +33,7 @@
 //!   memcached listener's warm-up), and within the window, a command on such a key first moves
 //!   it from its previous owner (`MIGRATE ... KEYS key` run there: atomic, and never replacing a
 //!   newer value the new owner has), counted in `keyroute_pool_warm_fills_total`. `keyroute
-//!   move` moves the keys no command touched (see [`crate::relocate`]). A server that leaves is
+//!   move` moves the keys no command touched (see the `relocate` module). A server that leaves is
 //!   not read through: the proxy no longer knows it.
 //!
 //! - **Hot keys** (with `[pool.hot_keys]`, detected and sized as for HTTP): a hot key's `GET`s
@@ -352,6 +352,7 @@ async fn batch(
     let mut settings = Settings::of(&snap);
     settings.greeting = session.greetings[usize::from(session.resp3)].clone();
     settings.password = session.password.clone();
+    settings.greeting_whole = |b| matches!(codec::reply_len(b), Ok(Some(_)));
     let now = Instant::now();
     let mut close = false;
     let mut switched = false;
