@@ -304,6 +304,8 @@ impl Snapshot {
     /// owner and that previous member. A store's key lives in one place, so it goes to its new
     /// owner at once (no gradual admission), after it is moved from the previous one.
     pub(crate) fn store_handoff(&self, hash: u64, now: Instant) -> Option<(usize, usize)> {
+        // Asked for every command of a Redis listener: without a handoff running, no lookup.
+        self.warm.as_ref()?;
         let owner = self.policy.owner(hash)?;
         self.warm_source(hash, owner, now).map(|previous| (owner, previous))
     }
