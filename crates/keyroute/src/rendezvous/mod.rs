@@ -192,21 +192,18 @@ impl Rendezvous {
             [] => 0,
             [g] => self.group_top::<K, L>(h, g, out),
             groups if K == 1 => {
-                // A pick: the earliest of the groups' winners.
-                let mut first: Option<Clock> = None;
-                for g in groups {
+                // A pick: the earliest of the groups' winners (every group has a live node).
+                let mut first = Clock::NONE;
+                for (gi, g) in groups.iter().enumerate() {
                     let mut p = [0u32; K];
                     if self.group_top::<K, L>(h, g, &mut p) > 0 {
                         let c = Clock::new(self.cand(h, p[0]), g.inv_weight);
-                        if first.as_ref().is_none_or(|f| c.before(f)) {
-                            first = Some(c);
-                        }
+                        let take = gi == 0 || c.before(&first);
+                        first = Clock::select(take, c, first);
                     }
                 }
-                first.map_or(0, |c| {
-                    out[0] = c.cand.pos;
-                    1
-                })
+                out[0] = first.cand.pos;
+                1
             }
             groups if groups.len() <= MERGED_GROUPS => {
                 let mut cands = [[0u32; K]; MERGED_GROUPS];
@@ -329,19 +326,42 @@ impl Clock {
         Clock { cand, inv_weight, lo: t * inv_weight * (1.0 - 1e-9), hi: upper * inv_weight * (1.0 + 1e-9) }
     }
 
+    /// `a` if `take`, else `b`, field by field (conditional moves rather than a branch).
+    #[inline(always)]
+    fn select(take: bool, a: Clock, b: Clock) -> Clock {
+        let pick_u64 = |x: u64, y: u64| if take { x } else { y };
+        let pick_f64 = |x: f64, y: f64| f64::from_bits(pick_u64(x.to_bits(), y.to_bits()));
+        Clock {
+            cand: Cand {
+                score: pick_u64(a.cand.score, b.cand.score),
+                rank: pick_u64(a.cand.rank.into(), b.cand.rank.into()) as u32,
+                pos: pick_u64(a.cand.pos.into(), b.cand.pos.into()) as u32,
+            },
+            inv_weight: pick_f64(a.inv_weight, b.inv_weight),
+            lo: pick_f64(a.lo, b.lo),
+            hi: pick_f64(a.hi, b.hi),
+        }
+    }
+
     fn exact(&self) -> f64 {
         exp_key(self.cand.score) * self.inv_weight
     }
 
     /// Whether this clock rings first: a smaller key, or on a tie a higher score, then a smaller name.
+    ///
+    /// Which one rings first is data, not a pattern a branch predictor could learn: the bounds are
+    /// compared without branching, and only the rare overlap of the bounds branches.
     #[inline]
     fn before(&self, other: &Clock) -> bool {
-        if self.hi < other.lo {
-            return true;
+        let (earlier, later) = (self.hi < other.lo, other.hi < self.lo);
+        if earlier | later {
+            return earlier;
         }
-        if other.hi < self.lo {
-            return false;
-        }
+        self.before_exactly(other)
+    }
+
+    #[cold]
+    fn before_exactly(&self, other: &Clock) -> bool {
         let (a, b) = (self.exact(), other.exact());
         a < b || (a == b && self.cand.before(&other.cand))
     }
