@@ -31,7 +31,18 @@ pub(super) enum Level {
 }
 
 impl Level {
+    /// The best level this CPU has, capped by the environment variable `KEYROUTE_SIMD` (`scalar`,
+    /// `avx2` or `avx512`) when it is set: to compare the kernels on one machine, or to rule one
+    /// out. Read once per process.
     pub(super) fn detect() -> Level {
+        static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            let cap = std::env::var("KEYROUTE_SIMD").ok();
+            Level::cpu().min_with(cap.as_deref())
+        })
+    }
+
+    fn cpu() -> Level {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512dq") {
@@ -44,6 +55,24 @@ impl Level {
         Level::Scalar
     }
 
+    /// This level, or the one `cap` names if it is lower (an unknown name caps nothing).
+    fn min_with(self, cap: Option<&str>) -> Level {
+        let order = |l: Level| match l {
+            Level::Scalar => 0,
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => 1,
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => 2,
+        };
+        let capped = match cap.map(str::trim) {
+            Some("scalar") => Level::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            Some("avx2") => Level::Avx2,
+            _ => return self,
+        };
+        if order(capped) < order(self) { capped } else { self }
+    }
+
     /// Every level this CPU can run, the scalar one first.
     #[cfg(test)]
     pub(super) fn available() -> Vec<Level> {
@@ -54,7 +83,7 @@ impl Level {
             if std::arch::is_x86_feature_detected!("avx2") {
                 levels.push(Level::Avx2);
             }
-            if Level::detect() == Level::Avx512 {
+            if Level::cpu() == Level::Avx512 {
                 levels.push(Level::Avx512);
             }
         }
@@ -155,6 +184,20 @@ mod tests {
     #[test]
     fn the_best_k_passes_agree_with_the_scalar_one() {
         eprintln!("SKIPPED the_best_k_passes_agree_with_the_scalar_one: no vector kernel on this architecture");
+    }
+
+    #[test]
+    fn the_environment_caps_the_level_and_never_raises_it() {
+        assert_eq!(Level::Scalar.min_with(None), Level::Scalar);
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(Level::Avx512.min_with(Some("scalar")), Level::Scalar);
+            assert_eq!(Level::Avx512.min_with(Some("avx2")), Level::Avx2);
+            assert_eq!(Level::Avx512.min_with(Some(" avx512 ")), Level::Avx512);
+            assert_eq!(Level::Avx2.min_with(Some("avx512")), Level::Avx2);
+            assert_eq!(Level::Scalar.min_with(Some("avx2")), Level::Scalar);
+            assert_eq!(Level::Avx2.min_with(Some("sse9")), Level::Avx2);
+        }
     }
 
     /// One best-`K` vector pass (`L = K + 1`) against the exact scalar one, on `seeds` as given.
@@ -273,7 +316,7 @@ mod tests {
     #[test]
     fn the_vector_pass_agrees_with_the_scalar_one() {
         use crate::hash::{RandomSource, SplitMix64};
-        if Level::detect() != Level::Avx512 {
+        if Level::cpu() != Level::Avx512 {
             eprintln!(
                 "SKIPPED the_vector_pass_agrees_with_the_scalar_one: this CPU lacks AVX-512F/DQ, \
                  so the vector pass is never used here and was not tested"

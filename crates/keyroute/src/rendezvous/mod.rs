@@ -29,7 +29,9 @@
 //! AVX-512 (eight nodes a step) or AVX2 (four), a scalar loop elsewhere; the node seeds are hashed
 //! once at build. `ranked` finds the key's first three nodes in that same one pass and each
 //! further node with another pass, lazily and with no allocation. With several weights, each
-//! weight group is one pass. Build is `O(n log n)`. Figures: BENCHMARKS.md. For thousands of nodes, prefer
+//! weight group is one pass. The environment variable `KEYROUTE_SIMD=scalar` or `avx2` keeps a
+//! process to the lower kernel (all give the same answers). Build is `O(n log n)`. Figures:
+//! BENCHMARKS.md. For thousands of nodes, prefer
 //! [`HashRing`](crate::HashRing) (`O(1)` lookups through its bucket index) or
 //! [`Maglev`](crate::Maglev).
 //!
