@@ -110,14 +110,20 @@ pub struct HashRing {
     hasher: KeyHasher,
     scheme: RingScheme,
     vnodes: u32,
-    /// Point positions, sorted (as unsigned, after the scheme's transform).
-    points: Box<[u64]>,
-    /// The node of each point.
-    owners: Box<[u32]>,
+    /// The points, sorted by position (as unsigned, after the scheme's transform) then by their
+    /// node's name; each beside its node, so that a lookup reads one cache line, not two.
+    points: Box<[Point]>,
     /// `index[b]` = the first point in bucket `b` (points whose top bits are `b`); `index[B] = P`.
     index: Box<[u32]>,
     /// `64 - log2(B)`.
     shift: u32,
+}
+
+/// A point of the ring and the node it belongs to.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    at: u64,
+    owner: u32,
 }
 
 /// Options for building a [`HashRing`].
@@ -198,7 +204,7 @@ fn build(nodes: NodeSet, vnodes: u32, scheme: RingScheme, hasher: KeyHasher, tot
     // about one point on average.
     let buckets = total.next_power_of_two().max(2);
     let shift = 64 - buckets.trailing_zeros();
-    let mut raw: Vec<(u64, u32)> = Vec::with_capacity(total);
+    let mut raw: Vec<Point> = Vec::with_capacity(total);
     let mut label = Vec::with_capacity(64);
     for (i, node) in nodes.nodes().iter().enumerate() {
         let count = u64::from(vnodes) * u64::from(node.weight());
@@ -206,51 +212,64 @@ fn build(nodes: NodeSet, vnodes: u32, scheme: RingScheme, hasher: KeyHasher, tot
         label.extend_from_slice(node.name().as_bytes());
         label.push(b'#');
         let base = label.len();
+        label.push(b'0');
         for v in 0..count {
-            label.truncate(base);
-            push_decimal(&mut label, v);
-            raw.push((point_hash(scheme, &label), i as u32));
+            if v > 0 {
+                increment_decimal(&mut label, base);
+            }
+            raw.push(Point { at: point_hash(scheme, &label), owner: i as u32 });
         }
     }
-    // Counting sort by bucket, then sort within each (tiny) bucket.
+    // Counting sort by bucket, then sort within each (tiny) bucket. The index is its own cursor:
+    // it first holds each bucket's end, and each point placed moves its bucket's entry down by one,
+    // to the bucket's start when all are placed.
     let mut index = vec![0u32; buckets + 1];
-    for &(p, _) in &raw {
-        index[(p >> shift) as usize + 1] += 1;
+    for p in &raw {
+        index[(p.at >> shift) as usize] += 1;
     }
-    for b in 0..buckets {
-        index[b + 1] += index[b];
+    for b in 1..=buckets {
+        index[b] += index[b - 1];
     }
-    let mut cursor: Vec<u32> = index[..buckets].to_vec();
-    let mut sorted = vec![(0u64, 0u32); raw.len()];
-    for &(p, o) in &raw {
-        let b = (p >> shift) as usize;
-        sorted[cursor[b] as usize] = (p, o);
-        cursor[b] += 1;
+    let mut sorted = vec![Point { at: 0, owner: 0 }; raw.len()];
+    for &p in &raw {
+        let b = (p.at >> shift) as usize;
+        index[b] -= 1;
+        sorted[index[b] as usize] = p;
     }
     let ranks = nodes.name_ranks();
+    let after =
+        |a: &Point, b: &Point| a.at > b.at || (a.at == b.at && ranks[a.owner as usize] > ranks[b.owner as usize]);
     for b in 0..buckets {
         let bucket = &mut sorted[index[b] as usize..index[b + 1] as usize];
-        if bucket.len() > 1 {
-            bucket.sort_unstable_by_key(|&(p, o)| (p, ranks[o as usize]));
+        match bucket {
+            [] | [_] => {}
+            // Most of the rest: two points, ordered without calling a sort.
+            [x, y] => {
+                if after(x, y) {
+                    std::mem::swap(x, y);
+                }
+            }
+            _ => bucket.sort_unstable_by_key(|p| (p.at, ranks[p.owner as usize])),
         }
     }
-    let points = sorted.iter().map(|&(p, _)| p).collect();
-    let owners = sorted.iter().map(|&(_, o)| o).collect();
-    HashRing { nodes, hasher, scheme, vnodes, points, owners, index: index.into(), shift }
+    HashRing { nodes, hasher, scheme, vnodes, points: sorted.into(), index: index.into(), shift }
 }
 
-fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
-    let mut buf = [0u8; 20];
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
+/// Adds one to the decimal number that `label` ends with (from `base` on), in place: the labels
+/// `name#0`, `name#1`, ... without a division per label.
+fn increment_decimal(label: &mut Vec<u8>, base: usize) {
+    let mut i = label.len();
+    while i > base {
+        i -= 1;
+        if label[i] == b'9' {
+            label[i] = b'0';
+        } else {
+            label[i] += 1;
+            return;
         }
     }
-    out.extend_from_slice(&buf[at..]);
+    // All nines: one more digit.
+    label.insert(base, b'1');
 }
 
 impl HashRing {
@@ -289,7 +308,7 @@ impl HashRing {
         let b = (h >> self.shift) as usize;
         let (lo, hi) = (self.index[b] as usize, self.index[b + 1] as usize);
         let mut p = lo;
-        while p < hi && self.points[p] < h {
+        while p < hi && self.points[p].at < h {
             p += 1;
         }
         if p == self.points.len() { 0 } else { p }
@@ -301,12 +320,12 @@ impl HashRing {
         let mut shares = vec![0.0; self.nodes.len()];
         let n = self.points.len();
         for p in 0..n {
-            let prev = if p == 0 { self.points[n - 1] } else { self.points[p - 1] };
-            let arc = self.points[p].wrapping_sub(prev);
-            shares[self.owners[p] as usize] += arc as f64 / 2f64.powi(64);
+            let prev = if p == 0 { self.points[n - 1].at } else { self.points[p - 1].at };
+            let arc = self.points[p].at.wrapping_sub(prev);
+            shares[self.points[p].owner as usize] += arc as f64 / 2f64.powi(64);
         }
         if n == 1 {
-            shares[self.owners[0] as usize] = 1.0;
+            shares[self.points[0].owner as usize] = 1.0;
         }
         shares
     }
@@ -330,7 +349,7 @@ impl Placement for HashRing {
         if self.points.is_empty() {
             return None;
         }
-        Some(self.owners[self.successor(hash)] as usize)
+        Some(self.points[self.successor(hash)].owner as usize)
     }
 }
 
@@ -350,7 +369,7 @@ impl Iterator for RingRanked<'_> {
     fn next(&mut self) -> Option<usize> {
         let n = self.ring.points.len();
         while self.steps < n && self.found < self.ring.nodes.live_count() {
-            let owner = self.ring.owners[self.at] as usize;
+            let owner = self.ring.points[self.at].owner as usize;
             self.steps += 1;
             self.at += 1;
             if self.at == n {
@@ -397,6 +416,15 @@ mod tests {
     }
 
     #[test]
+    fn labels_count_up_in_decimal() {
+        let mut label = b"n#0".to_vec();
+        for v in 1..=12_345u32 {
+            increment_decimal(&mut label, 2);
+            assert_eq!(label, format!("n#{v}").as_bytes());
+        }
+    }
+
+    #[test]
     fn lookup_matches_a_sorted_list_and_binary_search() {
         let mut rng = SplitMix64::new(5);
         for round in 0..40 {
@@ -410,7 +438,7 @@ mod tests {
                 assert_eq!(ring.pick_hash(h), naive_pick(&ring, h));
             }
             // Exactly on points, and just after them.
-            for &p in ring.points.iter().take(50) {
+            for p in ring.points.iter().take(50).map(|p| p.at) {
                 assert_eq!(ring.pick_hash(p), naive_pick(&ring, p));
                 assert_eq!(ring.pick_hash(p.wrapping_add(1)), naive_pick(&ring, p.wrapping_add(1)));
             }
