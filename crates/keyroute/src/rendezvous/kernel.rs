@@ -13,6 +13,8 @@
 //!   `top32 << 32 | position`, sorted by a chain of max and min, and the lanes are merged once at
 //!   the end, in pairs (a bitonic merge: three rounds for eight lanes). When two of the best `K + 1` share their top 32 bits (about `K n / 2^32` of keys),
 //!   the order cannot be read from them: the pass says so and the exact scalar pass decides.
+//! - **The earliest clock** (`avx512::earliest`): a weighted pick in one pass over every weight
+//!   group, on lower bounds of the clocks; the exact group passes decide when the bounds do not.
 //! - **The best after a floor** ([`best_scalar`], `avx512::best_below`): further elements of a
 //!   ranked list, one pass each.
 //!

@@ -28,8 +28,9 @@
 //! A pick scores every live node: `O(n)`, in one pass of explicit vector code where the CPU has
 //! AVX-512 (eight nodes a step) or AVX2 (four), a scalar loop elsewhere; the node seeds are hashed
 //! once at build. `ranked` finds the key's first three nodes in that same one pass and each
-//! further node with another pass, lazily and with no allocation. With several weights, each
-//! weight group is one pass. The environment variable `KEYROUTE_SIMD=scalar` or `avx2` keeps a
+//! further node with another pass, lazily and with no allocation. With several weights, a pick is
+//! one AVX-512 pass over all groups (bounds on the clocks, exact only when they are close), and a
+//! ranking one pass per group. The environment variable `KEYROUTE_SIMD=scalar` or `avx2` keeps a
 //! process to the lower kernel (all give the same answers). Build is `O(n log n)`. Figures:
 //! BENCHMARKS.md. For thousands of nodes, prefer
 //! [`HashRing`](crate::HashRing) (`O(1)` lookups through its bucket index) or
@@ -73,6 +74,8 @@ pub struct Rendezvous {
     seeds: Box<[u64]>,
     // The seeds folded by `kernel::fold`, for the vector passes.
     mixed: Box<[u64]>,
+    // Each live node's `(1 - 1e-9) / weight`, for the one-pass weighted pick (empty with one weight).
+    slow: Box<[f64]>,
     index: Box<[u32]>,
     rank: Box<[u32]>,
     groups: Box<[Group]>,
@@ -130,11 +133,17 @@ impl Rendezvous {
             groups.push(Group { start: start as u32, end: end as u32, inv_weight: 1.0 / f64::from(w) });
             start = end;
         }
+        let slow = if groups.len() > 1 {
+            groups.iter().flat_map(|g| (g.start..g.end).map(|_| g.inv_weight * (1.0 - 1e-9))).collect()
+        } else {
+            Box::default()
+        };
         Rendezvous {
             nodes,
             hasher,
             seeds,
             mixed,
+            slow,
             index: live.into(),
             rank,
             groups: groups.into(),
@@ -194,7 +203,23 @@ impl Rendezvous {
             [] => 0,
             [g] => self.group_top::<K, L>(h, g, out),
             groups if K == 1 => {
-                // A pick: the earliest of the groups' winners (every group has a live node).
+                // A pick, in one pass over all groups where the CPU allows, when the earliest
+                // clock's lead over every other node's lower bound decides it.
+                #[cfg(target_arch = "x86_64")]
+                if self.simd == kernel::Level::Avx512 {
+                    let mut two = [0u64; 2];
+                    // SAFETY: `Level::detect` chose Avx512 only after checking the CPU's features;
+                    // `slow` is as long as `mixed` with several groups, and there are live nodes.
+                    unsafe { kernel::avx512::earliest(kernel::fold(h), &self.mixed, &self.slow, &mut two) };
+                    let p = two[0] as u32;
+                    let g = &groups[groups.partition_point(|g| g.end <= p)];
+                    let c = Clock::new(self.cand(h, p), g.inv_weight);
+                    if c.hi < f64::from_bits(two[1] & 0xffff_ffff_0000_0000) {
+                        out[0] = p;
+                        return 1;
+                    }
+                }
+                // The earliest of the groups' winners (every group has a live node).
                 let mut first = Clock::NONE;
                 for (gi, g) in groups.iter().enumerate() {
                     let mut p = [0u32; K];
@@ -639,6 +664,35 @@ mod tests {
                     assert_eq!(first[..], got[..got.len().min(2)]);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn weighted_picks_agree_at_every_level() {
+        // The one-pass weighted pick (bounds on the clocks, AVX-512) against the exact group passes
+        // of the scalar level, on many keys: a bound that is not one would show here.
+        let mut rng = SplitMix64::new(31);
+        let (mut picks, mut levels) = (0u32, 0usize);
+        for _ in 0..120 {
+            let n = 2 + rng.below(120) as usize;
+            let set = NodeSet::try_new((0..n).map(|i| {
+                Node::new_unchecked(&format!("p-{i}-{}", rng.below(1000))).with_weight(1 + rng.below(6) as u32)
+            }))
+            .expect("unique names");
+            let tables = at_every_level(&Rendezvous::new(set));
+            levels = tables.len();
+            for _ in 0..500 {
+                let h = rng.next_u64();
+                let exact = tables[0].pick_hash(h);
+                for t in &tables[1..] {
+                    assert_eq!(t.pick_hash(h), exact, "n={n} level={:?} hash={h}", t.simd);
+                }
+                picks += 1;
+            }
+        }
+        assert!(picks == 60_000, "{picks}");
+        if levels == 1 {
+            eprintln!("SKIPPED part of weighted_picks_agree_at_every_level: this CPU has no vector kernel");
         }
     }
 

@@ -74,6 +74,76 @@ fn mix(x: __m512i, m: __m512i) -> __m512i {
     _mm512_xor_si512(x, _mm512_srli_epi64::<32>(x))
 }
 
+/// The weighted pick in one pass over every group: for each node a lower bound of its exponential
+/// clock, `-ln(u) / w >= (t + t^2/2 + t^3/3) / w` with `t = 1 - u` (all the series' terms are
+/// positive), where `t` is itself bounded below from the top half of the score; the bound's top 32
+/// bits beside the position, and each lane keeps its two smallest. Into `out`: the smallest and the
+/// second smallest, as `bound_bits_top32 << 32 | first + index`. The caller checks that the first
+/// node's clock is below the second's bound (then it wins outright) and otherwise asks the exact
+/// passes. `slow` holds each node's `(1 - 1e-9) / w`: the margin keeps the bound below the clock as
+/// `ln_portable` computes it.
+///
+/// # Safety
+///
+/// The CPU must support AVX-512F and AVX-512DQ; `slow` is as long as `mixed`, which is not empty.
+#[target_feature(enable = "avx512f,avx512dq")]
+pub(in super::super) unsafe fn earliest(hx: u64, mixed: &[u64], slow: &[f64], out: &mut [u64; 2]) {
+    debug_assert_eq!(mixed.len(), slow.len());
+    let hv = _mm512_set1_epi64(hx as i64);
+    let mv = _mm512_set1_epi64(MIX_MULTIPLIER as i64);
+    let high = _mm512_set1_epi64(0xffff_ffff_0000_0000u64 as i64);
+    let low = _mm512_set1_epi64(0xffff_ffff);
+    let eight = _mm512_set1_epi64(8);
+    let scale = _mm512_set1_pd(1.0 / 4_294_967_296.0);
+    let (half, third) = (_mm512_set1_pd(0.5), _mm512_set1_pd(1.0 / 3.0));
+    let mut idx = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut lists = [_mm512_set1_epi64(-1); 2];
+    let bound = |x: __m512i, w: __m512d, idx: __m512i| {
+        let x = _mm512_mullo_epi64(_mm512_xor_si512(x, hv), mv);
+        let x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64::<29>(x)), mv);
+        // u < (top + 1) / 2^32, so t > (2^32 - 1 - top) / 2^32, exactly representable.
+        let t = _mm512_mul_pd(_mm512_cvtepu64_pd(_mm512_andnot_si512(_mm512_srli_epi64::<32>(x), low)), scale);
+        let series = _mm512_fmadd_pd(_mm512_mul_pd(t, t), _mm512_fmadd_pd(t, third, half), t);
+        // A positive double's bits order as the number does; cutting the low half rounds down.
+        _mm512_ternarylogic_epi64::<0xea>(_mm512_castpd_si512(_mm512_mul_pd(series, w)), high, idx)
+    };
+    let insert = |lists: &mut [__m512i; 2], v: __m512i| {
+        let larger = _mm512_max_epu64(lists[0], v);
+        lists[0] = _mm512_min_epu64(lists[0], v);
+        lists[1] = _mm512_min_epu64(lists[1], larger);
+    };
+    let (ptr, wptr) = (mixed.as_ptr(), slow.as_ptr());
+    let full = mixed.len() / 8;
+    for block in 0..full {
+        // SAFETY: block * 8 + 8 <= mixed.len() == slow.len().
+        let (x, w) = unsafe { (_mm512_loadu_si512(ptr.add(block * 8).cast()), _mm512_loadu_pd(wptr.add(block * 8))) };
+        insert(&mut lists, bound(x, w, idx));
+        idx = _mm512_add_epi64(idx, eight);
+    }
+    let left = mixed.len() - full * 8;
+    if left > 0 {
+        let live: __mmask8 = (1u8 << left) - 1;
+        // SAFETY: the mask only reads the `left` lanes inside `mixed` and `slow`.
+        let (x, w) = unsafe {
+            (_mm512_maskz_loadu_epi64(live, ptr.add(full * 8).cast()), _mm512_maskz_loadu_pd(live, wptr.add(full * 8)))
+        };
+        insert(&mut lists, _mm512_mask_mov_epi64(_mm512_set1_epi64(-1), live, bound(x, w, idx)));
+    }
+    // The lanes merged in pairs as in `top`, smallest first.
+    for round in 0..3 {
+        let other = lists.map(|x| match round {
+            0 => _mm512_shuffle_i64x2::<0b01_00_11_10>(x, x),
+            1 => _mm512_shuffle_i64x2::<0b10_11_00_01>(x, x),
+            _ => _mm512_shuffle_epi32::<0b01_00_11_10>(x),
+        });
+        let (a, b) = (_mm512_min_epu64(lists[0], other[1]), _mm512_min_epu64(lists[1], other[0]));
+        lists = [_mm512_min_epu64(a, b), _mm512_max_epu64(a, b)];
+    }
+    for (o, l) in out.iter_mut().zip(&lists) {
+        *o = _mm_cvtsi128_si64(_mm512_castsi512_si128(*l)) as u64;
+    }
+}
+
 /// Merges each lane's sorted list with its partner lane's (`partner` moves the partner's lists
 /// onto the lane), keeping the best `L`, sorted: the larger of each value and the partner's mirror
 /// image are the best `L` in a bitonic order, which two rounds of compare-exchange sort (`L` a power
