@@ -181,8 +181,16 @@ impl Rendezvous {
                 return k;
             }
         }
+        let (seeds, ranks) = (&self.seeds[start..end], &self.rank[start..end]);
+        if K == 1 {
+            // A pick: the branch-free loop (no insertion into a list).
+            return kernel::best_scalar(h, seeds, ranks, None).map_or(0, |(_, _, at)| {
+                out[0] = (start + at) as u32;
+                1
+            });
+        }
         let mut found = [(0u64, 0u32, 0usize); K];
-        let k = kernel::top_scalar(h, &self.seeds[start..end], &self.rank[start..end], &mut found);
+        let k = kernel::top_scalar(h, seeds, ranks, &mut found);
         for (o, &(_, _, at)) in out.iter_mut().zip(&found[..k]) {
             *o = (start + at) as u32;
         }
