@@ -26,7 +26,8 @@
 //! Build is `O(P)` for `P = V x sum(w)` points: points are bucketed by their top bits (a counting
 //! sort; the hashes are uniform, so buckets are tiny) and the bucket starts are kept as an index.
 //! A lookup reads the bucket's start and end, and scans the bucket's few points: `O(1)` expected,
-//! two or three cache lines, no tree walk or binary search. Memory is 16 bytes a point.
+//! two cache lines (the index's, and the points' with their nodes beside them), no tree walk or
+//! binary search. Memory is 16 bytes a point (its position and its node) and 4 to 8 for the index.
 //!
 //! # When to choose it
 //!

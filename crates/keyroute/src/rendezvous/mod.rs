@@ -204,7 +204,8 @@ impl Rendezvous {
     }
 
     /// The first `K` positions of the key's ranking (fewer if there are fewer live nodes): one
-    /// best-`K` pass per weight group, then the groups' lists merged by their exponential clocks.
+    /// best-`K` pass per weight group, then the groups' lists merged by their exponential clocks; a
+    /// weighted pick (`K = 1`) first tries one AVX-512 pass over every group.
     #[inline]
     fn head<const K: usize, const L: usize>(&self, h: u64, out: &mut [u32; K]) -> usize {
         match &*self.groups {
@@ -338,7 +339,8 @@ impl Rendezvous {
 
 /// A group winner's exponential clock `-ln(u) / w`, bounded cheaply and computed exactly only when
 /// the bounds cannot decide a comparison: with `t = 1 - u`, `t <= -ln(u) <= t / u` (and `t + t^2`
-/// for `t <= 1/2`), and winners have `u` close to 1, where the bounds are tight. Picks rarely compute a logarithm at all.
+/// for `t <= 1/2`), and winners have `u` close to 1, where the bounds are tight. Picks rarely
+/// compute a logarithm at all.
 #[derive(Clone, Copy, Debug)]
 struct Clock {
     cand: Cand,

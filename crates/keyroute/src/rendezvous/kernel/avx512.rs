@@ -4,9 +4,9 @@ use super::Fast;
 use crate::hash::MIX_MULTIPLIER;
 
 /// The best `L - 1` of `mixed` (the seeds folded by `fold`) for the folded key hash `hx`, eight
-/// nodes a step, as `top32 << 32 | first + index`, best first, into `out`; the `L`-th best (when there is
-/// one) is there to show that the `(L - 1)`-th is not tied with it. `false` when two of the best
-/// `L` share their top 32 bits (see the module documentation).
+/// nodes a step, as `top32 << 32 | first + index`, best first, into `out`; the `L`-th best (when
+/// there is one) is there to show that the `(L - 1)`-th is not tied with it. `false` when two of
+/// the best `L` share their top 32 bits (see the module documentation).
 ///
 /// # Safety
 ///
@@ -78,7 +78,7 @@ fn mix(x: __m512i, m: __m512i) -> __m512i {
 /// clock, `-ln(u) / w >= (t + t^2/2 + t^3/3) / w` with `t = 1 - u` (all the series' terms are
 /// positive), where `t` is itself bounded below from the top half of the score; the bound's top 32
 /// bits beside the position, and each lane keeps its two smallest. Into `out`: the smallest and the
-/// second smallest, as `bound_bits_top32 << 32 | first + index`. The caller checks that the first
+/// second smallest, as `bound_bits_top32 << 32 | index`. The caller checks that the first
 /// node's clock is below the second's bound (then it wins outright) and otherwise asks the exact
 /// passes. `slow` holds each node's `(1 - 1e-9) / w`: the margin keeps the bound below the clock as
 /// `ln_portable` computes it.
