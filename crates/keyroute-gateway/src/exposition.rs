@@ -23,6 +23,8 @@ use crate::pool::{Pool, Snapshot, State};
 pub(crate) struct Scrape {
     pub(crate) pools: Vec<Arc<Pool>>,
     pub(crate) listeners: Vec<(String, u64, Arc<ListenerMetrics>)>,
+    /// Client connections accepted by each runtime thread, by thread index.
+    pub(crate) threads: Vec<u64>,
     pub(crate) admin_auth_failures: u64,
     /// Subscribers of the dashboard's feed now.
     pub(crate) dashboard_viewers: u64,
@@ -451,6 +453,13 @@ impl Scrape {
             "The most client connections the listener holds at once.",
             MetricType::Gauge,
             self.listeners.iter().map(|(n, limit, _)| (labels(&[("listener", n)]), Value::Int(*limit))),
+        )?;
+        family(
+            encoder,
+            "keyroute_thread_connections_accepted",
+            "Client connections accepted by each runtime thread (every listener): how the kernel spreads them.",
+            MetricType::Counter,
+            self.threads.iter().enumerate().map(|(i, n)| (labels(&[("thread", &i.to_string())]), Value::Int(*n))),
         )?;
         family(
             encoder,

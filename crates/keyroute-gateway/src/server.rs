@@ -178,6 +178,7 @@ impl Gateway {
                 epoch,
                 listener_metrics,
                 admin_metrics: Arc::default(),
+                thread_accepted: Mutex::new(Vec::new()),
                 certificates,
                 listeners: bound,
                 connection_limits,
@@ -258,7 +259,7 @@ impl Gateway {
                         for (j, (addr, tls)) in addrs.iter().zip(acceptors).enumerate() {
                             match bind_shared(*addr) {
                                 Ok(sock) => {
-                                    tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(j), tls)))
+                                    tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(j), tls, i)))
                                 }
                                 Err(e) => {
                                     let _ = ready_tx.send(Err((*addr, e)));
@@ -334,9 +335,9 @@ impl Gateway {
         tokio::spawn(hot_key_ticks(Arc::downgrade(&shared)));
         let mut tasks = Vec::new();
         for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {
-            tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(i), tls)));
+            tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(i), tls, 0)));
         }
-        tasks.push(tokio::spawn(accept_loop(self.admin, Arc::clone(&shared), None, None)));
+        tasks.push(tokio::spawn(accept_loop(self.admin, Arc::clone(&shared), None, None, 0)));
         let mut rx = shared.shutdown.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
         shared.not_ready.store(true, Relaxed);
@@ -442,12 +443,14 @@ async fn hot_key_ticks(shared: std::sync::Weak<Shared>) {
 /// Connections the admin listener holds at once.
 const ADMIN_CONNECTIONS: usize = 256;
 
-/// Accepts connections on a client listener (`Some(index)`) or the admin listener (`None`).
+/// Accepts connections on a client listener (`Some(index)`) or the admin listener (`None`), on
+/// runtime thread `thread` (0 for [`Gateway::run`]).
 async fn accept_loop(
     sock: TcpListener,
     shared: Arc<Shared>,
     index: Option<usize>,
     tls: Option<Arc<rustls::ServerConfig>>,
+    thread: usize,
 ) {
     let mut rx = shared.stop_accepting.subscribe();
     let (settings, permits, name) = match index {
@@ -483,6 +486,7 @@ async fn accept_loop(
     };
     let settings = Arc::new(settings);
     let metrics = Arc::clone(&settings.metrics);
+    let thread_accepted = index.map(|_| shared.thread_accepted(thread));
     let limit = index.map_or(ADMIN_CONNECTIONS, |i| shared.connection_limits[i]);
     let mut backoff = Backoff::default();
     let mut at_limit = false;
@@ -500,6 +504,9 @@ async fn accept_loop(
         let (stream, remote) = match accepted {
             Ok(x) => {
                 backoff.reset();
+                if let Some(n) = &thread_accepted {
+                    n.fetch_add(1, Relaxed);
+                }
                 x
             }
             Err(e) => {

@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     pub(crate) listener_metrics: Vec<Arc<ListenerMetrics>>,
     /// The admin listener's connection counts.
     pub(crate) admin_metrics: Arc<ListenerMetrics>,
+    /// Client connections accepted by each runtime thread (the index is the thread's), as
+    /// Envoy counts per worker: shows how the kernel spreads connections over the threads.
+    pub(crate) thread_accepted: Mutex<Vec<Arc<AtomicU64>>>,
     /// Each listener's connection limit in force.
     pub(crate) connection_limits: Vec<usize>,
     /// Each listener's connection permits: one semaphore shared by every thread accepting on it.
@@ -119,6 +122,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Runtime thread `thread`'s accepted-connection counter (made on first use).
+    pub(crate) fn thread_accepted(&self, thread: usize) -> Arc<AtomicU64> {
+        let mut v = self.thread_accepted.lock();
+        while v.len() <= thread {
+            v.push(Arc::default());
+        }
+        Arc::clone(&v[thread])
+    }
+
     /// Every address the gateway listens at: no worker may be one of them.
     pub(crate) fn own_addrs(&self) -> Vec<SocketAddr> {
         let mut v: Vec<SocketAddr> = self.listeners.iter().map(|l| l.listen).collect();

@@ -299,6 +299,7 @@ fn metrics(shared: &Shared, routing: &crate::routing::Routing) -> Response<Proxy
             .zip(&shared.connection_limits)
             .map(|((l, m), n)| (l.name.clone(), *n as u64, Arc::clone(m)))
             .collect(),
+        threads: shared.thread_accepted.lock().iter().map(|n| n.load(Relaxed)).collect(),
         admin_auth_failures: shared.auth.failures.load(Relaxed),
         dashboard_viewers: shared.dashboard.viewers() as u64,
         certificates: shared
