@@ -205,9 +205,11 @@ fn build(nodes: NodeSet, vnodes: u32, scheme: RingScheme, hasher: KeyHasher, tot
     // about one point on average.
     let buckets = total.next_power_of_two().max(2);
     let shift = 64 - buckets.trailing_zeros();
-    let mut raw: Vec<Point> = Vec::with_capacity(total);
+    // Every point's position, node by node: a point's owner is the node whose run it is in, so
+    // only the positions are kept (8 bytes a point, not 16).
+    let mut at: Vec<u64> = Vec::with_capacity(total);
     let mut label = Vec::with_capacity(64);
-    for (i, node) in nodes.nodes().iter().enumerate() {
+    for node in nodes.nodes() {
         let count = u64::from(vnodes) * u64::from(node.weight());
         label.clear();
         label.extend_from_slice(node.name().as_bytes());
@@ -218,42 +220,65 @@ fn build(nodes: NodeSet, vnodes: u32, scheme: RingScheme, hasher: KeyHasher, tot
             if v > 0 {
                 increment_decimal(&mut label, base);
             }
-            raw.push(Point { at: point_hash(scheme, &label), owner: i as u32 });
+            at.push(point_hash(scheme, &label));
         }
     }
-    // Counting sort by bucket, then sort within each (tiny) bucket. The index is its own cursor:
-    // it first holds each bucket's end, and each point placed moves its bucket's entry down by one,
-    // to the bucket's start when all are placed.
+    let runs = nodes.nodes().iter().map(|n| (u64::from(vnodes) * u64::from(n.weight())) as usize);
+    let (points, index) = order_points(&at, runs, nodes.name_ranks(), shift);
+    HashRing { nodes, hasher, scheme, vnodes, points: points.into(), index: index.into(), shift }
+}
+
+/// The ring's points in order (by position, then by their owners' name ranks) and its bucket
+/// index (bucket `b`'s points start at `index[b]`; `index[buckets]` is the point count), for
+/// `2^(64 - shift)` buckets. `at` holds the positions in runs, one per node in node order, of
+/// the lengths `runs` gives.
+fn order_points(at: &[u64], runs: impl Iterator<Item = usize>, ranks: &[u32], shift: u32) -> (Vec<Point>, Vec<u32>) {
+    let buckets = 1usize << (64 - shift);
+    let bucket = |h: u64| (h >> shift) as usize;
+    // A counting sort by bucket. Counting is a pass of its own: done while the positions were
+    // hashed, its random increments made the build 1.4x slower.
     let mut index = vec![0u32; buckets + 1];
-    for p in &raw {
-        index[(p.at >> shift) as usize] += 1;
+    for &h in at {
+        index[bucket(h)] += 1;
     }
-    for b in 1..=buckets {
-        index[b] += index[b - 1];
+    // The index is its own cursor: it first holds each bucket's end (a running sum kept in a
+    // register, not reloaded from the entry before), and each point placed moves its bucket's
+    // entry down by one, to the bucket's start when all are placed.
+    let mut sum = 0u32;
+    for e in &mut index {
+        sum += *e;
+        *e = sum;
     }
-    let mut sorted = vec![Point { at: 0, owner: 0 }; raw.len()];
-    for &p in &raw {
-        let b = (p.at >> shift) as usize;
-        index[b] -= 1;
-        sorted[index[b] as usize] = p;
-    }
-    let ranks = nodes.name_ranks();
-    let after =
-        |a: &Point, b: &Point| a.at > b.at || (a.at == b.at && ranks[a.owner as usize] > ranks[b.owner as usize]);
-    for b in 0..buckets {
-        let bucket = &mut sorted[index[b] as usize..index[b + 1] as usize];
-        match bucket {
-            [] | [_] => {}
-            // Most of the rest: two points, ordered without calling a sort.
-            [x, y] => {
-                if after(x, y) {
-                    std::mem::swap(x, y);
-                }
-            }
-            _ => bucket.sort_unstable_by_key(|p| (p.at, ranks[p.owner as usize])),
+    let mut sorted = vec![Point { at: 0, owner: 0 }; at.len()];
+    let mut rest = at;
+    for (owner, len) in runs.enumerate() {
+        let (run, after) = rest.split_at(len.min(rest.len()));
+        for &h in run {
+            let b = bucket(h);
+            index[b] -= 1;
+            sorted[index[b] as usize] = Point { at: h, owner: owner as u32 };
         }
+        rest = after;
     }
-    HashRing { nodes, hasher, scheme, vnodes, points: sorted.into(), index: index.into(), shift }
+    // The buckets are in order, so two neighbours out of order (or at the same position) share a
+    // bucket: only such a bucket is sorted. Most buckets hold one point or none, and one pass
+    // over the points finds the others.
+    let mut i = 1;
+    while i < sorted.len() {
+        if sorted[i - 1].at < sorted[i].at {
+            i += 1;
+            continue;
+        }
+        let b = bucket(sorted[i].at);
+        let (lo, hi) = (index[b] as usize, index[b + 1] as usize);
+        match &mut sorted[lo..hi] {
+            // Most of these: two points, ordered without calling a sort.
+            [x, y] if x.at != y.at => std::mem::swap(x, y),
+            points => points.sort_unstable_by_key(|p| (p.at, ranks[p.owner as usize])),
+        }
+        i = hi.max(i + 1);
+    }
+    (sorted, index)
 }
 
 /// Adds one to the decimal number that `label` ends with (from `base` on), in place: the labels
@@ -414,6 +439,52 @@ mod tests {
         }
         let p = pts.partition_point(|&(x, _, _)| x < h);
         Some(pts[if p == pts.len() { 0 } else { p }].2)
+    }
+
+    /// The points in order and the bucket index, against a plain sort, on positions drawn from
+    /// small ranges: many points share a bucket, and many share a position (ordered by their
+    /// owners' name ranks).
+    #[test]
+    fn points_are_ordered_by_position_then_name_rank() {
+        let mut rng = SplitMix64::new(0x0bde5);
+        for round in 0..300 {
+            let nodes = 1 + rng.below(12) as usize;
+            let mut ranks: Vec<u32> = (0..nodes as u32).collect();
+            for i in (1..nodes).rev() {
+                ranks.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let runs: Vec<usize> = (0..nodes).map(|_| rng.below(30) as usize).collect();
+            let shift = 64 - (1 + rng.below(8) as u32);
+            // Positions in a few buckets' worth (ties), or anywhere.
+            let spread = [4, 1 << 58, u64::MAX][round % 3];
+            let at: Vec<u64> = (0..runs.iter().sum::<usize>())
+                .map(|_| {
+                    let top = rng.below(1 << (64 - shift)) << shift;
+                    top | (rng.next_u64() % spread & ((1u64 << shift) - 1))
+                })
+                .collect();
+            let (points, index) = order_points(&at, runs.iter().copied(), &ranks, shift);
+            let mut want: Vec<(u64, u32, u32)> = Vec::new();
+            let mut k = 0;
+            for (owner, &len) in runs.iter().enumerate() {
+                for &h in &at[k..k + len] {
+                    want.push((h, ranks[owner], owner as u32));
+                }
+                k += len;
+            }
+            want.sort_unstable();
+            let got: Vec<(u64, u32, u32)> = points.iter().map(|p| (p.at, ranks[p.owner as usize], p.owner)).collect();
+            assert_eq!(got, want, "round {round}");
+            assert_eq!(index.len(), (1 << (64 - shift)) + 1);
+            for (b, w) in index.windows(2).enumerate() {
+                assert!(w[0] <= w[1], "round {round}: bucket {b}");
+                for p in &points[w[0] as usize..w[1] as usize] {
+                    assert_eq!((p.at >> shift) as usize, b, "round {round}: a point in bucket {b}");
+                }
+            }
+            assert_eq!(*index.last().unwrap_or(&0) as usize, points.len());
+            assert_eq!(index[0], 0);
+        }
     }
 
     #[test]
