@@ -460,7 +460,7 @@ mod tests {
             let at: Vec<u64> = (0..runs.iter().sum::<usize>())
                 .map(|_| {
                     let top = rng.below(1 << (64 - shift)) << shift;
-                    top | (rng.next_u64() % spread & ((1u64 << shift) - 1))
+                    top | ((rng.next_u64() % spread) & ((1u64 << shift) - 1))
                 })
                 .collect();
             let (points, index) = order_points(&at, runs.iter().copied(), &ranks, shift);
