@@ -15,8 +15,9 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(15);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
-    let addrs: Vec<SocketAddr> =
-        (0..n).map(|i| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, (i / 256) as u8, (i % 256) as u8)), 8080)).collect();
+    let addrs: Vec<SocketAddr> = (0..n)
+        .map(|i| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, (i / 256) as u8, (i % 256) as u8)), 8080))
+        .collect();
     let set = NodeSet::try_new(addrs.iter().map(|a| Node::new_unchecked(&a.to_string()))).expect("unique");
     let buckets: Vec<pingora_ketama::Bucket> = addrs.iter().map(|&a| pingora_ketama::Bucket::new(a, 1)).collect();
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
