@@ -74,8 +74,10 @@ pub struct Rendezvous {
     seeds: Box<[u64]>,
     // The seeds folded by `kernel::fold`, for the vector passes.
     mixed: Box<[u64]>,
-    // Each live node's `(1 - 1e-9) / weight`, for the one-pass weighted pick (empty with one weight).
+    // Each live node's `(1 - 1e-9) / weight / 2^32` and `1 / weight`, for the one-pass weighted
+    // pick (both empty with one weight).
     slow: Box<[f64]>,
+    inv_weights: Box<[f64]>,
     index: Box<[u32]>,
     rank: Box<[u32]>,
     groups: Box<[Group]>,
@@ -133,17 +135,23 @@ impl Rendezvous {
             groups.push(Group { start: start as u32, end: end as u32, inv_weight: 1.0 / f64::from(w) });
             start = end;
         }
-        let slow = if groups.len() > 1 {
-            groups.iter().flat_map(|g| (g.start..g.end).map(|_| g.inv_weight * (1.0 - 1e-9))).collect()
-        } else {
-            Box::default()
+        let per_node = |f: fn(f64) -> f64| -> Box<[f64]> {
+            if groups.len() > 1 {
+                groups.iter().flat_map(|g| (g.start..g.end).map(move |_| f(g.inv_weight))).collect()
+            } else {
+                Box::default()
+            }
         };
+        // The 2^-32 turns the top half of a score into a fraction (a power of two: exact).
+        let slow = per_node(|w| w * (1.0 - 1e-9) / 4_294_967_296.0);
+        let inv_weights = per_node(|w| w);
         Rendezvous {
             nodes,
             hasher,
             seeds,
             mixed,
             slow,
+            inv_weights,
             index: live.into(),
             rank,
             groups: groups.into(),
@@ -221,8 +229,7 @@ impl Rendezvous {
                     // `slow` is as long as `mixed` with several groups, and there are live nodes.
                     unsafe { kernel::avx512::earliest(kernel::fold(h), &self.mixed, &self.slow, &mut two) };
                     let p = two[0] as u32;
-                    let g = &groups[groups.partition_point(|g| g.end <= p)];
-                    let c = Clock::new(self.cand(h, p), g.inv_weight);
+                    let c = Clock::new(self.cand(h, p), self.inv_weights[p as usize]);
                     if c.hi < f64::from_bits(two[1] & 0xffff_ffff_0000_0000) {
                         out[0] = p;
                         return 1;
