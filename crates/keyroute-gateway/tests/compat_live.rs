@@ -12,7 +12,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,7 +26,6 @@ use support::*;
 /// A daemon started by a test, killed by its pid when dropped.
 struct Daemon {
     child: Child,
-    what: String,
 }
 
 impl Drop for Daemon {
@@ -36,31 +35,15 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(what: &str, cmd: &mut Command) -> Daemon {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {what}: {e} (scripts/test.sh installs it)"));
-    Daemon { child, what: what.to_owned() }
-}
-
-impl Daemon {
-    /// Waits until `addr` accepts connections (and the daemon is still alive).
-    fn wait_listening(&mut self, addr: SocketAddr) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited before listening on {addr}: {status}", self.what);
-            }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} did not listen on {addr} within 15 s", self.what);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+/// Starts a daemon, made by `command` for a port, on a free port (support's
+/// `start_on_free_port`), its errors on the test's.
+fn start_daemon(what: &str, mut command: impl FnMut(u16) -> Command) -> (Daemon, u16) {
+    let (child, port) = start_on_free_port(what, |port| {
+        let mut c = command(port);
+        c.stdout(Stdio::null()).stderr(Stdio::inherit());
+        c
+    });
+    (Daemon { child }, port)
 }
 
 /// A program of a Debian package: on the PATH, or in the sbin directories root's PATH has.
@@ -71,16 +54,6 @@ fn program(name: &str) -> PathBuf {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
         .unwrap_or_else(|| panic!("{name} is not installed: scripts/test.sh installs it (the README's test command)"))
-}
-
-fn free_port() -> u16 {
-    free_ports(1)[0]
-}
-
-/// `n` distinct free ports: every listener is held until all are chosen, so none repeats.
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
-    held.iter().map(|l| l.local_addr().expect("addr").port()).collect()
 }
 
 fn temp_dir(what: &str) -> PathBuf {
@@ -246,25 +219,28 @@ async fn nginx_mode_places_as_the_real_nginx() {
     let mut bs = backends(n).await;
     let weights: Vec<u32> = (0..n).map(|_| 1 + rng.below(5) as u32).collect();
     let dir = temp_dir("nginx");
-    let port = free_port();
     let servers: String = bs
         .iter()
         .zip(&weights)
         .map(|(b, w)| format!("    server {} weight={w} max_fails=1 fail_timeout=60s;\n", b.addr))
         .collect();
     let d = dir.display();
-    let conf = format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+    let conf = |port: u16| {
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          events {{ worker_connections 512; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
            upstream up {{\n    hash $http_x_key consistent;\n{servers}    keepalive 8;\n  }}\n\
            server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout;\n      proxy_connect_timeout 2s;\n    }}\n  }}\n}}\n"
-    );
-    std::fs::write(dir.join("nginx.conf"), conf).expect("write nginx.conf");
-    let mut nginx =
-        spawn("nginx", Command::new(program("nginx")).arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf")));
+        )
+    };
+    let (nginx, port) = start_daemon("nginx", |port| {
+        std::fs::write(dir.join("nginx.conf"), conf(port)).expect("write nginx.conf");
+        let mut c = Command::new(program("nginx"));
+        c.arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf"));
+        c
+    });
     let real = SocketAddr::from(([127, 0, 0, 1], port));
-    nginx.wait_listening(real);
     // The worker's name is what nginx hashes: its `server` text.
     let workers: Vec<(String, &Backend, u32, Option<u32>)> =
         bs.iter().zip(&weights).map(|(b, &w)| (b.addr.to_string(), b, w, None)).collect();
@@ -293,7 +269,6 @@ async fn haproxy_mode_places_as_the_real_haproxy() {
         ids.push(id);
     }
     let dir = temp_dir("haproxy");
-    let port = free_port();
     let servers: String = bs
         .iter()
         .zip(&weights)
@@ -304,16 +279,21 @@ async fn haproxy_mode_places_as_the_real_haproxy() {
             format!("  server s{i} {}{id} weight {w} check inter 50ms fall 1 rise 1\n", b.addr)
         })
         .collect();
-    let conf = format!(
-        "global\n  maxconn 512\n\ndefaults\n  mode http\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\n\n\
+    let conf = |port: u16| {
+        format!(
+            "global\n  maxconn 512\n\ndefaults\n  mode http\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\n\n\
          frontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\n\
          backend b\n  balance hdr(X-Key)\n  hash-type consistent\n{servers}"
-    );
+        )
+    };
     let cfg = dir.join("haproxy.cfg");
-    std::fs::write(&cfg, conf).expect("write haproxy.cfg");
-    let mut haproxy = spawn("haproxy", Command::new(program("haproxy")).arg("-db").arg("-f").arg(&cfg));
+    let (haproxy, port) = start_daemon("haproxy", |port| {
+        std::fs::write(&cfg, conf(port)).expect("write haproxy.cfg");
+        let mut c = Command::new(program("haproxy"));
+        c.arg("-db").arg("-f").arg(&cfg);
+        c
+    });
     let real = SocketAddr::from(([127, 0, 0, 1], port));
-    haproxy.wait_listening(real);
     // HAProxy hashes the server's id and weight, and the header's first value.
     let workers: Vec<(String, &Backend, u32, Option<u32>)> =
         bs.iter().zip(&weights).zip(&ids).map(|((b, &w), &id)| (b.name.clone(), b, w, id)).collect();
@@ -353,19 +333,19 @@ fn resp(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> String {
     line.trim_end().to_owned()
 }
 
-fn redis_node(dir: &Path, port: u16) -> Daemon {
-    let node_dir = dir.join(port.to_string());
-    std::fs::create_dir_all(&node_dir).expect("node dir");
-    let mut d = spawn(
-        "redis-server",
-        Command::new(program("redis-server"))
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--cluster-enabled", "yes"])
+/// A cluster-enabled redis-server on a free port (it also binds the port plus 10,000 for the
+/// cluster bus), and the port.
+fn redis_node(dir: &Path) -> (Daemon, u16) {
+    start_daemon("redis-server", |port| {
+        let node_dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).expect("node dir");
+        let mut c = Command::new(program("redis-server"));
+        c.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--cluster-enabled", "yes"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"])
             .arg("--dir")
-            .arg(&node_dir),
-    );
-    d.wait_listening(SocketAddr::from(([127, 0, 0, 1], port)));
-    d
+            .arg(&node_dir);
+        c
+    })
 }
 
 #[test]
@@ -375,8 +355,7 @@ fn redis_cluster_mode_places_as_a_real_cluster() {
     let mut rng = SplitMix64::new(seed() ^ 0x7ed15);
     let masters = 3 + rng.below(4) as usize;
     let dir = temp_dir("redis");
-    let ports = free_ports(masters);
-    let _nodes: Vec<Daemon> = ports.iter().map(|&p| redis_node(&dir, p)).collect();
+    let (_nodes, ports): (Vec<Daemon>, Vec<u16>) = (0..masters).map(|_| redis_node(&dir)).unzip();
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let create = Command::new(program("redis-cli"))
         .args(["--cluster", "create"])

@@ -29,21 +29,17 @@ async fn wait_port(addr: SocketAddr) {
 
 /// A memcached server on a free loopback port.
 async fn memcached() -> (Proc, SocketAddr) {
-    let port = free_port();
-    let mut cmd = Command::new("memcached");
-    cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "16", "-t", "1", "-c", "256"]);
-    // memcached refuses to run as root unless told which user to be.
-    if is_root() {
-        cmd.args(["-u", "root"]);
-    }
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("memcached (Debian's memcached; scripts/test.sh installs it)");
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_port(addr).await;
-    (Proc(child), addr)
+    let (child, port) = start_on_free_port("memcached", |port| {
+        let mut cmd = Command::new("memcached");
+        cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "16", "-t", "1", "-c", "256"]);
+        // memcached refuses to run as root unless told which user to be.
+        if is_root() {
+            cmd.args(["-u", "root"]);
+        }
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        cmd
+    });
+    (Proc(child), SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// `n` memcached servers.

@@ -19,26 +19,16 @@ async fn redis_servers(n: usize) -> (Vec<Proc>, Vec<SocketAddr>) {
 async fn redis_servers_with(n: usize, extra: &[&str]) -> (Vec<Proc>, Vec<SocketAddr>) {
     let (mut procs, mut addrs) = (Vec::new(), Vec::new());
     for _ in 0..n {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (Debian's redis-server; scripts/test.sh installs it)");
+        let (child, port) = start_on_free_port("redis-server", |port| {
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            cmd
+        });
         procs.push(Proc(child));
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut up = false;
-        for _ in 0..200 {
-            if TcpStream::connect(addr).await.is_ok() {
-                up = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        assert!(up, "redis-server at {addr}");
-        addrs.push(addr);
+        addrs.push(SocketAddr::from(([127, 0, 0, 1], port)));
     }
     (procs, addrs)
 }

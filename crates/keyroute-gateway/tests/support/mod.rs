@@ -466,6 +466,58 @@ impl Drop for Proc {
     }
 }
 
+/// Whether process `pid` holds a socket listening on 127.0.0.1:`port` (Linux's `/proc`). A
+/// connection that succeeds is not enough to know a daemon started: another test's server may
+/// hold the port, as CI once saw.
+pub fn listens(pid: u32, port: u16) -> bool {
+    let Ok(tcp) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A"))
+        .filter_map(|f| f.get(9).map(|i| format!("socket:[{i}]")))
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
+}
+
+/// Starts a daemon made by `command` for a port on a free loopback port, and waits until it
+/// listens there itself; on another port when it exits first (the port chosen was taken before
+/// it bound it: a test running beside this one may get it). Up to five attempts.
+pub fn start_on_free_port(
+    what: &str,
+    mut command: impl FnMut(u16) -> std::process::Command,
+) -> (std::process::Child, u16) {
+    for attempt in 1..=5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let mut child = command(port)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what}: {e} (scripts/test.sh installs it)"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                eprintln!("attempt {attempt}: {what} exited before listening on port {port}: {status}; another port");
+                break;
+            }
+            if listens(child.id(), port) {
+                return (child, port);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what} did not listen on port {port} within 15 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    panic!("{what} did not start on a free port in five attempts");
+}
+
 /// Real nutcracker (Debian's; scripts/test.sh installs it) running `yml`, its files in `dir`,
 /// its stats on a free loopback port; stopped by pid when dropped.
 pub fn start_nutcracker(dir: &std::path::Path, yml: &str) -> Proc {
