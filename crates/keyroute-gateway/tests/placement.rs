@@ -160,7 +160,7 @@ async fn bounded_loads_hold_across_runtime_threads() {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // Runtime 0 runs on this thread (with the admin API); run_threads names the others keyroute-N.
     let server = std::thread::Builder::new()
-        .name("gateway-main".into())
+        .name("gw-thread-0".into())
         .spawn(move || {
             gw.run_threads(2, async move {
                 let _ = stop_rx.await;
