@@ -166,7 +166,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
 pub fn from_nutcracker(args: &crate::cli::FromNutcrackerArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file).map_err(|e| Usage(format!("{}: {e}", args.file.display())))?;
     let toml = keyroute_gateway::config::from_nutcracker(&text, &args.file.display().to_string(), args.admin)
-        .map_err(|e| Usage(e.to_string()))?;
+        .map_err(|errors| Usage(errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))?;
     use std::io::Write as _;
     std::io::stdout().lock().write_all(toml.as_bytes())?;
     Ok(())

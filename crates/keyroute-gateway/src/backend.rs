@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::metrics::Outcome;
-use crate::pipe::{Pipe, Reader, Registry, clear_readable};
+use crate::pipe::{Pipe, Reader, Registry, clear_readable, peer_closed};
 use crate::pool::{Pool, Snapshot, WorkerState};
 use crate::state::Shared;
 
@@ -122,8 +122,16 @@ impl Server {
         ok
     }
 
+    /// Whether this connection cannot take the batch's requests: it failed, or (between
+    /// batches) its server closed it, in which case a new one is opened and the request is
+    /// never lost to a connection that was already gone (issue 31).
     fn dead(&self) -> bool {
-        self.broken || matches!(&self.link, Link::Shared { pipe, .. } if pipe.is_broken())
+        self.broken
+            || match &self.link {
+                Link::Shared { pipe, ticket: None, .. } => pipe.closed_while_idle(),
+                Link::Shared { pipe, .. } => pipe.is_broken(),
+                Link::Own { stream, buf } => buf.is_empty() && self.out.is_empty() && peer_closed(stream),
+            }
     }
 }
 
@@ -478,6 +486,35 @@ pub(crate) async fn place(
     }
     pool.metrics.no_worker.fetch_add(1, Relaxed);
     None
+}
+
+/// A write of `hash`'s key was acknowledged by the server of node `writer`: once no fill of a copy
+/// of it is landing, the copies on the other servers that may hold one are deleted (`delete`: the
+/// listener's command for it), over the client's side connections, each deletion acknowledged
+/// before the client is answered. See the `pool::copies` module: a fill that read the key before
+/// this write either drops its copy or lands before these deletes.
+pub(crate) async fn delete_copies<R: Framing>(
+    snap: &Snapshot,
+    side: &mut Servers,
+    s: &Settings,
+    hash: u64,
+    writer: usize,
+    delete: &[u8],
+    how: &R,
+) {
+    let Some(hot) = snap.hot() else { return };
+    let holders = hot.copies.written(hash, Instant::now()).await;
+    let writer = snap.workers().get(writer).map(|w| w.address);
+    for addr in holders.into_iter().filter(|a| Some(*a) != writer) {
+        let Some(w) = snap.workers().iter().find(|w| w.address == addr) else { continue };
+        let Some(i) = connect(side, w, s).await else { continue };
+        side.0[i].out.extend_from_slice(delete);
+        let mut dropped = Vec::new();
+        if !side.0[i].send_now(s.answer).await || how.read(&mut side.0[i], s, &mut dropped).await.is_err() {
+            side.0[i].broken = true;
+        }
+    }
+    side.sweep();
 }
 
 /// Counts a failure of `w` (passive ejection).

@@ -55,7 +55,7 @@ impl Registry {
     /// The live shared connection to `addr` with `greeting`, if there is one.
     pub(crate) fn get(&self, addr: SocketAddr, greeting: &Option<Arc<[u8]>>) -> Option<Arc<Pipe>> {
         let pipes = self.pipes.lock();
-        pipes.get(&(addr, greeting.clone())).filter(|p| !p.is_broken()).cloned()
+        pipes.get(&(addr, greeting.clone())).filter(|p| !p.closed_while_idle()).cloned()
     }
 
     /// Keeps `pipe` as the shared connection to its server (replacing a broken one).
@@ -139,6 +139,35 @@ impl Pipe {
 
     pub(crate) fn is_broken(&self) -> bool {
         self.inner.state.lock().broken
+    }
+
+    /// Whether the connection is broken, or found closed by its server while nothing is asked
+    /// of it (a `timeout` on an idle connection, a `CLIENT KILL`, a restart): it is then poisoned,
+    /// so that the next batch opens a new one instead of failing its first command on it. Nothing
+    /// is written to a connection found so, so a command that finds it is never sent twice.
+    ///
+    /// Costs no system call unless the socket is readable: an idle connection has no answer to
+    /// give, so readable means its end (or bytes nobody asked for, which put it out of step).
+    pub(crate) fn closed_while_idle(&self) -> bool {
+        let mut st = self.inner.state.lock();
+        if st.broken {
+            return true;
+        }
+        // The lock is held across the look: no request can be submitted meanwhile, so any byte
+        // seen is not an answer to one.
+        if st.next != st.serving || !st.out.is_empty() {
+            return false;
+        }
+        if !peer_closed(&self.stream) {
+            return false;
+        }
+        st.broken = true;
+        st.waiters.clear();
+        st.out = Vec::new();
+        drop(st);
+        self.inner.wake.notify_one();
+        tracing::debug!(server = %self.addr, "a shared server connection was found closed while idle; it is reopened");
+        true
     }
 
     /// Queues `bytes` for the server; the ticket whose turn reads their answers (`None`: the
@@ -245,6 +274,16 @@ async fn writer(inner: Arc<Inner>, stream: Arc<TcpStream>, timeout: Duration) {
         batch.clear();
         spare = batch;
     }
+}
+
+/// Whether a connection that owes nothing has been closed by its peer (or has bytes nobody
+/// asked for): a look at the socket without taking anything from it, and without a system call
+/// unless the poller saw it readable.
+pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+    let mut buf = tokio::io::ReadBuf::uninit(&mut byte);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(stream.poll_peek(&mut cx, &mut buf), std::task::Poll::Ready(_))
 }
 
 /// Forgets that `stream` was readable: a read that returned less than it had room for drained

@@ -373,7 +373,7 @@ async fn a_joining_server_warms_from_the_previous_owner() {
 /// to every replica, and another write goes to one and deletes the others' copies, so that no
 /// replica serves a value older than the last write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hot_key_is_read_from_its_replicas_and_written_to_all_of_them() {
+async fn a_hot_key_is_read_from_its_replicas_and_its_copies_deleted_on_a_write() {
     let (_procs, addrs) = memcacheds(4).await;
     let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true\n";
     let gw = start_gateway(&config(&addrs, "rendezvous", hot)).await;
@@ -414,9 +414,25 @@ async fn a_hot_key_is_read_from_its_replicas_and_written_to_all_of_them() {
             n
         }
     };
-    // A set reaches every replica.
+    // Reads spread: the replicas fill from the owner, each copy for 10 s at most.
+    for _ in 0..20 {
+        assert_eq!(ask(&mut c, b"get viral\r\n", "END\r\n").await, "VALUE viral 0 2\r\nv1\r\nEND\r\n");
+    }
+    assert!(holders("v1").await > 1, "copies on the replicas");
+    let mut ttls = Vec::new();
+    for a in &addrs {
+        let mut d = TcpStream::connect(a).await.expect("direct");
+        let r = ask(&mut d, b"mg viral t\r\n", "\r\n").await;
+        if let Some(t) = r.strip_prefix("HD t") {
+            ttls.push(t.trim().parse::<i64>().expect("ttl"));
+        }
+    }
+    assert_eq!(ttls.iter().filter(|&&t| t == -1).count(), 1, "the owner's value never expires: {ttls:?}");
+    assert!(ttls.iter().all(|&t| t == -1 || (0..=10).contains(&t)), "copies live 10 s at most: {ttls:?}");
+    // A set goes to the owner and deletes every copy (copies are made only from the owner).
     assert_eq!(ask(&mut c, b"set viral 0 0 2\r\nv2\r\n", "\r\n").await, "STORED\r\n");
-    assert_eq!(holders("v2").await, replicas, "every replica holds the new value");
+    assert_eq!(holders("v2").await, 1, "the owner holds the new value");
+    assert_eq!(holders("v1").await, 0, "no copy of the old value is left");
     // Reads through the proxy all see it, whichever replica serves them.
     for _ in 0..20 {
         assert_eq!(ask(&mut c, b"get viral\r\n", "END\r\n").await, "VALUE viral 0 2\r\nv2\r\nEND\r\n");
@@ -664,4 +680,65 @@ async fn a_silent_server_holds_up_only_its_own_commands() {
         );
     }
     hold.abort();
+}
+
+/// Reads what arrives within `quiet` of silence (or the connection's end): the whole answer to
+/// a pipeline whose length is not known in advance. `true` with it when the peer closed.
+async fn read_all_quiet(s: &mut TcpStream, quiet: Duration) -> (String, bool) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(quiet, s.read(&mut chunk)).await {
+            Err(_) => return (String::from_utf8_lossy(&buf).into_owned(), false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&buf).into_owned(), true),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Issue 31 (2, 3): a storage command the proxy refuses still has its data block taken as
+/// data, as memcached takes it, so the block never runs as a command; a block that does not
+/// end where its length says is `CLIENT_ERROR bad data chunk` and the connection carries on;
+/// a length that cannot be trusted is `CLIENT_ERROR` and the connection closes (nothing after
+/// it can be framed). Each pipeline is sent to the proxy and to memcached itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_value_is_skipped_never_run_as_a_command() {
+    let (_procs, addrs) = memcacheds(1).await;
+    let gw = start_gateway(&config(&addrs, "rendezvous", "")).await;
+    let quiet = Duration::from_millis(300);
+    // The issue's exploit: the refused block is `delete v`.
+    for refused in ["set a\x01b 0 0 8", "set a 4294967296 0 8", "set a 0 0 8 noreplyx", "cas a 0 0 8", "ms a 8 9"] {
+        let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+        let pipeline = format!("set v 0 0 1\r\n1\r\n{refused}\r\ndelete v\r\nget v\r\n");
+        c.write_all(pipeline.as_bytes()).await.expect("write");
+        let (got, closed) = read_all_quiet(&mut c, quiet).await;
+        assert_eq!(
+            got,
+            "STORED\r\nCLIENT_ERROR bad command line format\r\nVALUE v 0 1\r\n1\r\nEND\r\n",
+            "{}",
+            refused.escape_debug()
+        );
+        assert!(!closed, "{}: the connection carries on", refused.escape_debug());
+    }
+    // A block longer than its length: memcached's answers, line for line (the two bytes past
+    // the declared ones are taken as the block's end; the CRLF left is an empty command).
+    let pipeline = b"set k 0 0 1\r\nxyz\r\nset k2 0 0 1\r\nq\r\nget k2\r\n";
+    let mut direct = TcpStream::connect(addrs[0]).await.expect("direct");
+    direct.write_all(pipeline).await.expect("write");
+    let (memcached, _) = read_all_quiet(&mut direct, quiet).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    c.write_all(pipeline).await.expect("write");
+    let (proxy, closed) = read_all_quiet(&mut c, quiet).await;
+    assert!(memcached.starts_with("CLIENT_ERROR bad data chunk\r\n"), "{memcached:?}");
+    assert_eq!(proxy, memcached);
+    assert!(!closed);
+    // A length past what memcached takes: refused, and the connection closes before the 4 GB
+    // it names (or any of its bytes) are read as anything.
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    c.write_all(b"set k 0 0 4294967296\r\ndelete v\r\n").await.expect("write");
+    let (got, closed) = read_all_quiet(&mut c, Duration::from_secs(5)).await;
+    assert_eq!(got, "CLIENT_ERROR bad command line format\r\n");
+    assert!(closed, "the connection closes");
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, b"get v\r\n", "END\r\n").await, "VALUE v 0 1\r\n1\r\nEND\r\n", "nothing deleted v");
 }

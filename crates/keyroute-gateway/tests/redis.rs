@@ -653,3 +653,127 @@ async fn a_twemproxy_redis_user_switches_without_losing_a_key() {
     run.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A server's `INFO stats` field.
+async fn info_stat(addr: SocketAddr, field: &str) -> u64 {
+    let mut d = TcpStream::connect(addr).await.expect("direct");
+    let info = ask(&mut d, &cmd(&["INFO", "stats"]), 1).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {info}"))
+}
+
+/// Reads until the peer closes (or 5 s pass): everything it sent.
+async fn read_to_close(s: &mut TcpStream) -> (String, bool) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk)).await {
+            Err(_) => return (String::from_utf8_lossy(&buf).into_owned(), false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&buf).into_owned(), true),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Issue 31 (1): a line Redis refuses (unbalanced quotes, a length with `+` or a leading zero)
+/// never reaches the server connection the thread's clients share: the client that sent it is
+/// answered Redis's error and closed, as nutcracker closes it, while another client's pipelined
+/// GETs all answer; the server never closed a connection of the proxy's (it saw no new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_redis_refuses_never_reaches_a_shared_server_connection() {
+    let (_procs, addrs) = redis_servers(1).await;
+    let gw = start_gateway(&config(&addrs, "rendezvous")).await;
+    let mut a = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut a, &cmd(&["SET", "k", "v"]), 1).await, "+OK\r\n");
+    // Every gateway thread opens its shared connection first (16 clients: the kernel spreads
+    // them over the threads' sockets).
+    for _ in 0..16 {
+        let mut w = TcpStream::connect(gw.addr).await.expect("connect");
+        assert_eq!(ask(&mut w, &cmd(&["GET", "k"]), 1).await, "$1\r\nv\r\n");
+    }
+    let connections = info_stat(addrs[0], "total_connections_received").await;
+    let gets = 2000;
+    let reader = tokio::spawn(async move {
+        let mut pipeline = Vec::new();
+        for _ in 0..gets {
+            pipeline.extend_from_slice(&cmd(&["GET", "k"]));
+        }
+        let r = ask(&mut a, &pipeline, gets).await;
+        (r, a)
+    });
+    let bad: [(&[u8], &str); 7] = [
+        (b"SET k \"abc\r\n", "-ERR Protocol error: unbalanced quotes in request\r\n"),
+        (b"SET k 'abc\r\n", "-ERR Protocol error: unbalanced quotes in request\r\n"),
+        (b"SET k \"abc\"x\r\n", "-ERR Protocol error: unbalanced quotes in request\r\n"),
+        (b"*1\r\n$+3\r\nGET\r\n", "-ERR Protocol error: invalid bulk length\r\n"),
+        (b"*2\r\n$3\r\nGET\r\n$01\r\nk\r\n", "-ERR Protocol error: invalid bulk length\r\n"),
+        (b"*02\r\n$3\r\nGET\r\n$1\r\nk\r\n", "-ERR Protocol error: invalid multibulk length\r\n"),
+        (b"*+2\r\n$3\r\nGET\r\n$1\r\nk\r\n", "-ERR Protocol error: invalid multibulk length\r\n"),
+    ];
+    for round in 0..3 {
+        for (line, answer) in bad {
+            let mut b = TcpStream::connect(gw.addr).await.expect("connect");
+            // A good command first, on the same connection: the bad line follows it in one write.
+            let mut request = cmd(&["GET", "k"]);
+            request.extend_from_slice(line);
+            b.write_all(&request).await.expect("write");
+            let (got, closed) = read_to_close(&mut b).await;
+            assert_eq!(got, format!("$1\r\nv\r\n{answer}"), "round {round}: {}", String::from_utf8_lossy(line));
+            assert!(closed, "the client that sent it is closed");
+        }
+    }
+    let (r, mut a) = reader.await.expect("join");
+    assert_eq!(r, "$1\r\nv\r\n".repeat(gets), "every other client's GET answered");
+    assert_eq!(ask(&mut a, &cmd(&["GET", "k"]), 1).await, "$1\r\nv\r\n");
+    // The INFO connection is the only one since: the proxy's were never closed by the server.
+    assert_eq!(info_stat(addrs[0], "total_connections_received").await, connections + 1);
+}
+
+/// Issue 31 (5): an inline command's quoted key is placed by the key Redis stores (`SET "qk1" v`
+/// stores `qk1`), so a later `GET qk1` finds it on every one of four servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quoted_inline_key_is_placed_as_redis_stores_it() {
+    let (_procs, addrs) = redis_servers(4).await;
+    let gw = start_gateway(&config(&addrs, "rendezvous")).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..40 {
+        let line = match i % 3 {
+            0 => format!("SET \"qk{i}\" v{i}\r\n"),
+            1 => format!("SET 'qk{i}' \"v{i}\"\r\n"),
+            _ => format!("SET \"q\\x6b{i}\" v{i}\r\n"),
+        };
+        assert_eq!(ask(&mut c, line.as_bytes(), 1).await, "+OK\r\n", "{line}");
+    }
+    for i in 0..40 {
+        let v = format!("v{i}");
+        assert_eq!(
+            ask(&mut c, &cmd(&["GET", &format!("qk{i}")]), 1).await,
+            format!("${}\r\n{v}\r\n", v.len()),
+            "qk{i}"
+        );
+    }
+    // A value with a space and escapes arrives as Redis would have stored it.
+    assert_eq!(ask(&mut c, b"SET sp \"a b\\tc\"\r\n", 1).await, "+OK\r\n");
+    assert_eq!(ask(&mut c, &cmd(&["GET", "sp"]), 1).await, "$5\r\na b\tc\r\n");
+}
+
+/// Issue 31 (4): the first command after a server closed the proxy's connection (its `timeout`,
+/// a `CLIENT KILL`, a restart) is answered: a connection found closed before anything was
+/// written to it is opened anew, as nutcracker does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_command_after_a_server_closed_its_side_is_answered() {
+    let (_procs, addrs) = redis_servers(1).await;
+    let gw = start_gateway(&config(&addrs, "rendezvous")).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, &cmd(&["SET", "k", "v"]), 1).await, "+OK\r\n");
+    for round in 0..5 {
+        let mut d = TcpStream::connect(addrs[0]).await.expect("direct");
+        let killed = ask(&mut d, &cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]), 1).await;
+        assert!(killed.starts_with(':') && killed != ":0\r\n", "round {round}: {killed}");
+        // The server's close reaches the proxy's socket before the next command.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(ask(&mut c, &cmd(&["GET", "k"]), 1).await, "$1\r\nv\r\n", "round {round}");
+    }
+}

@@ -393,7 +393,14 @@ impl Policy {
     pub fn build(strategy: Strategy, nodes: NodeSet, options: &Options) -> Result<Self, Error> {
         let bounded = BoundedLoad::try_new(options.epsilon)?;
         let choices = PowerOfChoices::new(options.choices)?;
-        let table = Table::build(strategy, nodes.clone(), options)?.map(std::sync::Arc::new);
+        // A compatibility mode's original refuses a set with no weight (twemproxy, libketama,
+        // `redis-cli --cluster create`...), and so does its table. A policy over such a set is
+        // a pool whose members are still to come (a membership source that has not answered, a
+        // fleet drained to nothing): it places nothing, as every other strategy's empty policy.
+        let table = match strategy {
+            Strategy::Compat(_) if nodes.live_count() == 0 => None,
+            _ => Table::build(strategy, nodes.clone(), options)?.map(std::sync::Arc::new),
+        };
         Ok(Policy {
             strategy,
             options: *options,
@@ -629,5 +636,33 @@ mod tests {
             assert_eq!(p.decide(Some(7), &[0u64; 0][..], |_| true, &mut rng), None, "{s}");
             assert_eq!(p.decide(None, &[0u64; 0][..], |_| true, &mut rng), None, "{s}");
         }
+    }
+
+    /// Issue 31 (10): a compatibility mode's policy over no weighted member places nothing
+    /// instead of failing, as every other strategy's (a pool whose members come from etcd
+    /// starts empty); its table alone still refuses the set, as the original does.
+    #[test]
+    fn an_empty_compat_policy_places_nothing() {
+        for mode in [
+            crate::compat::Mode::Twemproxy,
+            crate::compat::Mode::Libketama,
+            crate::compat::Mode::RedisCluster,
+            crate::compat::Mode::Nginx,
+            crate::compat::Mode::Haproxy,
+        ] {
+            let empty = NodeSet::parse("").expect("empty");
+            let policy = Policy::build(Strategy::Compat(mode), empty, &Options::default()).expect("an empty policy");
+            let hash = policy.key_hash(b"k");
+            assert!(policy.decide(Some(hash), &[0u64; 0][..], |_| true, &mut SplitMix64::new(1)).is_none());
+            assert_eq!(policy.owner(hash), None);
+        }
+        assert!(
+            Table::build(
+                Strategy::Compat(crate::compat::Mode::Twemproxy),
+                NodeSet::parse("").expect("empty"),
+                &Options::default()
+            )
+            .is_err()
+        );
     }
 }

@@ -96,6 +96,14 @@ pub(crate) enum Refused {
     NotProxied(&'static str),
     /// A bad key or field: `CLIENT_ERROR bad command line format`.
     Format,
+    /// A storage command refused for a bad key or field, whose data length could be read: the
+    /// same line, and its block (`skip` bytes, with its CRLF) is skipped as memcached swallows
+    /// it, so that the data never runs as a command.
+    FormatSkip { skip: usize },
+    /// A storage command whose data length cannot be read (not a number, negative, past
+    /// memcached's `INT_MAX - 2`): `CLIENT_ERROR bad command line format`, and the connection
+    /// closes: where its data ends cannot be known, and the data must not run as commands.
+    Unframed,
     /// A data block longer than the item size limit: the block is skipped.
     TooLarge { skip: usize },
 }
@@ -109,7 +117,9 @@ impl Refused {
                 format!("CLIENT_ERROR '{cmd}' concerns one server, not a key: keyroute does not proxy it\r\n")
                     .into_bytes()
             }
-            Refused::Format => b"CLIENT_ERROR bad command line format\r\n".to_vec(),
+            Refused::Format | Refused::FormatSkip { .. } | Refused::Unframed => {
+                b"CLIENT_ERROR bad command line format\r\n".to_vec()
+            }
             Refused::TooLarge { .. } => b"SERVER_ERROR object too large for cache\r\n".to_vec(),
         }
     }
@@ -140,6 +150,12 @@ fn number(b: &[u8]) -> Option<u64> {
         return None;
     }
     std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// A data block's length as memcached reads it (`safe_strtol` into 32 bits, then at most
+/// `INT_MAX - 2`), or `None` when it cannot be trusted.
+fn data_length(b: &[u8]) -> Option<usize> {
+    number(b).filter(|&n| n <= u64::from(i32::MAX.unsigned_abs() - 2)).and_then(|n| usize::try_from(n).ok())
 }
 
 /// A signed number (exptime may be negative).
@@ -205,25 +221,26 @@ pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused
     let key = |k: &'_ [u8]| if valid_key(k) { Ok(()) } else { Err(Refused::Format) };
     match cmd {
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
-            let fixed = if cmd == b"cas" { 5 } else { 4 };
-            if args.len() < fixed {
-                return Err(Refused::Format);
-            }
-            let ok = number(args[1]).is_some_and(|f| f <= u64::from(u32::MAX))
-                && signed(args[2])
-                && (cmd != b"cas" || number(args[4]).is_some());
-            let bytes = number(args[3]).ok_or(Refused::Format)?;
-            let quiet = noreply(fixed)?;
-            if !ok {
-                return Err(Refused::Format);
-            }
-            key(args[0])?;
-            let k = std::borrow::Cow::Borrowed(args[0]);
-            let bytes = usize::try_from(bytes).map_err(|_| Refused::Format)?;
+            // The data's length first: whatever else is refused, its block is skipped, as
+            // memcached swallows it; without a length to trust, nothing after it can be framed.
+            let bytes = args.get(3).and_then(|b| data_length(b)).ok_or(Refused::Unframed)?;
+            let skip = bytes + 2;
             if bytes > max_item {
-                return Err(Refused::TooLarge { skip: bytes.saturating_add(2) });
+                return Err(Refused::TooLarge { skip });
             }
-            Ok(Command::Keyed { key: k, data: Some(bytes), quiet, answer: Answer::Line })
+            let fixed = if cmd == b"cas" { 5 } else { 4 };
+            let ok = args.len() >= fixed
+                && number(args[1]).is_some_and(|f| f <= u64::from(u32::MAX))
+                && signed(args[2])
+                && (cmd != b"cas" || number(args[4]).is_some())
+                && valid_key(args[0]);
+            let quiet = noreply(fixed).ok().filter(|_| ok).ok_or(Refused::FormatSkip { skip })?;
+            Ok(Command::Keyed {
+                key: std::borrow::Cow::Borrowed(args[0]),
+                data: Some(bytes),
+                quiet,
+                answer: Answer::Line,
+            })
         }
         b"delete" => {
             let k = *args.first().ok_or(Refused::Format)?;
@@ -260,33 +277,40 @@ pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused
 
 /// A meta command: `KEY [SIZE] FLAGS...`; flag `b` says the key is base64, `q` quiet mode.
 fn meta<'a>(cmd: &[u8], args: &[&'a [u8]], max_item: usize) -> Result<Command<'a>, Refused> {
+    // `ms KEY SIZE FLAGS...`: as for the storage commands, its block is skipped whatever else
+    // is refused, and a size that cannot be read closes the connection.
+    let size = match cmd {
+        b"ms" => Some(args.get(1).and_then(|s| data_length(s)).ok_or(Refused::Unframed)?),
+        _ => None,
+    };
+    let format = match size {
+        Some(size) => Refused::FormatSkip { skip: size + 2 },
+        None => Refused::Format,
+    };
+    if let Some(size) = size.filter(|&s| s > max_item) {
+        return Err(Refused::TooLarge { skip: size + 2 });
+    }
     let (raw, rest) = args.split_first().ok_or(Refused::Format)?;
-    let (data, flags) = if cmd == b"ms" {
-        let (size, flags) = rest.split_first().ok_or(Refused::Format)?;
-        let size = number(size).and_then(|s| usize::try_from(s).ok()).ok_or(Refused::Format)?;
-        if size > max_item {
-            return Err(Refused::TooLarge { skip: size.saturating_add(2) });
-        }
-        (Some(size), flags)
-    } else {
-        (None, rest)
+    let (data, flags) = match size {
+        Some(size) => (Some(size), &rest[1..]),
+        None => (None, rest),
     };
     // Each flag is one letter and its token, if any.
     if !flags.iter().all(|f| f.first().is_some_and(u8::is_ascii_alphabetic)) {
-        return Err(Refused::Format);
+        return Err(format);
     }
     let base64 = flags.iter().any(|f| *f == b"b");
     let quiet = flags.iter().any(|f| *f == b"q");
     let key = if base64 {
-        let k = crate::base64::decode(raw).ok_or(Refused::Format)?;
+        let k = crate::base64::decode(raw).ok_or_else(|| format.clone())?;
         if k.is_empty() || k.len() > MAX_KEY {
-            return Err(Refused::Format);
+            return Err(format);
         }
         std::borrow::Cow::Owned(k)
     } else if valid_key(raw) {
         std::borrow::Cow::Borrowed(*raw)
     } else {
-        return Err(Refused::Format);
+        return Err(format);
     };
     Ok(Command::Keyed { key, data, quiet, answer: Answer::Meta })
 }
@@ -459,19 +483,38 @@ mod tests {
         let long = vec![b'k'; 251];
         let mut get = b"get ".to_vec();
         get.extend_from_slice(&long);
-        for bad in [
-            &get[..],
-            b"get",
-            b"set k 0 0",
-            b"set k x 0 5",
-            b"set k 0 0 -5",
-            b"incr k x",
-            b"set k 0 0 5 nope",
-            b"get a\x01b",
-            b"mg",
-        ] {
+        for bad in [&get[..], b"get", b"incr k x", b"get a\x01b", b"mg", b"mg a\x01b v"] {
             assert_eq!(parse(bad, 1024), Err(Refused::Format), "{}", String::from_utf8_lossy(bad));
         }
+        // Issue 31 (2): a storage command refused for its key or fields still has its data
+        // block skipped, as memcached swallows it.
+        for bad in [
+            &b"set k x 0 5"[..],
+            b"set k 0 0 5 nope",
+            b"set k 0 0 5 noreplyx",
+            b"set a\x01b 0 0 5",
+            b"set k 4294967296 0 5",
+            b"cas k 0 0 5",
+            b"cas k 0 0 5 x",
+            b"add k 0 x 5",
+            b"ms a\x01b 5 T0",
+            b"ms k 5 9",
+        ] {
+            assert_eq!(parse(bad, 1024), Err(Refused::FormatSkip { skip: 7 }), "{}", String::from_utf8_lossy(bad));
+        }
+        // Issue 31 (3): a length that cannot be trusted leaves nothing to resync on.
+        for bad in [
+            &b"set k 0 0"[..],
+            b"set k 0 0 -5",
+            b"set k 0 0 x",
+            b"set k 0 0 4294967296",
+            b"set k 0 0 2147483646",
+            b"ms k",
+            b"ms k -1 T0",
+        ] {
+            assert_eq!(parse(bad, 1024), Err(Refused::Unframed), "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(parse(b"set k 0 0 2147483645", 1024), Err(Refused::TooLarge { skip: 2147483647 }));
         assert_eq!(parse(b"set k 0 0 2000", 1024), Err(Refused::TooLarge { skip: 2002 }));
         assert_eq!(parse(b"ms k 2000 T0", 1024), Err(Refused::TooLarge { skip: 2002 }));
         assert_eq!(parse(b"bogus", 1024), Err(Refused::Unknown));

@@ -91,7 +91,13 @@ enum Pending {
     Multi { parts: Vec<(usize, usize)>, keys: Vec<MultiKey> },
     /// A `get` of one key on a server that joined within the handoff window: its answer, and on
     /// a miss the key's previous server's value, filled into the new one (the warm-up route).
-    Warm { server: usize, node: usize, previous: usize, key: Vec<u8> },
+    /// `copy`: the key's hash when the server is a hot key's replica and `previous` its owner
+    /// (the copy is then one of [`crate::pool::copies`], with a bounded lifetime).
+    Warm { server: usize, node: usize, previous: usize, key: Vec<u8>, copy: Option<u64> },
+    /// A write of a key (its hash and bytes) in a pool with hot keys, after the command's own
+    /// entry: once `node` answered it, the copies other servers may hold are deleted (see
+    /// [`backend::delete_copies`]). Reads no answer of its own.
+    Written { hash: u64, key: Vec<u8>, node: usize },
     /// An answer read and dropped: an invalidation (`delete KEY noreply` and `mn`, read to its
     /// `MN`), or a hot key's write to a replica other than the one that answers the client.
     Discard { server: usize, answer: Answer, quiet: bool },
@@ -133,8 +139,14 @@ async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending:
             break;
         };
         match codec::parse(line, config.max_item_bytes) {
-            Err(Refused::TooLarge { skip }) => {
-                pending.push(Pending::Owned(Refused::TooLarge { skip }.line()));
+            Err(Refused::Unframed) => {
+                pending.push(Pending::Owned(Refused::Unframed.line()));
+                close = true;
+                break;
+            }
+            Err(refused @ (Refused::TooLarge { skip } | Refused::FormatSkip { skip })) => {
+                // The refused command's block is skipped, never read as commands.
+                pending.push(Pending::Owned(refused.line()));
                 c.input.advance(n);
                 if skip > c.input.len() {
                     // The block is skipped as it arrives: the answers so far go out first.
@@ -170,37 +182,21 @@ async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending:
                     break;
                 }
                 if data.is_some_and(|d| &c.input[n + d..total] != b"\r\n") {
+                    // As memcached: the declared bytes and two more are taken as the block, and
+                    // what follows is the next command.
                     pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
-                    close = true;
-                    break;
+                    c.input.advance(total);
+                    continue;
                 }
                 let hash = Placed::of(&pool, &snap, &key);
                 let request = &c.input[..total];
                 let write = !line.starts_with(b"mg ");
-                let replicas = match (snap.hot(), hash.0) {
-                    (Some(hot), Some(h)) if write => hot.replicas(h),
-                    _ => 0,
+                // A write in a pool with hot keys: the copies on its replicas are deleted, in
+                // this batch and again once the write is answered (see `pool::copies`).
+                let copies = match (snap.hot(), hash.0) {
+                    (Some(hot), Some(h)) if write && codec::valid_key(&key) => Some((h, hot.replicas(h))),
+                    _ => None,
                 };
-                if replicas > 1 && codec::valid_key(&key) {
-                    // A hot key's write: to every replica, so that none serves an older value.
-                    let plain_set = line.starts_with(b"set ");
-                    hot_write(
-                        &snap,
-                        &mut c.servers,
-                        &settings,
-                        hash,
-                        replicas,
-                        request,
-                        plain_set,
-                        &key,
-                        quiet,
-                        answer,
-                        pending,
-                    )
-                    .await;
-                    c.input.advance(total);
-                    continue;
-                }
                 let p = send_one(&snap, &pool, &mut c.servers, &settings, hash, request, quiet, answer, now).await;
                 // A write during the warm-up deletes the copy on the key's previous server,
                 // so that no miss is ever filled with a value older than this write.
@@ -208,7 +204,15 @@ async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending:
                     (Pending::One { node, .. }, Some(h)) if write => snap.warm_source(h, *node, now),
                     _ => None,
                 };
+                let writer = match &p {
+                    Pending::One { node, .. } => Some(*node),
+                    _ => None,
+                };
                 pending.push(p);
+                if let (Some((h, replicas)), Some(node)) = (copies, writer) {
+                    delete_copies_now(&snap, &mut c.servers, &settings, h, replicas, node, &key, now, pending).await;
+                    pending.push(Pending::Written { hash: h, key: key.to_vec(), node });
+                }
                 if let Some(previous) = invalidate
                     && codec::valid_key(&key)
                     && let Some(server) = connect(&mut c.servers, &snap.workers()[previous], &settings).await
@@ -256,7 +260,15 @@ async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending:
                                 // hot key's replica from the key's owner.
                                 let hot_owner = hot.and_then(|_| snap.policy().owner(h)).filter(|&owner| owner != node);
                                 match snap.warm_source(h, node, now).or(hot_owner) {
-                                    Some(previous) => Pending::Warm { server, node, previous, key: key.to_vec() },
+                                    Some(previous) => Pending::Warm {
+                                        server,
+                                        node,
+                                        previous,
+                                        key: key.to_vec(),
+                                        // A hot key's replica fills a copy; a joining server, a
+                                        // key it now owns.
+                                        copy: snap.warm_source(h, node, now).is_none().then_some(h),
+                                    },
                                     None => Pending::One {
                                         server,
                                         node,
@@ -308,7 +320,7 @@ impl Pending {
     /// How many answers this command reads.
     fn parts(&self) -> usize {
         match self {
-            Pending::Ready(_) | Pending::Owned(_) => 0,
+            Pending::Ready(_) | Pending::Owned(_) | Pending::Written { .. } => 0,
             Pending::One { .. } | Pending::Discard { .. } | Pending::Warm { .. } => 1,
             Pending::Multi { parts, .. } => parts.len(),
         }
@@ -323,7 +335,7 @@ impl Pending {
             how: Framed { retrieval, answer, quiet },
         };
         match self {
-            Pending::Ready(_) | Pending::Owned(_) => {}
+            Pending::Ready(_) | Pending::Owned(_) | Pending::Written { .. } => {}
             Pending::One { server, node, retrieval, answer, quiet, .. } => {
                 out.push(read(*server, Some(*node), (*retrieval, *answer, *quiet)));
             }
@@ -485,14 +497,21 @@ async fn finish(
                 }
             }
             Pending::Discard { .. } => {}
-            Pending::Warm { node, previous, key, .. } => {
+            Pending::Written { hash, key, node } => {
+                let mut delete = b"delete ".to_vec();
+                delete.extend_from_slice(&key);
+                delete.extend_from_slice(b"\r\n");
+                let line = Framed { retrieval: false, answer: Answer::Line, quiet: false };
+                backend::delete_copies(snap, side, s, hash, node, &delete, &line).await;
+            }
+            Pending::Warm { node, previous, key, copy, .. } => {
                 let w = &snap.workers()[node];
                 let mark = out.len();
                 match &slot[0] {
                     Ok(range) => {
                         succeeded(w, started);
                         if &arena[range.clone()] == b"END\r\n" {
-                            warm_fill(snap, pool, side, s, &key, previous, node, out).await;
+                            warm_fill(snap, pool, side, s, (&key, copy), previous, node, out).await;
                             out.extend_from_slice(b"END\r\n");
                         } else {
                             out.extend_from_slice(&arena[range.clone()]);
@@ -528,7 +547,7 @@ async fn finish(
                         heads[p] += 1;
                     } else if let Some((node, previous)) = *warm {
                         // A miss on a server within its handoff window: the warm-up route.
-                        warm_fill(snap, pool, side, s, key, previous, node, out).await;
+                        warm_fill(snap, pool, side, s, (key, None), previous, node, out).await;
                     }
                 }
                 out.extend_from_slice(b"END\r\n");
@@ -575,17 +594,22 @@ async fn answer_into(
 /// flags and remaining time to live), appended to `out` as a `VALUE` block, and added to the
 /// joining server (`ms ... ME`: an add, so that a write that got there first wins). Both go over
 /// the client's side connections, outside the batch, whose answers are read in order.
+///
+/// A hot key's copy (`copy`: its hash) lives [`crate::pool::copies::COPY_LIFETIME`] at most, and
+/// lands only if no write of the key was answered since its owner was read.
 #[allow(clippy::too_many_arguments)]
 async fn warm_fill(
     snap: &Snapshot,
     pool: &Pool,
     side: &mut Servers,
     s: &Settings,
-    key: &[u8],
+    (key, copy): (&[u8], Option<u64>),
     previous: usize,
     joined: usize,
     out: &mut Vec<u8>,
 ) {
+    let hot = snap.hot().zip(copy);
+    let fill = hot.map(|(hot, h)| hot.copies.begin_fill(h, snap.workers()[joined].address, Instant::now()));
     let old = &snap.workers()[previous];
     let Some(p) = connect(side, old, s).await else { return };
     let server = &mut side.0[p];
@@ -623,6 +647,22 @@ async fn warm_fill(
     out.extend_from_slice(format!(" {flags} {size}\r\n").as_bytes());
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
+    let landing = match (hot, fill) {
+        (Some((hot, _)), Some(fill)) => {
+            // A copy: at most its lifetime (memcached's 0 is "never"; -1 was read as 0 above).
+            let max = crate::pool::copies::COPY_LIFETIME.as_secs();
+            ttl = match ttl.parse::<u64>() {
+                Ok(t) if (1..=max).contains(&t) => t,
+                _ => max,
+            }
+            .to_string();
+            match hot.copies.landing(fill).await {
+                Some(landing) => Some((hot, landing)),
+                None => return,
+            }
+        }
+        _ => None,
+    };
     pool.metrics.warm_fills.fetch_add(1, Relaxed);
     let Some(j) = connect(side, &snap.workers()[joined], s).await else { return };
     let server = &mut side.0[j];
@@ -635,59 +675,47 @@ async fn warm_fill(
     let mut dropped = Vec::new();
     let _ = answer_into(&mut side.0[j], false, Answer::Meta, true, s.answer, &mut dropped).await;
     side.sweep();
+    if let Some((hot, landing)) = landing {
+        hot.copies.landed(landing, Instant::now());
+    }
 }
 
-/// A write of a hot key with `replicas` replicas (the first of its ranking): a plain `set` goes to
-/// each of them; any other write (`cas`, `incr`, `append`, meta...) goes to the first reachable and
-/// deletes the others' copies, since its result depends on what each held. The first reachable
-/// one's answer is the client's; the others' are dropped.
+/// A write of a key in a pool with hot keys, sent to `writer`: the copies its replicas may hold
+/// (the first `replicas` of its ranking while it is hot, and every server that may still hold one,
+/// hot or not) are deleted in the same batch (`delete KEY noreply` and `mn`, whose answers are
+/// read and dropped), so that no read after the write on the same connections sees an older
+/// copy. Copies are made only by fills from the owner, with a bounded lifetime; a write is never
+/// copied, since its result on a replica depends on what that replica held.
 #[allow(clippy::too_many_arguments)]
-async fn hot_write(
+async fn delete_copies_now(
     snap: &Snapshot,
     servers: &mut Servers,
     s: &Settings,
-    hash: Placed,
+    h: u64,
     replicas: usize,
-    request: &[u8],
-    plain_set: bool,
+    writer: usize,
     key: &[u8],
-    quiet: bool,
-    answer: Answer,
+    now: Instant,
     pending: &mut Vec<Pending>,
 ) {
-    let Some(h) = hash.0 else { return };
-    let ranked: Vec<usize> = snap.policy().ranked(h).take(replicas).collect();
-    let mut answered = false;
-    for node in ranked {
-        let w = &snap.workers()[node];
-        if !matches!(snap.state(node, Instant::now()), crate::pool::State::Healthy) {
-            continue;
-        }
-        let Some(server) = connect(servers, w, s).await else { continue };
-        let out = &mut servers.0[server].out;
-        if !answered {
-            out.extend_from_slice(request);
-            if quiet {
-                out.extend_from_slice(b"mn\r\n");
+    let mut nodes: Vec<usize> = snap.policy().ranked(h).take(replicas).filter(|&i| i != writer).collect();
+    if let Some(hot) = snap.hot() {
+        for a in hot.copies.holders(h, now) {
+            if let Some(i) = snap.workers().iter().position(|w| w.address == a)
+                && i != writer
+                && !nodes.contains(&i)
+            {
+                nodes.push(i);
             }
-            let noreply = quiet && answer == Answer::Line;
-            pending.push(Pending::One { server, node, retrieval: false, answer, quiet, noreply });
-            answered = true;
-        } else if plain_set {
-            out.extend_from_slice(request);
-            if quiet {
-                out.extend_from_slice(b"mn\r\n");
-            }
-            pending.push(Pending::Discard { server, answer, quiet });
-        } else {
-            out.extend_from_slice(b"delete ");
-            out.extend_from_slice(key);
-            out.extend_from_slice(b" noreply\r\nmn\r\n");
-            pending.push(Pending::Discard { server, answer: Answer::Line, quiet: true });
         }
     }
-    if !answered {
-        pending.push(Pending::Ready(b"SERVER_ERROR no server available\r\n"));
+    for node in nodes {
+        let Some(server) = connect(servers, &snap.workers()[node], s).await else { continue };
+        let out = &mut servers.0[server].out;
+        out.extend_from_slice(b"delete ");
+        out.extend_from_slice(key);
+        out.extend_from_slice(b" noreply\r\nmn\r\n");
+        pending.push(Pending::Discard { server, answer: Answer::Line, quiet: true });
     }
 }
 

@@ -77,6 +77,8 @@ pub(crate) struct HotKeysState {
     id: u64,
     pub(crate) cache: Option<HttpCache>,
     pub(crate) metrics: HotMetrics,
+    /// Where the cache listeners' replicas hold copies of hot keys.
+    pub(crate) copies: super::copies::Copies,
 }
 
 /// Per-thread sampling counters, one per hot-key state (by its id, modulo the slots): a state
@@ -118,6 +120,7 @@ impl HotKeysState {
             id: NEXT_ID.fetch_add(1, Relaxed),
             cache,
             metrics: HotMetrics::default(),
+            copies: super::copies::Copies::default(),
         })
     }
 
@@ -181,6 +184,7 @@ impl HotKeysState {
         if let Some(c) = &self.cache {
             c.purge_expired(std::time::SystemTime::now());
         }
+        self.copies.sweep(now);
         self.set.store(Arc::new(set));
     }
 

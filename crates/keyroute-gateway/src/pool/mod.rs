@@ -20,6 +20,7 @@
 //! - here: [`Pool`], which applies a change by building a whole new snapshot (off the request
 //!   path) and only then swapping it in; nothing shared is edited before a build that can fail.
 
+pub(crate) mod copies;
 pub(crate) mod endpoint;
 pub(crate) mod hot;
 mod snapshot;

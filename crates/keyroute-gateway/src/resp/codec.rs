@@ -14,15 +14,32 @@ pub(crate) const MAX_INLINE: usize = 64 * 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Unframed(pub(crate) &'static str);
 
-/// A whole request: its length, and its arguments (ranges of the buffer).
-pub(crate) type Request = (usize, Vec<Range<usize>>);
+/// A request's arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Args {
+    /// An array of bulk strings: ranges of the buffer. The request's bytes are framed exactly as
+    /// Redis frames them (see [`request`]), so they may be sent on as they are.
+    Bulk(Vec<Range<usize>>),
+    /// An inline command, split as Redis splits it (quotes and escapes resolved): the request
+    /// must be sent on re-encoded as an array ([`command`]), never as its line.
+    Inline(Vec<Vec<u8>>),
+}
 
-/// One request at the start of `buf`: its length and its arguments (ranges of `buf`), or `None`
-/// when it is not all there. `max_bulk` bounds each argument.
+/// A whole request: its length in the buffer, and its arguments.
+pub(crate) type Request = (usize, Args);
+
+/// One request at the start of `buf`: its length and its arguments, or `None` when it is not all
+/// there. `max_bulk` bounds each argument.
+///
+/// A request is accepted only as Redis itself would read it, so that nothing a client sends can
+/// make a server close a connection that other clients' commands share: the lengths are Redis's
+/// integers (`string2ll`: digits, no `+`, no leading zero, at most one `-`), a bulk is followed
+/// by CRLF, and an inline line is split by Redis's rules (`sdssplitargs`: double quotes with
+/// `\n`, `\xHH`... escapes, single quotes, a closing quote followed by a space or the end).
 ///
 /// # Errors
 ///
-/// A request that is not RESP, or too large: [`Unframed`].
+/// A request that Redis would refuse, or too large: [`Unframed`], with Redis's own message.
 pub(crate) fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Unframed> {
     let Some(&first) = buf.first() else { return Ok(None) };
     if first != b'*' {
@@ -35,20 +52,18 @@ pub(crate) fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Un
             };
         };
         let line_end = if end > 0 && buf[end - 1] == b'\r' { end - 1 } else { end };
-        let mut args = Vec::new();
-        let mut at = 0;
-        while at < line_end {
-            let start = at + buf[at..line_end].iter().position(|&b| b != b' ').unwrap_or(line_end - at);
-            let stop = start + buf[start..line_end].iter().position(|&b| b == b' ').unwrap_or(line_end - start);
-            if stop > start {
-                args.push(start..stop);
-            }
-            at = stop;
+        let args =
+            split_inline(&buf[..line_end]).ok_or(Unframed("ERR Protocol error: unbalanced quotes in request"))?;
+        if args.iter().any(|a| a.len() > max_bulk) {
+            return Err(Unframed("ERR Protocol error: invalid bulk length"));
         }
-        return Ok(Some((end + 1, args)));
+        return Ok(Some((end + 1, Args::Inline(args))));
     }
-    let Some((n, mut at)) = header(buf, 0)? else { return Ok(None) };
-    let count = usize::try_from(n).map_err(|_| Unframed("ERR Protocol error: invalid multibulk length"))?;
+    let Some((n, mut at)) = header(buf, 0, "ERR Protocol error: invalid multibulk length")? else {
+        return Ok(None);
+    };
+    // Redis reads a count of zero or less as a request of nothing.
+    let count = usize::try_from(n.max(0)).map_err(|_| Unframed("ERR Protocol error: invalid multibulk length"))?;
     if count > MAX_ARGS {
         return Err(Unframed("ERR Protocol error: invalid multibulk length"));
     }
@@ -60,7 +75,7 @@ pub(crate) fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Un
         if buf[at] != b'$' {
             return Err(Unframed("ERR Protocol error: expected '$'"));
         }
-        let Some((len, body)) = header(buf, at)? else { return Ok(None) };
+        let Some((len, body)) = header(buf, at, "ERR Protocol error: invalid bulk length")? else { return Ok(None) };
         let len = usize::try_from(len).map_err(|_| Unframed("ERR Protocol error: invalid bulk length"))?;
         if len > max_bulk {
             return Err(Unframed("ERR Protocol error: invalid bulk length"));
@@ -75,24 +90,120 @@ pub(crate) fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Un
         args.push(body..end);
         at = end + 2;
     }
-    Ok(Some((at, args)))
+    Ok(Some((at, Args::Bulk(args))))
 }
 
-/// The number after a type byte at `at` (`*N\r\n`, `$N\r\n`...), and where its line ends.
-fn header(buf: &[u8], at: usize) -> Result<Option<(i64, usize)>, Unframed> {
+/// An integer as Redis reads one (`string2ll`): `0`, or an optional `-` and digits that do not
+/// start with `0`, within `i64`. Anything else (`+3`, `01`, `-0`, spaces) is not a number.
+pub(crate) fn redis_integer(text: &[u8]) -> Option<i64> {
+    if text == b"0" {
+        return Some(0);
+    }
+    let (negative, digits) = match text.strip_prefix(b"-") {
+        Some(d) => (true, d),
+        None => (false, text),
+    };
+    if !matches!(digits.first(), Some(b'1'..=b'9')) || !digits.iter().all(u8::is_ascii_digit) || digits.len() > 19 {
+        return None;
+    }
+    let magnitude: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    if negative { 0i64.checked_sub_unsigned(magnitude) } else { i64::try_from(magnitude).ok() }
+}
+
+/// An inline command line split into arguments as Redis splits it (`sdssplitargs`), or `None`
+/// for unbalanced quotes (Redis then answers a protocol error and closes the connection).
+///
+/// Blanks separate arguments; `"..."` takes the escapes `\n`, `\r`, `\t`, `\b`, `\a`,
+/// `\xHH` and `\` before any other byte (that byte); `'...'` takes `\'`; a closing quote must be
+/// followed by a blank or the end. A NUL byte ends the line, as it ends Redis's C string.
+pub(crate) fn split_inline(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
+    // C's isspace, which skips the blanks before an argument.
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    let at = |i: usize| line.get(i).copied();
+    let mut args = Vec::new();
+    let mut i = 0;
+    loop {
+        while at(i).is_some_and(space) {
+            i += 1;
+        }
+        if i >= line.len() {
+            return Some(args);
+        }
+        let mut arg = Vec::new();
+        // The quote an argument is inside, if any.
+        let mut quote: Option<u8> = None;
+        loop {
+            let Some(c) = at(i) else {
+                if quote.is_some() {
+                    return None;
+                }
+                break;
+            };
+            match quote {
+                Some(q) => {
+                    let hex = |b: Option<u8>| b.and_then(|b| char::from(b).to_digit(16));
+                    if q == b'"'
+                        && c == b'\\'
+                        && at(i + 1) == Some(b'x')
+                        && let (Some(h), Some(l)) = (hex(at(i + 2)), hex(at(i + 3)))
+                    {
+                        arg.push((h * 16 + l) as u8);
+                        i += 3;
+                    } else if q == b'"'
+                        && c == b'\\'
+                        && let Some(e) = at(i + 1)
+                    {
+                        i += 1;
+                        arg.push(match e {
+                            b'n' => b'\n',
+                            b'r' => b'\r',
+                            b't' => b'\t',
+                            b'b' => 0x08,
+                            b'a' => 0x07,
+                            other => other,
+                        });
+                    } else if q == b'\'' && c == b'\\' && at(i + 1) == Some(b'\'') {
+                        i += 1;
+                        arg.push(b'\'');
+                    } else if c == q {
+                        // A closing quote is followed by a blank or the end.
+                        if at(i + 1).is_some_and(|n| !space(n)) {
+                            return None;
+                        }
+                        i += 1;
+                        break;
+                    } else {
+                        arg.push(c);
+                    }
+                }
+                None => match c {
+                    b' ' | b'\n' | b'\r' | b'\t' => {
+                        i += 1;
+                        break;
+                    }
+                    b'"' | b'\'' => quote = Some(c),
+                    _ => arg.push(c),
+                },
+            }
+            i += 1;
+        }
+        args.push(arg);
+    }
+}
+
+/// The number after a type byte at `at` (`*N\r\n`, `$N\r\n`...), and where its line ends;
+/// `invalid` is the error for a number Redis would not read.
+fn header(buf: &[u8], at: usize, invalid: &'static str) -> Result<Option<(i64, usize)>, Unframed> {
     let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') else {
-        return if buf.len() - at > 32 { Err(Unframed("ERR Protocol error: invalid length")) } else { Ok(None) };
+        return if buf.len() - at > 32 { Err(Unframed(invalid)) } else { Ok(None) };
     };
     if nl == 0 {
         return Err(Unframed("ERR Protocol error: expected a type byte"));
     }
     let line = &buf[at + 1..at + nl];
-    let line = line.strip_suffix(b"\r").ok_or(Unframed("ERR Protocol error: expected CRLF"))?;
-    let n = std::str::from_utf8(line)
-        .ok()
-        .filter(|t| !t.is_empty() && t.len() <= 20)
-        .and_then(|t| t.parse::<i64>().ok())
-        .ok_or(Unframed("ERR Protocol error: invalid length"))?;
+    let line = line.strip_suffix(b"\r").ok_or(Unframed(invalid))?;
+    let n = redis_integer(line).ok_or(Unframed(invalid))?;
     Ok(Some((n, at + nl + 1)))
 }
 
@@ -118,7 +229,7 @@ pub(crate) fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
                 at += nl + 1;
             }
             b'$' | b'!' | b'=' => {
-                let Some((n, body)) = header(buf, at)? else { return Ok(None) };
+                let Some((n, body)) = header(buf, at, NOT_RESP.0)? else { return Ok(None) };
                 at = if n < 0 {
                     body
                 } else {
@@ -129,7 +240,7 @@ pub(crate) fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
                 }
             }
             b'*' | b'~' | b'>' | b'%' | b'|' => {
-                let Some((n, body)) = header(buf, at)? else { return Ok(None) };
+                let Some((n, body)) = header(buf, at, NOT_RESP.0)? else { return Ok(None) };
                 at = body;
                 let n = match t {
                     b'%' => n.checked_mul(2).ok_or(NOT_RESP)?,
@@ -164,7 +275,7 @@ pub(crate) fn elements(reply: &[u8]) -> Option<Vec<&[u8]>> {
     if reply.first() != Some(&b'*') {
         return None;
     }
-    let (n, mut at) = header(reply, 0).ok()??;
+    let (n, mut at) = header(reply, 0, "").ok()??;
     if n < 0 {
         return None;
     }
@@ -220,9 +331,28 @@ pub fn check_invariants(bytes: &[u8]) {
     let max_bulk = 4096;
     if let Ok(Some((n, args))) = request(bytes, max_bulk) {
         assert!(n <= bytes.len());
-        for a in &args {
-            assert!(a.start <= a.end && a.end <= n);
-            assert!(bytes.first() != Some(&b'*') || a.len() <= max_bulk);
+        let owned: Vec<Vec<u8>> = match &args {
+            Args::Bulk(ranges) => {
+                for a in ranges {
+                    assert!(a.start <= a.end && a.end <= n && a.len() <= max_bulk);
+                }
+                ranges.iter().map(|r| bytes[r.clone()].to_vec()).collect()
+            }
+            Args::Inline(words) => {
+                assert!(words.iter().all(|w| w.len() <= max_bulk && w.len() <= n));
+                words.clone()
+            }
+        };
+        // What is sent on (an inline command re-encoded) reads back as the same arguments.
+        let mut encoded = Vec::new();
+        command(&mut encoded, owned.iter().map(Vec::as_slice));
+        match request(&encoded, max_bulk) {
+            Ok(Some((m, Args::Bulk(ranges)))) => {
+                assert_eq!(m, encoded.len());
+                let again: Vec<&[u8]> = ranges.iter().map(|r| &encoded[r.clone()]).collect();
+                assert_eq!(again, owned.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            }
+            other => panic!("a re-encoded request does not read back: {other:?}"),
         }
         for cut in [n / 2, n.saturating_sub(1)] {
             if let Ok(Some((m, _))) = request(&bytes[..cut], max_bulk) {
@@ -266,10 +396,73 @@ mod tests {
         crate::mutate::each_mutation(&seeds, b"*$:+-\r\n0123456789{}", 20_000, check_invariants);
     }
 
-    fn args(buf: &[u8]) -> Vec<&[u8]> {
+    fn args(buf: &[u8]) -> Vec<Vec<u8>> {
         let (n, a) = request(buf, 1024).expect("valid").expect("whole");
         assert_eq!(n, buf.len());
-        a.into_iter().map(|r| &buf[r]).collect()
+        match a {
+            Args::Bulk(ranges) => ranges.into_iter().map(|r| buf[r].to_vec()).collect(),
+            Args::Inline(words) => words,
+        }
+    }
+
+    /// Issue 31 (1): every length Redis refuses is refused here too, with Redis's message, so a
+    /// client's line never reaches a server connection that other clients share.
+    #[test]
+    fn lengths_redis_refuses_are_refused() {
+        for (bad, why) in [
+            (&b"*02\r\n$3\r\nGET\r\n$1\r\nk\r\n"[..], "ERR Protocol error: invalid multibulk length"),
+            (b"*+2\r\n$3\r\nGET\r\n$1\r\nk\r\n", "ERR Protocol error: invalid multibulk length"),
+            (b"*-0\r\n", "ERR Protocol error: invalid multibulk length"),
+            (b"* 1\r\n$3\r\nGET\r\n", "ERR Protocol error: invalid multibulk length"),
+            (b"*1\r\n$+3\r\nGET\r\n", "ERR Protocol error: invalid bulk length"),
+            (b"*1\r\n$03\r\nGET\r\n", "ERR Protocol error: invalid bulk length"),
+            (b"*2\r\n$3\r\nGET\r\n$01\r\nk\r\n", "ERR Protocol error: invalid bulk length"),
+            (b"*1\r\n$-1\r\n", "ERR Protocol error: invalid bulk length"),
+            (b"*1\r\n$3 \r\nGET\r\n", "ERR Protocol error: invalid bulk length"),
+        ] {
+            assert_eq!(request(bad, 1024), Err(Unframed(why)), "{}", String::from_utf8_lossy(bad));
+        }
+        // What Redis takes: zero, and a count of nothing.
+        assert_eq!(args(b"*1\r\n$0\r\n\r\n"), [b"".to_vec()]);
+        assert_eq!(args(b"*0\r\n"), Vec::<Vec<u8>>::new());
+        assert_eq!(args(b"*-1\r\n"), Vec::<Vec<u8>>::new());
+        for (text, n) in
+            [(&b"0"[..], Some(0)), (b"-1", Some(-1)), (b"10", Some(10)), (b"9223372036854775807", Some(i64::MAX))]
+        {
+            assert_eq!(redis_integer(text), n);
+        }
+        for text in [&b""[..], b"-", b"+1", b"01", b"-0", b"1 ", b" 1", b"9223372036854775808", b"1e3"] {
+            assert_eq!(redis_integer(text), None, "{}", String::from_utf8_lossy(text));
+        }
+    }
+
+    /// Issue 31 (1, 5): inline commands split as Redis splits them (`sdssplitargs`); unbalanced
+    /// quotes are refused; a quoted key is the key Redis stores.
+    #[test]
+    fn inline_commands_split_as_redis_splits_them() {
+        for (line, words) in [
+            (&b"SET \"qk1\" v\r\n"[..], vec![&b"SET"[..], b"qk1", b"v"]),
+            (b"SET 'a b' \"c\\x41\\n\\\"d\"\r\n", vec![b"SET", b"a b", b"cA\n\"d"]),
+            (b"set ab\"cd\" 'it\\'s'\n", vec![b"set", b"abcd", b"it's"]),
+            (b"  PING\t\thello  \r\n", vec![b"PING", b"hello"]),
+            (b"GET \"\"\r\n", vec![b"GET", b""]),
+            (b"GET k\0ignored\r\n", vec![b"GET", b"k"]),
+            (b"\r\n", vec![]),
+        ] {
+            let got = args(line);
+            let want: Vec<Vec<u8>> = words.into_iter().map(<[u8]>::to_vec).collect();
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(line));
+        }
+        for bad in
+            [&b"SET k \"abc\r\n"[..], b"SET k 'abc\r\n", b"SET k \"abc\"x\r\n", b"SET k 'a'b\r\n", b"GET \"k\\\"\r\n"]
+        {
+            assert_eq!(
+                request(bad, 1024),
+                Err(Unframed("ERR Protocol error: unbalanced quotes in request")),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]

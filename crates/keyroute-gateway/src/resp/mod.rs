@@ -231,16 +231,22 @@ fn refusal(name: &str) -> Option<&'static str> {
 enum Pending {
     /// Answered by the proxy.
     Ready(Vec<u8>),
-    /// One reply from one server (`node` of the batch's snapshot).
-    One { server: usize, node: usize },
-    /// A split command's parts: (server, node, the client's positions of its keys).
-    Split { how: Merge, parts: Vec<(usize, usize, Vec<usize>)>, n: usize },
+    /// One reply from one server (`node` of the batch's snapshot); `written`, a key the command
+    /// writes in a pool with hot keys (its hash and bytes), whose copies on replicas are deleted
+    /// once the server answered (see [`backend::delete_copies`]).
+    One { server: usize, node: usize, written: Option<Written> },
+    /// A split command's parts: (server, node, the client's positions of its keys), and the keys
+    /// it writes in a pool with hot keys, whose copies are deleted once the servers answered.
+    Split { how: Merge, parts: Vec<(usize, usize, Vec<usize>)>, n: usize, written: Vec<(Written, usize)> },
     /// A hot key's `GET` on a replica (`node`) that is not its owner: a miss there is read from
     /// the owner, answered, and copied to the replica.
-    HotGet { server: usize, node: usize, owner: usize, key: Vec<u8> },
+    HotGet { server: usize, node: usize, owner: usize, hash: u64, key: Vec<u8> },
     /// A reply read and dropped (a hot key's copy deleted on a replica).
     Discard { server: usize },
 }
+
+/// A key a command writes: its hash and its bytes.
+type Written = (u64, Vec<u8>);
 
 /// A RESP reply, framed as a whole.
 struct Reply;
@@ -271,7 +277,7 @@ impl Pending {
         let read = |server: usize, node: Option<usize>| Read { server, node, how: Reply };
         match self {
             Pending::Ready(_) => {}
-            Pending::One { server, node } | Pending::HotGet { server, node, .. } => {
+            Pending::One { server, node, .. } | Pending::HotGet { server, node, .. } => {
                 out.push(read(*server, Some(*node)))
             }
             Pending::Discard { server } => out.push(read(*server, None)),
@@ -357,16 +363,30 @@ async fn batch(
     let mut close = false;
     let mut switched = false;
     while pending.len() < 1024 {
-        let (n, ranges) = match codec::request(&c.input, config.max_item_bytes) {
+        let (n, parsed) = match codec::request(&c.input, config.max_item_bytes) {
             Ok(Some(r)) => r,
             Ok(None) => break,
             Err(codec::Unframed(why)) => {
+                // Nothing of it is sent: the client is answered Redis's error and closed, as
+                // Redis would close it, and the shared server connections are untouched.
                 pending.push(Pending::Ready(format!("-{why}\r\n").into_bytes()));
                 close = true;
                 break;
             }
         };
-        let args: Vec<&[u8]> = ranges.iter().map(|r| &c.input[r.clone()]).collect();
+        // What a server is sent: an array as the client framed it (validated as Redis reads
+        // it), or an inline command re-encoded as an array, so that the server reads the
+        // arguments the proxy placed (a quoted key is placed by what Redis stores).
+        let inline_raw;
+        let (args, raw): (Vec<&[u8]>, &[u8]) = match &parsed {
+            codec::Args::Bulk(ranges) => (ranges.iter().map(|r| &c.input[r.clone()]).collect(), &c.input[..n]),
+            codec::Args::Inline(words) => {
+                let mut encoded = Vec::new();
+                codec::command(&mut encoded, words.iter().map(Vec::as_slice));
+                inline_raw = encoded;
+                (words.iter().map(Vec::as_slice).collect(), &inline_raw)
+            }
+        };
         if args.is_empty() {
             c.input.advance(n);
             continue;
@@ -421,7 +441,6 @@ async fn batch(
             c.input.advance(n);
             continue;
         }
-        let raw = &c.input[..n];
         let mut to = To {
             snap: &snap,
             pool: &pool,
@@ -704,15 +723,18 @@ async fn read_through(to: &mut To<'_>, hash: Placed, key: &[u8]) -> Option<usize
 /// replicas' copies.
 async fn one(to: &mut To<'_>, name: &str, key: &[u8], raw: &[u8]) -> Pending {
     let hash = placed(to.pool, to.snap, key);
+    let mut written = None;
     if let Some(h) = hash.0
-        && let Some(r) = to.snap.hot().map(|hot| hot.replicas(h)).filter(|&r| r > 1)
+        && let Some(hot) = to.snap.hot()
     {
-        if name == "GET" {
+        let r = hot.replicas(h);
+        if name == "GET" && r > 1 {
             if let Some(p) = hot_get(to, h, r, key, raw).await {
                 return p;
             }
         } else if READ_ONLY.binary_search(&name).is_err() {
             invalidate_copies(to, h, r, key).await;
+            written = Some((h, key.to_vec()));
         }
     }
     let placed = match read_through(to, hash, key).await {
@@ -725,7 +747,7 @@ async fn one(to: &mut To<'_>, name: &str, key: &[u8], raw: &[u8]) -> Pending {
     match placed {
         Some((server, node)) => {
             to.servers.0[server].out.extend_from_slice(raw);
-            Pending::One { server, node }
+            Pending::One { server, node, written }
         }
         None => Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec()),
     }
@@ -800,10 +822,9 @@ const READ_ONLY: &[&str] = &[
     "ZSCORE",
 ];
 
-/// The longest a hot key's copy on a replica lives (milliseconds): a fill that raced a write
-/// (read from the owner before the write, copied after the write deleted the copies) is stale
-/// for no longer than this.
-const HOT_COPY_MS: i64 = 10_000;
+/// The longest a hot key's copy on a replica lives (milliseconds): how long the pool remembers
+/// which servers may hold one, and how stale a copy made by another gateway can be.
+const HOT_COPY_MS: i64 = crate::pool::copies::COPY_LIFETIME.as_millis() as i64;
 
 /// A hot key's `GET` (`r` replicas): sent to the healthy replica whose turn it is. `None` when
 /// that is the owner, or it cannot be reached (the command is then placed as usual).
@@ -826,15 +847,26 @@ async fn hot_get(to: &mut To<'_>, h: u64, r: usize, key: &[u8], raw: &[u8]) -> O
     }
     let server = connect(to.servers, &to.snap.workers()[node], to.s).await?;
     to.servers.0[server].out.extend_from_slice(raw);
-    Some(Pending::HotGet { server, node, owner, key: key.to_vec() })
+    Some(Pending::HotGet { server, node, owner, hash: h, key: key.to_vec() })
 }
 
-/// A hot key's write: the copies on its replicas other than the owner are deleted (in the same
-/// batch, before any later read of them), so that no replica serves a value older than the last
-/// write the proxy forwarded.
+/// A write of a key in a pool with hot keys: the copies on its replicas other than the owner (the
+/// first `r` of its ranking while it is hot, and any server that may still hold a copy, hot or
+/// not) are deleted in the same batch, before any later read of them on the same connections;
+/// after the owner's answer they are deleted again, past any fill that raced the write (see the
+/// `pool::copies` module).
 async fn invalidate_copies(to: &mut To<'_>, h: u64, r: usize, key: &[u8]) {
     let Some(owner) = to.snap.policy().owner(h) else { return };
-    let others: Vec<usize> = to.snap.policy().ranked(h).take(r).filter(|&i| i != owner).collect();
+    let holders = to.snap.hot().map(|hot| hot.copies.holders(h, to.now)).unwrap_or_default();
+    let mut others: Vec<usize> = to.snap.policy().ranked(h).take(r.max(1)).filter(|&i| i != owner).collect();
+    for a in holders {
+        if let Some(i) = to.snap.workers().iter().position(|w| w.address == a)
+            && i != owner
+            && !others.contains(&i)
+        {
+            others.push(i);
+        }
+    }
     for node in others {
         let Some(server) = connect(to.servers, &to.snap.workers()[node], to.s).await else { continue };
         codec::command(&mut to.servers.0[server].out, [&b"DEL"[..], key].into_iter());
@@ -850,11 +882,14 @@ async fn hot_fill(
     pool: &Pool,
     side: &mut Servers,
     s: &Settings,
-    key: &[u8],
+    (hash, key): (u64, &[u8]),
     owner: usize,
     replica: usize,
     out: &mut Vec<u8>,
 ) -> bool {
+    // Recorded before the owner is read: a write acknowledged from now on deletes this copy, or
+    // makes the fill drop it.
+    let fill = snap.hot().map(|hot| hot.copies.begin_fill(hash, snap.workers()[replica].address, Instant::now()));
     let Some(j) = connect(side, &snap.workers()[owner], s).await else { return false };
     codec::command(&mut side.0[j].out, [&b"GET"[..], key].into_iter());
     codec::command(&mut side.0[j].out, [&b"PTTL"[..], key].into_iter());
@@ -874,6 +909,10 @@ async fn hot_fill(
         .and_then(|t| t.trim().parse::<i64>().ok())
         .unwrap_or(-1);
     let px = if ms < 0 { HOT_COPY_MS } else { ms.min(HOT_COPY_MS) }.max(1).to_string();
+    // The copy lands only if no write was acknowledged since the owner was read, and no write's
+    // deletes are sent until it has landed.
+    let (Some(hot), Some(fill)) = (snap.hot(), fill) else { return true };
+    let Some(landing) = hot.copies.landing(fill).await else { return true };
     // On a side connection too: the replica's batch connection still has this batch's replies
     // to give.
     if let Some(k) = connect(side, &snap.workers()[replica], s).await {
@@ -887,7 +926,15 @@ async fn hot_fill(
         }
         side.sweep();
     }
+    hot.copies.landed(landing, Instant::now());
     true
+}
+
+/// Deletes the copies of a key that `writer` acknowledged a write of (`DEL`).
+async fn delete_copies(snap: &Snapshot, side: &mut Servers, s: &Settings, hash: u64, writer: usize, key: &[u8]) {
+    let mut del = Vec::new();
+    codec::command(&mut del, [&b"DEL"[..], key].into_iter());
+    backend::delete_copies(snap, side, s, hash, writer, &del, &Reply).await;
 }
 
 /// The payload of a bulk string reply (`None` for a null, or another type).
@@ -921,18 +968,24 @@ async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride
     let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
     let n = items.len() / stride;
     let writes = matches!(how, Merge::Ok) || verb.eq_ignore_ascii_case(b"DEL") || verb.eq_ignore_ascii_case(b"UNLINK");
+    let mut written = Vec::new();
     for i in 0..n {
         let key = items[i * stride];
+        let mut hot_hash = None;
         if writes
             && let Some(h) = placed(to.pool, to.snap, key).0
-            && let Some(r) = to.snap.hot().map(|hot| hot.replicas(h)).filter(|&r| r > 1)
+            && let Some(r) = to.snap.hot().map(|hot| hot.replicas(h))
         {
             invalidate_copies(to, h, r, key).await;
+            hot_hash = Some(h);
         }
         let Some(node) = node_for(to, key).await else {
             to.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
         };
+        if let Some(h) = hot_hash {
+            written.push(((h, key.to_vec()), node));
+        }
         match by_node.iter_mut().find(|(x, _)| *x == node) {
             Some((_, positions)) => positions.push(i),
             None => by_node.push((node, vec![i])),
@@ -949,7 +1002,7 @@ async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride
         codec::command(&mut to.servers.0[server].out, words.into_iter());
         parts.push((server, node, positions));
     }
-    Pending::Split { how, parts, n }
+    Pending::Split { how, parts, n, written }
 }
 
 /// Reads every reply of the batch, in order, into `out`.
@@ -980,7 +1033,7 @@ async fn finish(
         at += p.parts();
         match p {
             Pending::Ready(bytes) => out.extend_from_slice(&bytes),
-            Pending::One { node, .. } => {
+            Pending::One { node, written, .. } => {
                 let w = &snap.workers()[node];
                 match &slot[0] {
                     Ok(range) => {
@@ -989,15 +1042,19 @@ async fn finish(
                     }
                     Err(why) => error(out, w, why),
                 }
+                // Answered or not, the write may have been applied.
+                if let Some((hash, key)) = written {
+                    delete_copies(snap, side, s, hash, node, &key).await;
+                }
             }
-            Pending::HotGet { node, owner, key, .. } => {
+            Pending::HotGet { node, owner, hash, key, .. } => {
                 let w = &snap.workers()[node];
                 match &slot[0] {
                     Ok(range) => {
                         succeeded(w, started);
                         let reply = &arena[range.clone()];
                         if matches!(reply, b"$-1\r\n" | b"_\r\n") {
-                            if !hot_fill(snap, pool, side, s, &key, owner, node, out).await {
+                            if !hot_fill(snap, pool, side, s, (hash, &key), owner, node, out).await {
                                 out.extend_from_slice(b"-ERR keyroute: server connection lost\r\n");
                             }
                         } else {
@@ -1008,7 +1065,7 @@ async fn finish(
                 }
             }
             Pending::Discard { .. } => {}
-            Pending::Split { how, parts, n } => {
+            Pending::Split { how, parts, n, written } => {
                 let mut replies = Vec::with_capacity(parts.len());
                 let mut failure = None;
                 for ((_, node, positions), result) in parts.into_iter().zip(slot) {
@@ -1025,6 +1082,9 @@ async fn finish(
                     }
                 }
                 merge(how, &replies, n, failure, out);
+                for ((hash, key), writer) in written {
+                    delete_copies(snap, side, s, hash, writer, &key).await;
+                }
             }
         }
     }
