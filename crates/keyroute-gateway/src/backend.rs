@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::metrics::Outcome;
-use crate::pipe::{Pipe, Reader, Registry, clear_readable, peer_closed};
+use crate::pipe::{Pipe, Reader, Registry, peer_closed};
 use crate::pool::{Pool, Snapshot, WorkerState};
 use crate::state::Shared;
 
@@ -587,15 +587,9 @@ impl Client {
         }
         self.input.reserve(4096);
         loop {
-            let spare = self.input.capacity() - self.input.len();
-            match self.stream.try_read_buf(&mut self.input) {
+            match keyroute_http1::buf::read_draining(&self.stream, &mut self.input) {
                 Ok(0) => return false,
-                Ok(n) => {
-                    if n < spare {
-                        clear_readable(&self.stream);
-                    }
-                    return true;
-                }
+                Ok(_) => return true,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(_) => return false,
             }

@@ -123,14 +123,8 @@ impl Pipe {
     pub(crate) async fn read(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
         buf.reserve(16 * 1024);
         loop {
-            let spare = buf.capacity() - buf.len();
-            match self.stream.try_read_buf(buf) {
-                Ok(n) => {
-                    if n > 0 && n < spare {
-                        clear_readable(&self.stream);
-                    }
-                    return Ok(n);
-                }
+            match keyroute_http1::buf::read_draining(&self.stream, buf) {
+                Ok(n) => return Ok(n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.stream.readable().await?,
                 Err(e) => return Err(e),
             }
@@ -284,13 +278,6 @@ pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
     let mut buf = tokio::io::ReadBuf::uninit(&mut byte);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     matches!(stream.poll_peek(&mut cx, &mut buf), std::task::Poll::Ready(_))
-}
-
-/// Forgets that `stream` was readable: a read that returned less than it had room for drained
-/// it, so the next wait starts on the poller rather than with a read that finds nothing (tokio
-/// keeps the mark until a read fails with `WouldBlock`).
-pub(crate) fn clear_readable(stream: &TcpStream) {
-    let _ = stream.try_io(tokio::io::Interest::READABLE, || Err::<(), _>(std::io::ErrorKind::WouldBlock.into()));
 }
 
 #[cfg(test)]

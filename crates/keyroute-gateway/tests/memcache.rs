@@ -742,3 +742,138 @@ async fn a_refused_value_is_skipped_never_run_as_a_command() {
     let mut c = TcpStream::connect(gw.addr).await.expect("connect");
     assert_eq!(ask(&mut c, b"get v\r\n", "END\r\n").await, "VALUE v 0 1\r\n1\r\nEND\r\n", "nothing deleted v");
 }
+
+/// The replica count `/hotkeys` reports for `key` (0: not hot).
+async fn hot_replicas(gw: &Gw, key: &str) -> u64 {
+    let (_, v) = admin(gw, "GET", "/hotkeys", "", None).await;
+    v["pools"][0]["keys"]
+        .as_array()
+        .and_then(|ks| ks.iter().find(|k| k["key"] == key))
+        .and_then(|k| k["replicas"].as_u64())
+        .unwrap_or(0)
+}
+
+/// How many of `addrs` hold `key` with the value `value` (`None`: hold it at all), asked
+/// directly.
+async fn holding(addrs: &[SocketAddr], key: &str, value: Option<&str>) -> usize {
+    let mut n = 0;
+    for a in addrs {
+        let mut d = TcpStream::connect(a).await.expect("direct");
+        let r = ask(&mut d, format!("get {key}\r\n").as_bytes(), "END\r\n").await;
+        if r.starts_with("VALUE") && value.is_none_or(|v| r.contains(&format!("\r\n{v}\r\n"))) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Issue 31 (9a): a copy made while a key was hot is deleted by a write after its hot period
+/// ended, so when the key is hot again no read returns the value before the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_after_the_hot_period_reaches_every_copy() {
+    let (_procs, addrs) = memcacheds(4).await;
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 200\nsample_every = 1\nconfidence = 1\nshow_keys = true\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, b"set viral 0 0 2\r\nv1\r\n", "\r\n").await, "STORED\r\n");
+    let burst: String = (0..50).map(|_| "get viral\r\n").collect();
+    let read_burst = async |c: &mut TcpStream| {
+        c.write_all(burst.as_bytes()).await.expect("write");
+        let mut answers = String::new();
+        while answers.matches("END\r\n").count() < 50 {
+            answers.push_str(&read_until(c, "END\r\n").await);
+        }
+        answers
+    };
+    for _ in 0..100 {
+        assert_eq!(read_burst(&mut c).await.matches("VALUE viral 0 2\r\nv1\r\n").count(), 50);
+        if hot_replicas(&gw, "viral").await > 1 && holding(&addrs, "viral", Some("v1")).await > 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(holding(&addrs, "viral", Some("v1")).await > 1, "copies on the replicas");
+    for _ in 0..100 {
+        if hot_replicas(&gw, "viral").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(hot_replicas(&gw, "viral").await, 0, "the hot period is over");
+    assert_eq!(ask(&mut c, b"set viral 0 0 2\r\nv2\r\n", "\r\n").await, "STORED\r\n");
+    assert_eq!(holding(&addrs, "viral", Some("v1")).await, 0, "no copy of the value before the write is left");
+    for _ in 0..30 {
+        let answers = read_burst(&mut c).await;
+        assert_eq!(answers.matches("VALUE viral 0 2\r\nv2\r\n").count(), 50, "{answers}");
+    }
+    // A delete after the hot period reaches every copy too.
+    for _ in 0..100 {
+        if hot_replicas(&gw, "viral").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ask(&mut c, b"delete viral\r\n", "\r\n").await, "DELETED\r\n");
+    assert_eq!(holding(&addrs, "viral", None).await, 0, "no copy outlives the delete");
+}
+
+/// Issue 31 (9b): a replica's fill never lands after a later write: one client reads a hot key
+/// as fast as it can while another sets and deletes it; once a delete is acknowledged no server
+/// holds the key, and no read after an acknowledged set returns an older value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_never_lands_after_a_later_write() {
+    let (_procs, addrs) = memcacheds(4).await;
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, b"set viral 0 0 2\r\nv0\r\n", "\r\n").await, "STORED\r\n");
+    let burst: String = (0..50).map(|_| "get viral\r\n").collect();
+    async fn read_burst(c: &mut TcpStream, burst: &str) {
+        c.write_all(burst.as_bytes()).await.expect("write");
+        let mut answers = String::new();
+        while answers.matches("END\r\n").count() < 50 {
+            answers.push_str(&read_until(c, "\r\n").await);
+            assert!(!answers.contains("ERROR"), "{answers}");
+        }
+    }
+    for _ in 0..100 {
+        read_burst(&mut c, &burst).await;
+        if hot_replicas(&gw, "viral").await > 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(hot_replicas(&gw, "viral").await > 2, "the key is hot");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let stop = std::sync::Arc::clone(&stop);
+        async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                read_burst(&mut c, &burst).await;
+            }
+        }
+    });
+    let mut w = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut check = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut resurrected, mut stale) = (0, 0);
+    for i in 10..30 {
+        let v = format!("v{i}");
+        assert_eq!(ask(&mut w, format!("set viral 0 0 3\r\n{v}\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+        for _ in 0..5 {
+            if ask(&mut check, b"get viral\r\n", "END\r\n").await != format!("VALUE viral 0 3\r\n{v}\r\nEND\r\n") {
+                stale += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(ask(&mut w, b"delete viral\r\n", "\r\n").await, "DELETED\r\n");
+        resurrected += holding(&addrs, "viral", None).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reader.await.expect("join");
+    assert_eq!(
+        (resurrected, stale),
+        (0, 0),
+        "copies back after an acknowledged delete, reads older than an acknowledged set"
+    );
+}

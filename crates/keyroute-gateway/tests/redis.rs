@@ -777,3 +777,119 @@ async fn the_first_command_after_a_server_closed_its_side_is_answered() {
         assert_eq!(ask(&mut c, &cmd(&["GET", "k"]), 1).await, "$1\r\nv\r\n", "round {round}");
     }
 }
+
+/// The replica count `/hotkeys` reports for `key` (0: not hot).
+async fn hot_replicas(gw: &Gw, key: &str) -> u64 {
+    let (_, v) = admin(gw, "GET", "/hotkeys", "", None).await;
+    v["pools"][0]["keys"]
+        .as_array()
+        .and_then(|ks| ks.iter().find(|k| k["key"] == key))
+        .and_then(|k| k["replicas"].as_u64())
+        .unwrap_or(0)
+}
+
+/// How many of `addrs` answer `GET key` with `reply`, asked directly.
+async fn holding(addrs: &[SocketAddr], key: &str, reply: &str) -> usize {
+    let mut n = 0;
+    for a in addrs {
+        let mut d = TcpStream::connect(a).await.expect("direct");
+        if ask(&mut d, &cmd(&["GET", key]), 1).await == reply {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Issue 31 (9a): a copy made while a key was hot is deleted by a write after its hot period
+/// ended: the write reaches every server that may still hold a copy, so when the key is hot
+/// again no read returns the value before the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_after_the_hot_period_reaches_every_copy() {
+    let (_procs, addrs) = redis_servers(4).await;
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 200\nsample_every = 1\nconfidence = 1\nshow_keys = true\n[pool.retry]";
+    let gw = start_gateway(&config(&addrs, "rendezvous").replace("[pool.retry]", hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, &cmd(&["SET", "viral", "v1"]), 1).await, "+OK\r\n");
+    let burst: Vec<u8> = (0..50).flat_map(|_| cmd(&["GET", "viral"])).collect();
+    for _ in 0..100 {
+        assert_eq!(ask(&mut c, &burst, 50).await, "$2\r\nv1\r\n".repeat(50));
+        if hot_replicas(&gw, "viral").await > 1 && holding(&addrs, "viral", "$2\r\nv1\r\n").await > 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(holding(&addrs, "viral", "$2\r\nv1\r\n").await > 1, "copies on the replicas");
+    // Quiet until the key is no longer hot.
+    for _ in 0..100 {
+        if hot_replicas(&gw, "viral").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(hot_replicas(&gw, "viral").await, 0, "the hot period is over");
+    assert_eq!(ask(&mut c, &cmd(&["SET", "viral", "v2"]), 1).await, "+OK\r\n");
+    assert_eq!(holding(&addrs, "viral", "$2\r\nv1\r\n").await, 0, "no copy of the value before the write is left");
+    // Hot again: every read sees the write.
+    for _ in 0..30 {
+        assert_eq!(ask(&mut c, &burst, 50).await, "$2\r\nv2\r\n".repeat(50));
+    }
+}
+
+/// Issue 31 (9b): a replica's fill never lands after a later write: with one client reading a
+/// hot key as fast as it can (its replicas filling from the owner) and another writing and
+/// deleting it, no server but the owner holds the key once a delete is acknowledged, and no read
+/// after an acknowledged write returns an older value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_never_lands_after_a_later_write() {
+    let (_procs, addrs) = redis_servers(4).await;
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true\n[pool.retry]";
+    let gw = start_gateway(&config(&addrs, "rendezvous").replace("[pool.retry]", hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, &cmd(&["SET", "viral", "v0"]), 1).await, "+OK\r\n");
+    let burst: Vec<u8> = (0..50).flat_map(|_| cmd(&["GET", "viral"])).collect();
+    for _ in 0..100 {
+        ask(&mut c, &burst, 50).await;
+        if hot_replicas(&gw, "viral").await > 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(hot_replicas(&gw, "viral").await > 2, "the key is hot");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let stop = std::sync::Arc::clone(&stop);
+        async move {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ask(&mut c, &burst, 50).await;
+                reads += 50;
+            }
+            reads
+        }
+    });
+    let mut w = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut check = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut resurrected, mut stale) = (0, 0);
+    for i in 1..=20 {
+        let v = format!("v{i}");
+        assert_eq!(ask(&mut w, &cmd(&["SET", "viral", &v]), 1).await, "+OK\r\n");
+        // Reads after the acknowledged write see it (or a later one).
+        for _ in 0..5 {
+            if ask(&mut check, &cmd(&["GET", "viral"]), 1).await != format!("${}\r\n{v}\r\n", v.len()) {
+                stale += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(ask(&mut w, &cmd(&["DEL", "viral"]), 1).await, ":1\r\n");
+        resurrected += 4 - holding(&addrs, "viral", "$-1\r\n").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.await.expect("join");
+    assert!(reads > 0);
+    assert_eq!(
+        (resurrected, stale),
+        (0, 0),
+        "copies back after an acknowledged DEL, reads older than an acknowledged SET"
+    );
+}

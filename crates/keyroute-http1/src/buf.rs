@@ -41,24 +41,46 @@ thread_local! {
 ///
 /// The socket's error.
 pub fn try_read(io: &TcpStream) -> io::Result<Option<Bytes>> {
-    let read = READ.with(|cell| {
+    READ.with(|cell| {
         let mut buf = cell.borrow_mut();
         if buf.capacity() - buf.len() < MIN_SPARE {
             buf.reserve(BLOCK);
         }
-        let spare = buf.capacity() - buf.len();
-        match io.try_read_buf(&mut *buf) {
-            Ok(n) => Ok(Some((buf.split_to(n).freeze(), n < spare))),
+        match read_draining(io, &mut buf) {
+            Ok(n) => Ok(Some(buf.split_to(n).freeze())),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e),
         }
-    })?;
-    Ok(read.map(|(bytes, short)| {
-        if short && !bytes.is_empty() {
-            clear_readable(io);
+    })
+}
+
+/// Reads what `io` has into `buf`'s spare room, without waiting. A read that returned less than
+/// it had room for drained the socket, so the readiness the poller had reported *before* it is
+/// forgotten, and the next wait starts on the poller rather than with a read that finds nothing.
+/// Readiness raised by bytes that arrived after the read is a later event, and is kept: clearing
+/// it (a clear after the read) would lose those bytes' wakeup, and the next wait would sleep on
+/// data already there.
+///
+/// # Errors
+///
+/// The socket's error; `WouldBlock` when nothing is there.
+pub fn read_draining(io: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    let spare = buf.capacity() - buf.len();
+    let mut drained = None;
+    // `try_io` forgets the readiness it saw before the closure ran when the closure says
+    // `WouldBlock`: a short read says so, keeping what it read aside.
+    let result = io.try_io(Interest::READABLE, || {
+        let n = io.try_read_buf(buf)?;
+        if n > 0 && n < spare {
+            drained = Some(n);
+            return Err(io::ErrorKind::WouldBlock.into());
         }
-        bytes
-    }))
+        Ok(n)
+    });
+    match (result, drained) {
+        (_, Some(n)) => Ok(n),
+        (result, None) => result,
+    }
 }
 
 /// Waits until `io` is readable, then reads what it has (see [`try_read`]); empty at the end of
@@ -97,12 +119,6 @@ pub fn poll_read_into<S: AsyncRead + ?Sized>(io: Pin<&mut S>, cx: &mut Context<'
         unsafe { buf.set_len(len) };
         Poll::Ready(Ok(buf.split_to(n).freeze()))
     })
-}
-
-/// Forgets that `io` was readable (it has just been drained), so that the next wait does not
-/// begin with a read that finds nothing.
-fn clear_readable(io: &TcpStream) {
-    let _ = io.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
 }
 
 /// Writes all of `buf`, trying at once and waiting for writability only when the socket is full.
