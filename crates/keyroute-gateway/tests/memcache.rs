@@ -877,3 +877,65 @@ async fn a_fill_never_lands_after_a_later_write() {
         "copies back after an acknowledged delete, reads older than an acknowledged set"
     );
 }
+
+/// Issue 31 (7): `keyroute move` with `[pool.handoff]` on the pool, as the README says: the proxy
+/// sends every key whose owner joined to it at once and moves it there before any command runs
+/// on it, and the move moves the rest, so they agree on where a key lives. Counters incremented
+/// through the proxy during the move all read back afterwards, each with every acknowledged
+/// increment, and none is left on a server that does not own it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_under_the_handoff_hides_no_key_and_loses_no_increment() {
+    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    let (_procs, addrs) = memcacheds(4).await;
+    let handoff = "[pool.handoff]\nwindow_ms = 60000\n";
+    let old_text = config(&addrs[..3], "rendezvous", handoff);
+    let new_text = config(&addrs, "rendezvous", handoff);
+    let n = 1000;
+    let gw = start_gateway(&old_text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut req = Vec::new();
+    for i in 0..n {
+        req.extend_from_slice(format!("set ctr:{i} 0 0 1\r\n0\r\n").as_bytes());
+    }
+    req.extend_from_slice(b"mn\r\n");
+    assert_eq!(ask(&mut c, &req, "MN\r\n").await.matches("STORED\r\n").count(), n);
+    // The proxy switches first: the fourth server joins, within its handoff window.
+    let body = format!(r#"{{"name":"{}","address":"{}"}}"#, addrs[3], addrs[3]);
+    let (status, answer) = admin(&gw, "POST", "/workers", &body, None).await;
+    assert!(status.is_success(), "{status} {answer}");
+    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let (from, to) = (Layout::of(&old, "cache").expect("from"), Layout::of(&new, "cache").expect("to"));
+    let store = Store::of(&new, "cache").expect("a memcached pool");
+    let options = Options { batch: 32, ..Options::default() };
+    let mover = tokio::spawn(async move { relocate::run(&store, &from, &to, &options, |_| {}).await });
+    // Increments through the proxy while the move runs: each acknowledged one is counted.
+    let mut expected = vec![0u64; n];
+    for round in 0..3 {
+        let mut req = Vec::new();
+        for i in (round..n).step_by(3) {
+            req.extend_from_slice(format!("incr ctr:{i} 1\r\n").as_bytes());
+        }
+        req.extend_from_slice(b"mn\r\n");
+        let r = ask(&mut c, &req, "MN\r\n").await;
+        for (line, i) in r.lines().zip((round..n).step_by(3)) {
+            if line.parse::<u64>().is_ok() {
+                expected[i] += 1;
+            }
+        }
+    }
+    let report = mover.await.expect("join").expect("move");
+    assert!(report.complete);
+    assert_eq!((report.failed, report.misplaced), (0, 0), "{report:?}");
+    let (mut missing, mut wrong) = (0, 0);
+    for (i, want) in expected.iter().enumerate() {
+        let r = ask(&mut c, format!("get ctr:{i}\r\n").as_bytes(), "END\r\n").await;
+        match r.lines().nth(1) {
+            None => missing += 1,
+            Some(v) if v != want.to_string() => wrong += 1,
+            Some(_) => {}
+        }
+    }
+    assert_eq!((missing, wrong), (0, 0), "counters missing or with lost increments");
+    assert!(expected.iter().sum::<u64>() > 0, "increments were acknowledged");
+}

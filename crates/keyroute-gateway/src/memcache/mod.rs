@@ -197,7 +197,18 @@ async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending:
                     (Some(hot), Some(h)) if write && codec::valid_key(&key) => Some((h, hot.replicas(h))),
                     _ => None,
                 };
-                let p = send_one(&snap, &pool, &mut c.servers, &settings, hash, request, quiet, answer, now).await;
+                // A key whose owner joined within the handoff window goes to it at once, and is
+                // moved there from its previous owner before any command runs on it (as the Redis
+                // listener's and `keyroute move`'s: they agree on where a key lives).
+                let handoff = hash.0.and_then(|h| snap.store_handoff(h, now));
+                if let Some((node, previous)) = handoff
+                    && codec::valid_key(&key)
+                {
+                    fill_from(&snap, &pool, &mut c.side, &settings, (&key, None), previous, node, None).await;
+                }
+                let to = handoff.map(|(node, _)| node);
+                let p =
+                    send_one(&snap, &pool, &mut c.servers, &settings, (hash, to), request, quiet, answer, now).await;
                 // A write during the warm-up deletes the copy on the key's previous server,
                 // so that no miss is ever filled with a value older than this write.
                 let invalidate = match (&p, hash.0) {
@@ -238,6 +249,15 @@ async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending:
                             Some(node) => send_to(&snap, &mut c.servers, &settings, node, request).await,
                             None => None,
                         };
+                        // Within a handoff, a `get`'s miss on the new owner is read through (below);
+                        // `gets` and `gat` move the key first (a filled value would carry the new
+                        // server's CAS, or not the new TTL).
+                        let handoff = hash.0.and_then(|h| snap.store_handoff(h, now)).filter(|_| p.is_none());
+                        if let Some((node, previous)) = handoff
+                            && kind != codec::Retrieval::Get
+                        {
+                            fill_from(&snap, &pool, &mut c.side, &settings, (key, None), previous, node, None).await;
+                        }
                         let p = match p {
                             Some(p) => p,
                             None => send_one(
@@ -245,7 +265,7 @@ async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending:
                                 &pool,
                                 &mut c.servers,
                                 &settings,
-                                hash,
+                                (hash, handoff.map(|(node, _)| node)),
                                 request,
                                 false,
                                 Answer::Line,
@@ -375,13 +395,22 @@ async fn send_one(
     pool: &Pool,
     servers: &mut Servers,
     s: &Settings,
-    hash: Placed,
+    (hash, to): (Placed, Option<usize>),
     request: &[u8],
     quiet: bool,
     answer: Answer,
     now: Instant,
 ) -> Pending {
-    let Some((server, node)) = backend::place(pool, snap, servers, s, hash, now).await else {
+    // `to`: the key's new owner within a handoff (placed as usual when it cannot be reached).
+    let direct = match to {
+        Some(node) => connect(servers, &snap.workers()[node], s).await.map(|server| (server, node)),
+        None => None,
+    };
+    let placed = match direct {
+        Some(d) => Some(d),
+        None => backend::place(pool, snap, servers, s, hash, now).await,
+    };
+    let Some((server, node)) = placed else {
         return Pending::Ready(b"SERVER_ERROR no server available\r\n");
     };
     let out = &mut servers.0[server].out;
@@ -418,7 +447,9 @@ async fn send_multi(
     let mut warm: Vec<MultiKey> = Vec::new();
     for key in keys.iter() {
         let hash = Placed::of(pool, snap, key);
-        let Some(node) = pick(pool, snap, hash, &[], now) else {
+        // Within a handoff the key's new owner, as for one key.
+        let owner = hash.0.and_then(|h| snap.store_handoff(h, now)).map(|(node, _)| node);
+        let Some(node) = owner.or_else(|| pick(pool, snap, hash, &[], now)) else {
             pool.metrics.no_worker.fetch_add(1, Relaxed);
             warm.push((key.to_vec(), None));
             continue;
@@ -511,7 +542,7 @@ async fn finish(
                     Ok(range) => {
                         succeeded(w, started);
                         if &arena[range.clone()] == b"END\r\n" {
-                            warm_fill(snap, pool, side, s, (&key, copy), previous, node, out).await;
+                            fill_from(snap, pool, side, s, (&key, copy), previous, node, Some(&mut *out)).await;
                             out.extend_from_slice(b"END\r\n");
                         } else {
                             out.extend_from_slice(&arena[range.clone()]);
@@ -547,7 +578,7 @@ async fn finish(
                         heads[p] += 1;
                     } else if let Some((node, previous)) = *warm {
                         // A miss on a server within its handoff window: the warm-up route.
-                        warm_fill(snap, pool, side, s, (key, None), previous, node, out).await;
+                        fill_from(snap, pool, side, s, (key, None), previous, node, Some(&mut *out)).await;
                     }
                 }
                 out.extend_from_slice(b"END\r\n");
@@ -590,15 +621,20 @@ async fn answer_into(
     .await
 }
 
-/// The warm-up route's miss: the value on the key's previous server (read with `mg`, for its
-/// flags and remaining time to live), appended to `out` as a `VALUE` block, and added to the
-/// joining server (`ms ... ME`: an add, so that a write that got there first wins). Both go over
-/// the client's side connections, outside the batch, whose answers are read in order.
+/// A key read from `previous` and added to `joined`: the value on `previous` (read with `mg`, for
+/// its flags and remaining time to live), appended to `out` as a `VALUE` block when there is an
+/// `out` (a `get`'s miss), and added to `joined` (`ms ... ME`: an add, so that a write that got
+/// there first wins), over the client's side connections, outside the batch.
 ///
-/// A hot key's copy (`copy`: its hash) lives [`crate::pool::copies::COPY_LIFETIME`] at most, and
-/// lands only if no write of the key was answered since its owner was read.
+/// - **A move** (`copy` is `None`: `joined` is the key's new owner within a handoff window):
+///   then deleted from `previous` (`md`), so that the key lives in one place, as `keyroute move`
+///   leaves it. memcached has no atomic move: a delete of the key through another connection
+///   between the read and the add is undone until the key's TTL ends.
+/// - **A hot key's copy** (`copy`: its hash; `previous` is its owner): it lives
+///   [`crate::pool::copies::COPY_LIFETIME`] at most, and lands only if no write of the key was
+///   answered since the owner was read.
 #[allow(clippy::too_many_arguments)]
-async fn warm_fill(
+async fn fill_from(
     snap: &Snapshot,
     pool: &Pool,
     side: &mut Servers,
@@ -606,7 +642,7 @@ async fn warm_fill(
     (key, copy): (&[u8], Option<u64>),
     previous: usize,
     joined: usize,
-    out: &mut Vec<u8>,
+    out: Option<&mut Vec<u8>>,
 ) {
     let hot = snap.hot().zip(copy);
     let fill = hot.map(|(hot, h)| hot.copies.begin_fill(h, snap.workers()[joined].address, Instant::now()));
@@ -642,11 +678,13 @@ async fn warm_fill(
     }
     let Some(size) = size.filter(|&z| answer.len() >= n + z) else { return };
     let data = &answer[n..n + size];
-    out.extend_from_slice(b"VALUE ");
-    out.extend_from_slice(key);
-    out.extend_from_slice(format!(" {flags} {size}\r\n").as_bytes());
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
+    if let Some(out) = out {
+        out.extend_from_slice(b"VALUE ");
+        out.extend_from_slice(key);
+        out.extend_from_slice(format!(" {flags} {size}\r\n").as_bytes());
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+    }
     let landing = match (hot, fill) {
         (Some((hot, _)), Some(fill)) => {
             // A copy: at most its lifetime (memcached's 0 is "never"; -1 was read as 0 above).
@@ -673,11 +711,19 @@ async fn warm_fill(
     server.out.extend_from_slice(b"\r\nmn\r\n");
     backend::flush(side, s).await;
     let mut dropped = Vec::new();
-    let _ = answer_into(&mut side.0[j], false, Answer::Meta, true, s.answer, &mut dropped).await;
-    side.sweep();
+    let added = answer_into(&mut side.0[j], false, Answer::Meta, true, s.answer, &mut dropped).await.is_ok();
     if let Some((hot, landing)) = landing {
         hot.copies.landed(landing, Instant::now());
+    } else if added && let Some(p) = connect(side, old, s).await {
+        // Stored, or the new owner had a newer value: the previous one is superseded.
+        let server = &mut side.0[p];
+        server.out.extend_from_slice(b"md ");
+        server.out.extend_from_slice(key);
+        server.out.extend_from_slice(b" q\r\nmn\r\n");
+        backend::flush(side, s).await;
+        let _ = answer_into(&mut side.0[p], false, Answer::Meta, true, s.answer, &mut dropped).await;
     }
+    side.sweep();
 }
 
 /// A write of a key in a pool with hot keys, sent to `writer`: the copies its replicas may hold
