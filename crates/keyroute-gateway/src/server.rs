@@ -564,8 +564,24 @@ async fn accept_loop(
                     at_limit = true;
                     tracing::warn!(listener = %name, limit, "connection limit reached; serving the next connection when one closes");
                 }
+                // The admin listener serves the next connection in whichever place frees first: a
+                // reserve place frees within its short head timeout, whatever holds the others.
+                let spare = reserve.as_ref().map(|(probes, spare)| (probes, Arc::clone(spare)));
+                let next_spare = async {
+                    match &spare {
+                        Some((probes, s)) => (Arc::clone(s).acquire_owned().await, *probes),
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                    (p, probes) = next_spare => match p {
+                        Ok(p) => {
+                            served = probes;
+                            p
+                        }
+                        Err(_) => return,
+                    },
                     _ = rx.wait_for(|stop| *stop) => return,
                 }
             }

@@ -232,6 +232,20 @@ async fn issue_31_13_slow_bodies_are_cut_and_the_probes_still_answer() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_31_13_silent_connections_in_every_place_leave_the_probes_answered() {
+    let b = Backend::start("w1").await;
+    let gw = gateway_with(&[&b], "", &token_line()).await;
+    // More connections than the listener's places and its reserve, each sending nothing.
+    let mut held = Vec::new();
+    for _ in 0..280 {
+        held.push(TcpStream::connect(gw.admin).await.expect("connect"));
+    }
+    assert_eq!(probe(gw.admin, "/healthz").await, 200);
+    assert_eq!(probe(gw.admin, "/readyz").await, 200);
+    drop(held);
+}
+
 #[tokio::test]
 async fn issue_31_14_the_challenge_offers_basic_on_its_own_line() {
     let b = Backend::start("w1").await;
