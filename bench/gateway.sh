@@ -381,8 +381,9 @@ for p in "${PROXIES[@]}"; do expect_200 "$p" "${PORT[$p]}" "${PID[$p]}"; done
 log "backends and proxies answer 200"
 if ((VIEWERS > 0)); then
     [[ -n "$BASELINE" ]] || die "VIEWERS needs BASELINE (the watched gateway)"
+    # One source address per viewer (all loopback): the feed takes 8 subscribers per address.
     for ((v = 0; v < VIEWERS; v++)); do
-        curl -sN "http://127.0.0.1:$((ADMIN_PORT + 1))/events" >/dev/null 2>&1 &
+        curl -sN --interface "127.0.0.$((2 + v % 250))" "http://127.0.0.1:$((ADMIN_PORT + 1))/events" >/dev/null 2>&1 &
         PIDS+=($!)
     done
     sleep 2

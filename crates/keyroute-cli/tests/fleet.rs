@@ -430,6 +430,22 @@ fn members_add_refuses_a_gateways_admin_and_listener_addresses() {
     // The listener is bound to every interface: its loopback address is the gateway's too.
     let listener = format!("127.0.0.1:{}", front.port());
     assert_eq!(add("looping", &listener).status.code(), Some(64), "the listener's address");
+    // Issue 31, defect 20: every spelling the gateway marks `loop` is refused too: any loopback
+    // address, IPv4-mapped ones, and the host's interface addresses, on the wildcard's port.
+    let port = front.port();
+    let mut spellings =
+        vec![format!("127.0.0.2:{port}"), format!("[::ffff:127.0.0.3]:{port}"), format!("[::1]:{port}")];
+    let host = Command::new("hostname").arg("-I").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    spellings.extend(
+        host.unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|ip| ip.parse::<std::net::IpAddr>().ok())
+            .map(|ip| SocketAddr::new(ip, port).to_string()),
+    );
+    for (i, address) in spellings.iter().enumerate() {
+        let o = add(&format!("looping{i}"), address);
+        assert_eq!(o.status.code(), Some(64), "{address}: {}", String::from_utf8_lossy(&o.stderr));
+    }
     // Nothing was written, and a real worker's address is taken.
     assert!(record_of(&registry, "sneaky").is_none() && record_of(&registry, "looping").is_none());
     let worker = format!("127.0.0.1:{}", front.port().wrapping_add(1).max(1));

@@ -51,6 +51,7 @@ const GOAWAY_FLUSH: Duration = Duration::from_millis(100);
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// How a listener's connections are served.
+#[derive(Clone)]
 pub(crate) struct Settings {
     /// The client listener's index, or `None` for the admin API.
     pub(crate) index: Option<usize>,
@@ -62,6 +63,9 @@ pub(crate) struct Settings {
     pub(crate) h2c: bool,
     pub(crate) max_streams: u32,
     pub(crate) metrics: Arc<ListenerMetrics>,
+    /// An admin connection of the listener's reserve, taken when its other places are held: one
+    /// request, and only the probes are answered ([`crate::admin::admit`]).
+    pub(crate) probes_only: bool,
 }
 
 /// Serves one accepted connection to its end. `held` (the open-connection count and the
@@ -507,22 +511,7 @@ async fn exchange<S: Transport>(
                 _ => resp,
             }
         }
-        None => {
-            // The admin API's bodies are small: read whole first (a larger one is refused).
-            let (parts, body) = req.into_parts();
-            match http_body_util::Limited::new(body, crate::admin::MAX_BODY).collect().await {
-                Ok(b) => {
-                    let req = Request::from_parts(parts, http_body_util::Full::new(b.to_bytes()));
-                    crate::admin::handle_boxed(Arc::clone(shared), req, peer.addr).await
-                }
-                Err(_) => crate::body::error(
-                    StatusCode::BAD_REQUEST,
-                    "the body could not be read (at most 1024 KiB)",
-                    "bad_request_body",
-                    "-",
-                ),
-            }
-        }
+        None => crate::admin::seal(admin_exchange(req, peer, shared, settings).await),
     };
     let (mut parts, body) = resp.into_parts();
     let tunnel = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
@@ -536,8 +525,8 @@ async fn exchange<S: Transport>(
         // A body left unread (the response came first) is not drained: the connection closes,
         // lingering so that the close does not reset it under the response.
         Ok(_) if !conn.body_done() => Next::Close { linger: true },
-        Ok(true) => Next::KeepAlive,
-        Ok(false) => Next::Close { linger: false },
+        Ok(true) if !settings.probes_only => Next::KeepAlive,
+        Ok(_) => Next::Close { linger: false },
         Err(RespondError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
             settings.metrics.send_timeouts.fetch_add(1, Relaxed);
             Next::Drop
@@ -545,6 +534,42 @@ async fn exchange<S: Transport>(
         Err(e) => {
             tracing::debug!(remote = %peer.addr, error = %e, "response ended with an error");
             Next::Drop
+        }
+    }
+}
+
+/// One admin request: its head admitted first ([`crate::admin::admit`]: a request without the
+/// token is answered before a byte of its body is read), then the body read whole within
+/// [`crate::admin::BODY_TIMEOUT`] (the admin API's bodies are small: a larger one is refused).
+async fn admin_exchange<B>(
+    req: Request<B>,
+    peer: &Peer,
+    shared: &Arc<Shared>,
+    settings: &Settings,
+) -> Response<ProxyBody>
+where
+    B: hyper::body::Body<Data = bytes::Bytes>,
+    B::Error: Into<crate::body::BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let admitted = match crate::admin::admit(shared, &parts, peer.addr, settings.probes_only) {
+        Ok(a) => a,
+        Err(answer) => return answer,
+    };
+    let read = http_body_util::Limited::new(body, crate::admin::MAX_BODY).collect();
+    match tokio::time::timeout(crate::admin::BODY_TIMEOUT, read).await {
+        Ok(Ok(b)) => {
+            let req = Request::from_parts(parts, http_body_util::Full::new(b.to_bytes()));
+            crate::admin::handle_boxed(Arc::clone(shared), admitted, req, peer.addr).await
+        }
+        Ok(Err(_)) => crate::body::error(
+            StatusCode::BAD_REQUEST,
+            "the body could not be read (at most 1024 KiB)",
+            "bad_request_body",
+            "-",
+        ),
+        Err(_) => {
+            crate::body::error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive within 10 s", "body_timeout", "-")
         }
     }
 }

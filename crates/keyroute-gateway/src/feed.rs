@@ -17,7 +17,8 @@ pub(crate) struct Hub {
 
 #[derive(Debug, Default)]
 struct Inner {
-    viewers: Vec<mpsc::Sender<Bytes>>,
+    /// Each subscriber's queue, and the client it is counted under.
+    viewers: Vec<(std::net::IpAddr, mpsc::Sender<Bytes>)>,
     running: bool,
     history: HashMap<String, VecDeque<serde_json::Value>>,
     last: Option<Bytes>,
@@ -33,18 +34,50 @@ pub(crate) struct Subscription {
     pub(crate) start_sampler: bool,
 }
 
+/// How many may subscribe.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// In all.
+    pub(crate) total: usize,
+    /// From one client address.
+    pub(crate) per_client: usize,
+}
+
+/// Why a subscription was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Full {
+    /// Every place is taken.
+    Total,
+    /// The client's address holds its share.
+    Client,
+}
+
 impl Hub {
     /// Subscribers now.
     pub(crate) fn viewers(&self) -> usize {
-        self.inner.lock().viewers.iter().filter(|v| !v.is_closed()).count()
+        self.inner.lock().viewers.iter().filter(|(_, v)| !v.is_closed()).count()
     }
 
-    /// Subscribes, with a queue of `queue` frames; `None` past `max` subscribers.
-    pub(crate) fn subscribe(&self, max: usize, queue: usize) -> Option<Subscription> {
+    /// Subscribes a client counted under `client` (its address, or what the caller counts
+    /// clients under), with a queue of `queue` frames.
+    ///
+    /// # Errors
+    ///
+    /// [`Full`] past `limits.total` subscribers, or past `limits.per_client` under `client`: one
+    /// address cannot shut the others out.
+    pub(crate) fn subscribe(
+        &self,
+        client: std::net::IpAddr,
+        limits: Limits,
+        queue: usize,
+    ) -> Result<Subscription, Full> {
         let mut inner = self.inner.lock();
-        inner.viewers.retain(|v| !v.is_closed());
-        if inner.viewers.len() >= max {
-            return None;
+        inner.viewers.retain(|(_, v)| !v.is_closed());
+        if inner.viewers.len() >= limits.total {
+            return Err(Full::Total);
+        }
+        if inner.viewers.iter().filter(|(c, _)| *c == client).count() >= limits.per_client {
+            return Err(Full::Client);
         }
         let (tx, rx) = mpsc::channel(queue);
         let mut first = String::from("retry: 2000\n\n");
@@ -53,17 +86,17 @@ impl Hub {
         if let Some(last) = &inner.last {
             first.push_str(&String::from_utf8_lossy(last));
         }
-        inner.viewers.push(tx);
+        inner.viewers.push((client, tx));
         let start_sampler = !inner.running;
         inner.running = true;
-        Some(Subscription { first: Bytes::from(first), rx, start_sampler })
+        Ok(Subscription { first: Bytes::from(first), rx, start_sampler })
     }
 
     /// At a sampler's tick: how many watch, or `None` when nobody does, and then the sampler
     /// ends (its history goes with it).
     pub(crate) fn watched(&self) -> Option<usize> {
         let mut inner = self.inner.lock();
-        inner.viewers.retain(|v| !v.is_closed());
+        inner.viewers.retain(|(_, v)| !v.is_closed());
         if inner.viewers.is_empty() {
             *inner = Inner::default();
             return None;
@@ -83,7 +116,7 @@ impl Hub {
             }
             h.push_back(point);
         }
-        for v in &inner.viewers {
+        for (_, v) in &inner.viewers {
             let _ = v.try_send(frame.clone());
         }
         inner.last = Some(frame);
@@ -99,26 +132,46 @@ impl Hub {
 mod tests {
     use super::*;
 
+    const TWO: Limits = Limits { total: 2, per_client: 2 };
+
+    fn lo() -> std::net::IpAddr {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    }
+
     #[test]
     fn the_sampler_runs_while_someone_watches() {
         let hub = Hub::default();
-        let a = hub.subscribe(2, 4).expect("first");
+        let a = hub.subscribe(lo(), TWO, 4).expect("first");
         assert!(a.start_sampler);
-        let mut b = hub.subscribe(2, 4).expect("second");
+        let mut b = hub.subscribe(lo(), TWO, 4).expect("second");
         assert!(!b.start_sampler);
-        assert!(hub.subscribe(2, 4).is_none(), "past the limit");
+        assert_eq!(hub.subscribe(lo(), TWO, 4).err(), Some(Full::Total), "past the limit");
         assert_eq!(hub.watched(), Some(2));
         hub.publish(Bytes::from_static(b"data: 1\n\n"), vec![("p".into(), serde_json::json!({"t": 1}))], 2);
         assert_eq!(b.rx.try_recv().ok(), Some(Bytes::from_static(b"data: 1\n\n")));
         // A new subscriber gets the history and the last snapshot first.
         drop(a);
-        let c = hub.subscribe(2, 4).expect("a place freed");
+        let c = hub.subscribe(lo(), TWO, 4).expect("a place freed");
         let first = String::from_utf8_lossy(&c.first).into_owned();
         assert!(first.contains(r#""pools":{"p":[{"t":1}]}"#) && first.ends_with("data: 1\n\n"), "{first}");
         drop((b, c));
         // Nobody left: the sampler ends and forgets; the next subscriber starts it again.
         assert_eq!(hub.watched(), None);
-        let d = hub.subscribe(2, 4).expect("again");
+        let d = hub.subscribe(lo(), TWO, 4).expect("again");
         assert!(d.start_sampler && String::from_utf8_lossy(&d.first).contains(r#""pools":{}"#));
+    }
+
+    /// Issue 31, defect 17: one address held all 64 subscriptions.
+    #[test]
+    fn one_address_holds_its_share_only() {
+        let hub = Hub::default();
+        let limits = Limits { total: 4, per_client: 2 };
+        let other: std::net::IpAddr = "10.0.0.2".parse().expect("ip");
+        let held: Vec<_> = (0..2).map(|_| hub.subscribe(lo(), limits, 4).expect("its share")).collect();
+        assert_eq!(hub.subscribe(lo(), limits, 4).err(), Some(Full::Client));
+        let theirs = hub.subscribe(other, limits, 4).expect("another address");
+        drop(held);
+        assert!(hub.subscribe(lo(), limits, 4).is_ok(), "a place freed");
+        drop(theirs);
     }
 }

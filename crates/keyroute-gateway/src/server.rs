@@ -196,6 +196,7 @@ impl Gateway {
                 auth: AuthThrottle::default(),
                 reload: Mutex::new(()),
                 dashboard: Default::default(),
+                what_ifs: Arc::new(tokio::sync::Semaphore::new(crate::admin::MAX_WHAT_IFS)),
             }),
             listeners,
             acceptors,
@@ -443,6 +444,15 @@ async fn hot_key_ticks(shared: std::sync::Weak<Shared>) {
 /// Connections the admin listener holds at once.
 const ADMIN_CONNECTIONS: usize = 256;
 
+/// The admin listener's reserve, past [`ADMIN_CONNECTIONS`]: connections served one request
+/// each, with a short head timeout ([`ADMIN_PROBE_HEAD_TIMEOUT`]), that answer only `/healthz`,
+/// `/readyz` and `/metrics`. Whatever holds the listener's other places (slow heads, slow
+/// bodies, feeds), a prober still gets an answer (issue 31, defect 13).
+const ADMIN_PROBE_CONNECTIONS: usize = 16;
+
+/// A reserve connection's head must arrive within this: a probe sends its head at once.
+const ADMIN_PROBE_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Accepts connections on a client listener (`Some(index)`) or the admin listener (`None`), on
 /// runtime thread `thread` (0 for [`Gateway::run`]).
 async fn accept_loop(
@@ -466,6 +476,7 @@ async fn accept_loop(
                 h2c: l.h2c,
                 max_streams: l.max_concurrent_streams,
                 metrics: Arc::clone(&shared.listener_metrics[i]),
+                probes_only: false,
             };
             (settings, Arc::clone(&shared.connection_permits[i]), l.name.clone())
         }
@@ -480,10 +491,16 @@ async fn accept_loop(
                 h2c: false,
                 max_streams: 1,
                 metrics: Arc::clone(&shared.admin_metrics),
+                probes_only: false,
             };
             (settings, Arc::new(Semaphore::new(ADMIN_CONNECTIONS)), "admin".to_owned())
         }
     };
+    // The admin listener's reserve (none for a client listener).
+    let reserve = index.is_none().then(|| {
+        let probes = Settings { header_timeout: ADMIN_PROBE_HEAD_TIMEOUT, probes_only: true, ..settings.clone() };
+        (Arc::new(probes), Arc::new(Semaphore::new(ADMIN_PROBE_CONNECTIONS)))
+    });
     let settings = Arc::new(settings);
     let metrics = Arc::clone(&settings.metrics);
     let thread_accepted = index.map(|_| shared.thread_accepted(thread));
@@ -526,7 +543,15 @@ async fn accept_loop(
                 continue;
             }
         };
-        let permit = match Arc::clone(&permits).try_acquire_owned() {
+        let mut served = &settings;
+        let taken: Result<_, tokio::sync::TryAcquireError> = Arc::clone(&permits).try_acquire_owned().or_else(|full| {
+            let (probes, spare) = reserve.as_ref().ok_or(full)?;
+            let p = Arc::clone(spare).try_acquire_owned()?;
+            metrics.limited.fetch_add(1, Relaxed);
+            served = probes;
+            Ok(p)
+        });
+        let permit = match taken {
             Ok(p) => {
                 if at_limit && permits.available_permits() > limit / 10 {
                     at_limit = false;
@@ -539,8 +564,24 @@ async fn accept_loop(
                     at_limit = true;
                     tracing::warn!(listener = %name, limit, "connection limit reached; serving the next connection when one closes");
                 }
+                // The admin listener serves the next connection in whichever place frees first: a
+                // reserve place frees within its short head timeout, whatever holds the others.
+                let spare = reserve.as_ref().map(|(probes, spare)| (probes, Arc::clone(spare)));
+                let next_spare = async {
+                    match &spare {
+                        Some((probes, s)) => (Arc::clone(s).acquire_owned().await, *probes),
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                    (p, probes) = next_spare => match p {
+                        Ok(p) => {
+                            served = probes;
+                            p
+                        }
+                        Err(_) => return,
+                    },
                     _ = rx.wait_for(|stop| *stop) => return,
                 }
             }
@@ -557,7 +598,7 @@ async fn accept_loop(
             };
             continue;
         }
-        tokio::spawn(connection::serve(stream, remote, Arc::clone(&shared), Arc::clone(&settings), held));
+        tokio::spawn(connection::serve(stream, remote, Arc::clone(&shared), Arc::clone(served), held));
     }
 }
 

@@ -72,6 +72,11 @@ fn webdriver(port: u16, method: &str, path: &str, body: Option<&Value>) -> Value
 
 impl Browser {
     fn start() -> Browser {
+        Browser::start_with(&[])
+    }
+
+    /// A browser started with `extra` command-line switches too.
+    fn start_with(extra: &[String]) -> Browser {
         let driver_path = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())
@@ -103,18 +108,33 @@ impl Browser {
             }
         }
         let profile = TempDir(std::env::temp_dir().join(format!("keyroute-chromium-{}-{port}", std::process::id())));
+        let mut args: Vec<String> = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1500,1100",
+            "--no-first-run",
+            "--no-default-browser-check",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.push(format!("--user-data-dir={}", profile.0.display()));
+        args.extend_from_slice(extra);
         let caps = json!({ "capabilities": { "alwaysMatch": {
             "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": "/usr/bin/chromium",
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1500,1100", "--no-first-run", "--no-default-browser-check",
-                         format!("--user-data-dir={}", profile.0.display())],
-            },
+            "goog:chromeOptions": { "binary": "/usr/bin/chromium", "args": args },
         }}});
         let mut b = Browser { driver, port, session: String::new(), _profile: profile };
         let v = webdriver(port, "POST", "/session", Some(&caps));
         b.session = v["sessionId"].as_str().expect("a session").to_owned();
+        b
+    }
+
+    /// A browser with `url` open.
+    fn open(url: &str) -> Browser {
+        let b = Browser::start();
+        b.go(url);
         b
     }
 
@@ -352,19 +372,32 @@ async fn the_feed_keeps_its_contract_and_costs_nothing_unwatched() {
     );
 }
 
+/// The admin token of the browser tests: the page is reached as an operator reaches it, logged
+/// in (issue 31, defect 14: Chromium could not log in while the challenge was one line).
+const TOKEN: &str = "dashboard-token-0123456789";
+
+/// `text` with the admin token set.
+fn with_token(text: &str) -> String {
+    text.replacen(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n",
+        &format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"),
+        1,
+    )
+}
+
+/// The dashboard's address with the token as the password of Basic credentials, which Chromium
+/// sends once the page challenges it with Basic.
+fn dashboard_url(admin: SocketAddr) -> String {
+    format!("http://operator:{TOKEN}@{admin}/dashboard")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_operator_sees_the_fleet_and_a_dead_worker_in_a_real_browser() {
     let mut bs = backends(4).await;
-    let gw = start_gateway(&config_text(&bs.iter().collect::<Vec<_>>(), POOL, "")).await;
+    let gw = start_gateway(&with_token(&config_text(&bs.iter().collect::<Vec<_>>(), POOL, ""))).await;
     let stop = traffic(gw.addr);
-    let url = format!("http://{}/dashboard", gw.admin);
-    let browser = tokio::task::spawn_blocking(move || {
-        let b = Browser::start();
-        b.go(&url);
-        b
-    })
-    .await
-    .expect("browser");
+    let url = dashboard_url(gw.admin);
+    let browser = tokio::task::spawn_blocking(move || Browser::open(&url)).await.expect("browser");
     let b = std::sync::Arc::new(browser);
     let run = |script: &'static str, what: &'static str, args: Value| {
         let b = std::sync::Arc::clone(&b);
@@ -466,8 +499,7 @@ async fn ten_pools_of_a_hundred_workers_stay_readable() {
     assert_eq!(data[0]["pools"].as_array().map(Vec::len), Some(10));
     let url = format!("http://{}/dashboard", gw.admin);
     let out = tokio::task::spawn_blocking(move || {
-        let b = Browser::start();
-        b.go(&url);
+        let b = Browser::open(&url);
         // Ten pools, collapsed: no worker row is drawn until one is opened.
         let pools = b.wait_for(
             Duration::from_secs(20),
@@ -497,4 +529,126 @@ async fn ten_pools_of_a_hundred_workers_stay_readable() {
     })
     .await;
     out.expect("browser");
+}
+
+/// Issue 31, defects 18 and 19: a pool named `constructor` stopped the page from rendering any
+/// pool, and the placement box of `pool two` answered "no such pool" (its space sent as `+`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pools_named_like_javascript_properties_or_with_spaces_render() {
+    let mut text = String::from("[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n");
+    let names = ["constructor", "__proto__", "toString", "pool two"];
+    for (i, name) in names.iter().enumerate() {
+        text.push_str(&format!("[[listener.route]]\npath_prefix = \"/p{i}/\"\npool = \"{name}\"\n\n"));
+    }
+    for (i, name) in names.iter().enumerate() {
+        text.push_str(&format!(
+            "[[pool]]\nname = \"{name}\"\nkey = \"{{path}}\"\n[[pool.worker]]\nname = \"w{i}\"\naddress = \"127.0.0.1:{}\"\n",
+            21_000 + i
+        ));
+    }
+    let gw = start_gateway(&with_token(&text)).await;
+    let url = dashboard_url(gw.admin);
+    let out = tokio::task::spawn_blocking(move || {
+        let b = Browser::open(&url);
+        let shown = b.wait_for(
+            Duration::from_secs(20),
+            "four pools",
+            "const d = [...document.querySelectorAll('details.pool')].map(x => x.dataset.pool); return d.length === 4 ? d : null;",
+            json!([]),
+        );
+        // The box of `pool two`, with a key holding a space.
+        let answer = b.wait_for(
+            Duration::from_secs(20),
+            "the placement box's answer",
+            r#"const f = document.querySelector('details.pool[data-pool="pool two"] form.box');
+               if (!f.dataset.sent) { f.querySelector('input').value = 'a key'; f.dataset.sent = '1'; f.requestSubmit(); }
+               const t = f.querySelector('.answer').textContent;
+               return t ? t : null;"#,
+            json!([]),
+        );
+        (shown, answer)
+    })
+    .await;
+    let (shown, answer) = out.expect("browser");
+    let mut shown: Vec<String> = serde_json::from_value(shown).expect("names");
+    shown.sort();
+    let mut want: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    want.sort();
+    assert_eq!(shown, want);
+    let answer = answer.as_str().unwrap_or_default().to_owned();
+    assert!(answer.contains("owner") && answer.contains("w3"), "{answer}");
+    // The box asked for the key "a key", as the API answers it.
+    let c = client();
+    let (status, _, body) = get(&c, &format!("http://{}/placement?pool=pool%20two&key=a%20key", gw.admin)).await;
+    assert_eq!(status.as_u16(), 401, "{body}");
+    let (_, v) = admin(&gw, "GET", "/placement?pool=pool%20two&key=a%20key", "", Some(TOKEN)).await;
+    assert!(answer.contains(v["hash"].as_str().unwrap_or("no hash")), "{answer} vs {v}");
+}
+
+/// Issue 31, defect 17: a page of another site held `/events` slots with `<img>` tags against an
+/// `admin.hosts` name over plain http (no Origin, and no Fetch Metadata: the name is not a
+/// potentially trustworthy origin). Chromium resolves both names to 127.0.0.1 here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cross_site_image_does_not_hold_the_feed() {
+    let b = Backend::start("w1").await;
+    let text = config_text(&[&b], "", "").replacen(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n",
+        "[admin]\nlisten = \"127.0.0.1:0\"\nhosts = [\"admin.test\"]\n",
+        1,
+    );
+    let gw = start_gateway(&text).await;
+    let page = format!(
+        "<!doctype html><title>evil</title><img id=a src=\"http://admin.test:{0}/events\"><img id=b src=\"http://admin.test:{0}/events?2\">\
+         <script>for (const i of document.images) i.onerror = i.onload = () => i.dataset.done = '1';</script>",
+        gw.admin.port()
+    );
+    let evil = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let evil_port = evil.local_addr().expect("addr").port();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut s, _)) = evil.accept().await {
+            let page = page.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    let url = format!("http://evil.test:{evil_port}/");
+    let rules = "--host-resolver-rules=MAP evil.test 127.0.0.1, MAP admin.test 127.0.0.1".to_owned();
+    let b2 = tokio::task::spawn_blocking(move || {
+        let b = Browser::start_with(&[rules]);
+        b.go(&url);
+        b
+    })
+    .await
+    .expect("browser");
+    let b2 = std::sync::Arc::new(b2);
+    let page_b = std::sync::Arc::clone(&b2);
+    // Both images were answered and ended (refused); an event stream would never end.
+    let done = tokio::task::spawn_blocking(move || {
+        page_b.wait_for(
+            Duration::from_secs(15),
+            "both images answered",
+            "return [...document.images].every(i => i.dataset.done === '1');",
+            json!([]),
+        )
+    })
+    .await;
+    // Nobody subscribed at any moment of the next two seconds.
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let (_, _, metrics) = get(&client(), &format!("http://{}/metrics", gw.admin)).await;
+        held.extend(metrics.lines().filter(|l| l.starts_with("keyroute_dashboard_viewers ")).map(str::to_owned));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.abort();
+    drop(b2);
+    assert!(held.iter().all(|l| l == "keyroute_dashboard_viewers 0"), "the page held feeds: {held:?}");
+    done.expect("the images were refused");
 }

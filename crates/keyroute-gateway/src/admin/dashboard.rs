@@ -11,7 +11,8 @@
 //! watches, one snapshot is built a second, from the counters the gateway keeps anyway (atomics
 //! read, never written), and the same bytes go to every subscriber through a queue of
 //! [`QUEUE`] frames each: a subscriber that reads nothing misses frames instead of holding memory.
-//! At most [`MAX_VIEWERS`] subscribe at once (503 beyond).
+//! At most [`MAX_VIEWERS`] subscribe at once (503 beyond), [`MAX_VIEWERS_PER_CLIENT`] of them from one
+//! client address (429 beyond).
 //!
 //! ## The feed (version 1; a contract: fields are added, never renamed or removed)
 //!
@@ -63,12 +64,17 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::body::{BoxError, ProxyBody};
+use crate::feed::{Full, Limits};
 use crate::metrics::{LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
 use crate::pool::{Pool, State};
 use crate::state::Shared;
 
 /// Subscribers at once.
 pub(crate) const MAX_VIEWERS: usize = 64;
+
+/// Subscribers at once from one client address ([`crate::state::client_key`]): an operator's few
+/// tabs, and room for other addresses whatever one of them holds (issue 31, defect 17).
+pub(crate) const MAX_VIEWERS_PER_CLIENT: usize = 8;
 
 /// Frames queued per subscriber.
 const QUEUE: usize = 4;
@@ -115,9 +121,14 @@ fn nonce() -> String {
 }
 
 /// `GET /events`: subscribes, starting the sampler if it is not running.
-pub(crate) fn events(shared: &Arc<Shared>) -> Response<ProxyBody> {
-    let Some(sub) = shared.dashboard.subscribe(MAX_VIEWERS, QUEUE) else {
-        return super::fail(StatusCode::SERVICE_UNAVAILABLE, "too many dashboard viewers");
+pub(crate) fn events(shared: &Arc<Shared>, client: std::net::IpAddr) -> Response<ProxyBody> {
+    let limits = Limits { total: MAX_VIEWERS, per_client: MAX_VIEWERS_PER_CLIENT };
+    let sub = match shared.dashboard.subscribe(crate::state::client_key(client), limits, QUEUE) {
+        Ok(sub) => sub,
+        Err(Full::Total) => return super::fail(StatusCode::SERVICE_UNAVAILABLE, "too many dashboard viewers"),
+        Err(Full::Client) => {
+            return super::fail(StatusCode::TOO_MANY_REQUESTS, "too many dashboard viewers from this address");
+        }
     };
     if sub.start_sampler {
         tokio::spawn(run(Arc::clone(shared)));

@@ -14,10 +14,24 @@
 //!    `Sec-Fetch-Site` says `cross-site` or `same-site` (another port of `localhost` is the same
 //!    site), gets 403. A request with a body must say `Content-Type: application/json` (415
 //!    otherwise): a form or `text/plain` body is what a page can send without asking first.
-//! 4. **Token.** When a token is configured, `Authorization: Bearer TOKEN` (the scheme in any case,
+//! 4. **Another site's page asking for a heavy GET** (issue 31, defect 17). The feed (`/events`,
+//!    held open) and the placement what-if (`/placement`, a table built) cost more than an
+//!    answer, and a page can make a browser ask for them with `<img>`, `<script>` or `<video>`
+//!    tags, which send no `Origin`. Over plain http to a name (`admin.hosts`), which is not a
+//!    potentially trustworthy origin, Chromium sends no Fetch Metadata either, so these are
+//!    refused (403) by what the browser does send: `Sec-Fetch-Mode` other than `cors`,
+//!    `same-origin` or `navigate`, or `Sec-Fetch-Dest` other than `empty` or `document` (sent to
+//!    loopback, which is trustworthy); an `Accept` naming an image, audio, video, font or
+//!    style sheet type (what an element asks for; `EventSource` sends `text/event-stream`,
+//!    `fetch` `*/*`); a `Referer` naming a host the API does not answer to. The dashboard's own
+//!    page sends none of these (it has `Referrer-Policy: no-referrer`), nor does a tool. What
+//!    remains is a `<script>` or `<video>` tag on a page with `Referrer-Policy: no-referrer`:
+//!    it sends what `curl` does, and is bounded by the feed's per-address cap.
+//! 5. **Token.** When a token is configured, `Authorization: Bearer TOKEN` (the scheme in any case,
 //!    RFC 9110 §11.1), compared in constant time. The right token always works: the failure
 //!    throttle only answers wrong ones (an attacker who fails ten times from an operator's address
-//!    must not lock the operator out).
+//!    must not lock the operator out), and a request with no credentials is always challenged
+//!    (`Bearer`, and `Basic` on a line of its own for the dashboard and its feed).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -34,12 +48,14 @@ pub(crate) enum Refusal {
     CrossOrigin,
     /// A body that is not declared JSON.
     NotJson,
+    /// A heavy GET that another site's page asked for (an element's request, a foreign Referer).
+    CrossSite,
 }
 
 impl Refusal {
     pub(crate) fn status(self) -> StatusCode {
         match self {
-            Refusal::Proxied | Refusal::CrossOrigin => StatusCode::FORBIDDEN,
+            Refusal::Proxied | Refusal::CrossOrigin | Refusal::CrossSite => StatusCode::FORBIDDEN,
             Refusal::Host => StatusCode::MISDIRECTED_REQUEST,
             Refusal::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
@@ -51,6 +67,7 @@ impl Refusal {
             Refusal::Host => "this Host is not served by the admin API (see admin.hosts)",
             Refusal::CrossOrigin => "cross-origin requests to the admin API are refused",
             Refusal::NotJson => "the body must be sent with Content-Type: application/json",
+            Refusal::CrossSite => "the feed and the placement are not served to another site's page",
         }
     }
 }
@@ -146,6 +163,36 @@ pub(crate) fn check(hosts: &Hosts, method: &Method, headers: &HeaderMap) -> Resu
     Ok(())
 }
 
+/// Check 4, for a GET of the feed or the placement: refuses what only a page of another site,
+/// through an element or a link, makes a browser send.
+///
+/// # Errors
+///
+/// [`Refusal::CrossSite`].
+pub(crate) fn check_heavy(hosts: &Hosts, headers: &HeaderMap) -> Result<(), Refusal> {
+    let is = |name: &str, allowed: &[&[u8]]| {
+        headers.get(name).is_none_or(|v| allowed.iter().any(|a| v.as_bytes().eq_ignore_ascii_case(a)))
+    };
+    let fetch_ok =
+        is("sec-fetch-mode", &[b"cors", b"same-origin", b"navigate"]) && is("sec-fetch-dest", &[b"empty", b"document"]);
+    let referer_ok = headers.get(header::REFERER).is_none_or(|r| {
+        r.to_str()
+            .ok()
+            .and_then(|r| r.strip_prefix("http://").or_else(|| r.strip_prefix("https://")))
+            .is_some_and(|rest| hosts.allows(rest.split(['/', '?', '#']).next().unwrap_or_default()))
+    });
+    if fetch_ok && referer_ok && !asks_for_an_element(headers) { Ok(()) } else { Err(Refusal::CrossSite) }
+}
+
+/// Whether `Accept` names a type only an element asks for: an image, audio, video, a font or a
+/// style sheet (`<img>` sends `image/avif,image/webp,...,*/*;q=0.8`).
+fn asks_for_an_element(headers: &HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT).iter().flat_map(|v| v.as_bytes().split(|&b| b == b',')).any(|entry| {
+        let media = entry.split(|&b| b == b';').next().unwrap_or_default().trim_ascii().to_ascii_lowercase();
+        [&b"image/"[..], b"audio/", b"video/", b"font/"].iter().any(|p| media.starts_with(p)) || media == b"text/css"
+    })
+}
+
 /// `Content-Type: application/json` (parameters such as `charset` allowed).
 fn declared_json(headers: &HeaderMap) -> bool {
     headers.get(header::CONTENT_TYPE).is_some_and(|v| {
@@ -234,6 +281,38 @@ mod tests {
         let del = head(&[("origin", "http://evil.example")]);
         assert_eq!(check(&h, &Method::DELETE, &del), Err(Refusal::CrossOrigin));
         assert_eq!(check(&h, &Method::DELETE, &HeaderMap::new()), Ok(()));
+    }
+
+    #[test]
+    fn heavy_gets_asked_for_by_another_sites_page_are_refused() {
+        let h = loopback();
+        let img = "image/avif,image/webp,image/apng,image/svg+xml,image/*,*/*;q=0.8";
+        for bad in [
+            vec![("accept", img)],
+            vec![("accept", "text/css,*/*;q=0.1")],
+            vec![("accept", "*/*"), ("referer", "http://evil.example/")],
+            vec![("referer", "https://admin.internal.evil/x")],
+            vec![("referer", "about:client")],
+            vec![("sec-fetch-mode", "no-cors")],
+            vec![("sec-fetch-dest", "image")],
+            vec![("sec-fetch-dest", "iframe"), ("sec-fetch-mode", "navigate")],
+        ] {
+            assert_eq!(check_heavy(&h, &head(&bad)), Err(Refusal::CrossSite), "{bad:?}");
+        }
+        for ok in [
+            vec![],
+            vec![("accept", "*/*")],
+            vec![("accept", "text/event-stream"), ("sec-fetch-mode", "cors"), ("sec-fetch-dest", "empty")],
+            vec![("referer", "http://admin.internal:9901/dashboard")],
+            vec![("referer", "http://127.0.0.1:9901/dashboard?x=1")],
+            vec![
+                ("accept", "text/html,application/xhtml+xml"),
+                ("sec-fetch-mode", "navigate"),
+                ("sec-fetch-dest", "document"),
+            ],
+        ] {
+            assert_eq!(check_heavy(&h, &head(&ok)), Ok(()), "{ok:?}");
+        }
     }
 
     #[test]

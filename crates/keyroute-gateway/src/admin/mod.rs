@@ -28,8 +28,12 @@
 //! function as in a file (names of visible characters up to 256 bytes, an address that is not the
 //! gateway's own). A known path with another method gets 405 with `Allow`. More than
 //! ten failed token attempts from one address within a minute get 429 until the minute ends
-//! (the right token still works). Before any of this, [`guard`] refuses requests that came through
-//! a gateway, name another Host, come from another origin, or carry a body not declared JSON.
+//! (the right token still works; a request with no credentials still gets its 401 challenge).
+//! Before any of this, [`guard`] refuses requests that came through a gateway, name another
+//! Host, come from another origin, carry a body not declared JSON, or are a heavy GET another
+//! site's page asked for. All of it is decided on the head ([`admit`]): a body is read only for
+//! a request that passed, within [`BODY_TIMEOUT`]. Every answer says `nosniff`; query values are
+//! form-decoded (`+` is a space).
 //! Membership changes build their table on the blocking pool, never on a request thread.
 
 // Handlers return `Result<Response, Response>`: the error is the response to send, and the admin
@@ -77,7 +81,15 @@ fn fail(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
 }
 
 fn param(req: &Request<AdminBody>, name: &str) -> Option<String> {
-    query_value(req.uri().query().unwrap_or(""), name).map(|v| percent_decode(v).into_owned())
+    query_value(req.uri().query().unwrap_or(""), name).map(form_decode)
+}
+
+/// A query value as `application/x-www-form-urlencoded` writes it, which is how a browser's
+/// `URLSearchParams` sends one: `+` is a space, then percent-decoding (a literal `+` is `%2B`).
+/// Only the admin API's own parameters are read so; a proxied request's key keeps `+` (its
+/// placement is a contract).
+fn form_decode(v: &str) -> String {
+    percent_decode(&v.replace('+', " ")).into_owned()
 }
 
 /// The endpoints: a path pattern and the methods it takes.
@@ -118,6 +130,13 @@ impl Endpoint {
         }
     }
 
+    /// Whether a GET of it costs the gateway more than an answer: the feed (held open, a
+    /// sampler) and the placement (a what-if builds a table). These are refused when a browser
+    /// says another site's page asked for them ([`guard::check_heavy`]).
+    fn is_heavy(self) -> bool {
+        matches!(self, Endpoint::Events | Endpoint::Placement)
+    }
+
     fn allows(self, m: &Method) -> bool {
         match self {
             Endpoint::Workers | Endpoint::Placement => m == Method::GET || m == Method::POST,
@@ -151,29 +170,75 @@ struct PatchWorker {
     weight: u32,
 }
 
-/// Handles one admin request: [`gate`], then the endpoint's function.
+/// An admin request whose head passed [`gate`]: the endpoint it names. Only then is its body
+/// read (see [`admit`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Admitted(Endpoint);
+
+/// How long an admitted request's body may take to arrive whole (408 after it): at least
+/// [`MAX_BODY`] in 10 s, 100 KiB/s, so that a client that declares a body and sends it byte by
+/// byte does not hold a connection of the listener's few.
+pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks an admin request on its head alone, before a byte of its body is read: the path and
+/// method, the [`guard`], the probes that need no token (answered here), the token and its
+/// throttle. A connection without the token is refused at once, whatever body it declares, so
+/// that it holds nothing while it sends it (issue 31, defect 13).
+///
+/// `probes_only` is a connection of the listener's reserve (see `server::ADMIN_PROBE_CONNECTIONS`):
+/// it is answered only `/healthz`, `/readyz` and `/metrics`.
+///
+/// # Errors
+///
+/// The answer to send instead (the body is then never read).
+pub(crate) fn admit(
+    shared: &Shared,
+    head: &http::request::Parts,
+    remote: SocketAddr,
+    probes_only: bool,
+) -> Result<Admitted, Response<ProxyBody>> {
+    let endpoint = gate(shared, head, remote)?;
+    if probes_only && endpoint != Endpoint::Metrics {
+        return Err(fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the admin listener is at its connection limit: only /healthz, /readyz and /metrics are answered",
+        ));
+    }
+    Ok(Admitted(endpoint))
+}
+
+/// Marks every admin answer `X-Content-Type-Options: nosniff` (issue 31, defect 21): a JSON or
+/// text answer is never to be read by a browser as a script or a page, whatever it holds.
+pub(crate) fn seal(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    resp.headers_mut().insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    resp
+}
+
+/// Handles one admitted admin request: the endpoint's function.
 /// [`handle`] as a boxed future made here, where its type is concrete (so that a caller generic
 /// over its connection's transport need not prove it `Send` itself).
 pub(crate) fn handle_boxed(
     shared: Arc<Shared>,
+    admitted: Admitted,
     req: Request<AdminBody>,
     remote: SocketAddr,
 ) -> std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send>> {
-    Box::pin(async move { handle(&shared, req, remote).await })
+    Box::pin(async move { handle(&shared, admitted, req, remote).await })
 }
 
-pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<AdminBody>, remote: SocketAddr) -> Response<ProxyBody> {
+pub(crate) async fn handle(
+    shared: &Arc<Shared>,
+    Admitted(endpoint): Admitted,
+    req: Request<AdminBody>,
+    remote: SocketAddr,
+) -> Response<ProxyBody> {
     let path = req.uri().path().to_owned();
-    let endpoint = match gate(shared, &req, &path, remote) {
-        Ok(e) => e,
-        Err(answer) => return answer,
-    };
     let routing = shared.front.routing.load_full();
     let pool_name = param(&req, "pool");
     match endpoint {
         Endpoint::Metrics => return metrics(shared, &routing),
         Endpoint::Dashboard => return dashboard::page(),
-        Endpoint::Events => return dashboard::events(shared),
+        Endpoint::Events => return dashboard::events(shared, remote.ip()),
         _ => {}
     }
     if matches!(endpoint, Endpoint::HotKeys) || (endpoint == Endpoint::Workers && req.method() == Method::GET) {
@@ -200,7 +265,7 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<AdminBody>, remote
         (Endpoint::Placement, _) => match (param(&req, "key"), what_if_of(&req)) {
             (None, _) => fail(StatusCode::BAD_REQUEST, "?key= is required"),
             (_, Err(message)) => fail(StatusCode::BAD_REQUEST, message),
-            (Some(key), Ok(change)) => placement(pool, key, change).await,
+            (Some(key), Ok(change)) => placement(shared, pool, key, change).await,
         },
         (Endpoint::Workers, _) => add_worker(shared, pool, req).await,
         (Endpoint::Worker, Method::DELETE) if param(&req, "drain").as_deref() == Some("true") => {
@@ -223,21 +288,18 @@ pub(crate) async fn handle(shared: &Arc<Shared>, req: Request<AdminBody>, remote
 /// Who may ask what, before any endpoint runs: the path and method (404, 405), the
 /// [`guard`]'s origin and Host rules, the probes that need no token, then the token and its
 /// throttle. `Err` is the answer to send instead.
-fn gate(
-    shared: &Shared,
-    req: &Request<AdminBody>,
-    path: &str,
-    remote: SocketAddr,
-) -> Result<Endpoint, Response<ProxyBody>> {
+fn gate(shared: &Shared, head: &http::request::Parts, remote: SocketAddr) -> Result<Endpoint, Response<ProxyBody>> {
+    let path = head.uri.path();
     let Some(endpoint) = Endpoint::of(path) else { return Err(fail(StatusCode::NOT_FOUND, "no such admin endpoint")) };
-    if !endpoint.allows(req.method()) {
+    if !endpoint.allows(&head.method) {
         let mut resp = fail(StatusCode::METHOD_NOT_ALLOWED, format!("{path} takes {}", endpoint.allow()));
         resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static(endpoint.allow()));
         return Err(resp);
     }
-    if let Err(refused) =
-        guard::check(&Hosts::new(shared.admin_listen, &shared.admin_hosts), req.method(), req.headers())
-    {
+    let hosts = Hosts::new(shared.admin_listen, &shared.admin_hosts);
+    let checked = guard::check(&hosts, &head.method, &head.headers)
+        .and_then(|()| if endpoint.is_heavy() { guard::check_heavy(&hosts, &head.headers) } else { Ok(()) });
+    if let Err(refused) = checked {
         tracing::warn!(%remote, %path, reason = refused.message(), "admin request refused");
         return Err(fail(refused.status(), refused.message()));
     }
@@ -246,30 +308,49 @@ fn gate(
         Endpoint::Readyz => return Err(readyz(shared)),
         _ => {}
     }
-    let now = Instant::now();
-    let authorized = shared
-        .admin_token
-        .as_ref()
-        .is_none_or(|t| guard::token_matches(guard::credential(req.headers()).as_deref(), t));
-    // The right token always works; wrong ones from a throttled address are not even counted.
-    if !authorized && shared.auth.blocked(remote.ip(), now) {
-        let mut resp = fail(StatusCode::TOO_MANY_REQUESTS, "too many failed token attempts; try again later");
-        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(AUTH_WINDOW.as_secs()));
-        return Err(resp);
-    }
-    if !authorized {
-        shared.auth.fail(remote.ip(), now);
-        tracing::warn!(%remote, %path, "admin request without a valid token");
-        let mut resp = fail(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
-        // A browser asks for Basic credentials (the token as the password) when offered them.
-        let challenge = match endpoint {
-            Endpoint::Dashboard | Endpoint::Events => "Bearer, Basic realm=\"keyroute admin\", charset=\"UTF-8\"",
-            _ => "Bearer",
-        };
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
-        return Err(resp);
-    }
+    authorize(shared, &head.headers, endpoint, remote, path)?;
     Ok(endpoint)
+}
+
+/// The token check. The right token always works. A wrong one counts against its address, and
+/// from a throttled address gets 429. A request with no credentials at all guesses nothing: it
+/// is not counted, and always gets the 401 and its challenge, so that a browser, which asks for
+/// credentials only when challenged, can start a login from an address someone else has
+/// throttled (issue 31, defect 15).
+fn authorize(
+    shared: &Shared,
+    headers: &http::HeaderMap,
+    endpoint: Endpoint,
+    remote: SocketAddr,
+    path: &str,
+) -> Result<(), Response<ProxyBody>> {
+    let Some(token) = &shared.admin_token else { return Ok(()) };
+    let presented = guard::credential(headers);
+    if guard::token_matches(presented.as_deref(), token) {
+        return Ok(());
+    }
+    let now = Instant::now();
+    if presented.is_some() {
+        if shared.auth.blocked(remote.ip(), now) {
+            let mut resp = fail(StatusCode::TOO_MANY_REQUESTS, "too many failed token attempts; try again later");
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(AUTH_WINDOW.as_secs()));
+            return Err(resp);
+        }
+        shared.auth.fail(remote.ip(), now);
+        tracing::warn!(%remote, %path, "admin request with a wrong token");
+    }
+    let mut resp = fail(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
+    let h = resp.headers_mut();
+    h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    // A browser asks for Basic credentials (the token as the password) when offered them, and
+    // Chromium only sees Basic offered on a challenge line of its own (issue 31, defect 14).
+    if matches!(endpoint, Endpoint::Dashboard | Endpoint::Events) {
+        h.append(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"keyroute admin\", charset=\"UTF-8\""),
+        );
+    }
+    Err(resp)
 }
 
 /// `GET /readyz`.
@@ -473,7 +554,7 @@ fn params(req: &Request<AdminBody>, name: &str) -> Vec<String> {
         .unwrap_or("")
         .split('&')
         .filter_map(|pair| pair.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
-        .map(|v| percent_decode(v).into_owned())
+        .map(form_decode)
         .collect()
 }
 
@@ -505,13 +586,38 @@ fn what_if_of(req: &Request<AdminBody>) -> Result<WhatIf, String> {
     Ok(change)
 }
 
+/// What-ifs built at once: each is a table of up to a few times its pool's (see
+/// `Snapshot::what_if`) on the blocking pool; the next gets 503 until one ends
+/// (issue 31, defect 16: sixteen at once took 1.7 GiB).
+pub(crate) const MAX_WHAT_IFS: usize = 2;
+
+/// A place among the what-ifs built at once, held until the build ends.
+///
+/// # Errors
+///
+/// 503 with `Retry-After` when [`MAX_WHAT_IFS`] are being built.
+fn start_what_if(
+    building: &Arc<tokio::sync::Semaphore>,
+) -> Result<tokio::sync::OwnedSemaphorePermit, Response<ProxyBody>> {
+    Arc::clone(building).try_acquire_owned().map_err(|_| {
+        let mut resp = fail(StatusCode::SERVICE_UNAVAILABLE, "other what-ifs are being built; ask again in a moment");
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        resp
+    })
+}
+
 /// `GET /placement`: the key's ranking, and with a hypothetical change where it would go then
 /// (built on the blocking pool: a table can take a while).
-async fn placement(pool: Arc<Pool>, key: String, change: WhatIf) -> Response<ProxyBody> {
+async fn placement(shared: &Shared, pool: Arc<Pool>, key: String, change: WhatIf) -> Response<ProxyBody> {
     if change.is_empty() {
         return json(StatusCode::OK, placement_now(&pool, &key));
     }
+    let building = match start_what_if(&shared.what_ifs) {
+        Ok(p) => p,
+        Err(busy) => return busy,
+    };
     off_thread(move || {
+        let _building = building;
         let mut answer = placement_now(&pool, &key);
         let snap = pool.snapshot();
         let (policy, names) = snap.what_if(&change).map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
@@ -838,6 +944,26 @@ mod tests {
         assert!(Endpoint::Workers.allows(&Method::POST));
         assert!(!Endpoint::Worker.allows(&Method::GET));
         assert!(!Endpoint::Metrics.allows(&Method::POST));
+    }
+
+    /// Issue 31, defect 16: sixteen what-ifs at once were all built.
+    #[test]
+    fn what_ifs_past_the_limit_wait_for_none() {
+        let building = Arc::new(tokio::sync::Semaphore::new(MAX_WHAT_IFS));
+        let held: Vec<_> = (0..MAX_WHAT_IFS).map(|_| start_what_if(&building).expect("a place")).collect();
+        let busy = start_what_if(&building).expect_err("no place");
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(busy.headers().contains_key(header::RETRY_AFTER));
+        drop(held);
+        assert!(start_what_if(&building).is_ok(), "a build that ended frees its place");
+    }
+
+    /// Issue 31, defect 18: the dashboard's `URLSearchParams` sends a space as `+`.
+    #[test]
+    fn query_values_are_form_decoded() {
+        assert_eq!(form_decode("pool+two"), "pool two");
+        assert_eq!(form_decode("a%2Bb+c%20d"), "a+b c d");
+        assert_eq!(form_decode("%zz"), "%zz");
     }
 
     #[test]

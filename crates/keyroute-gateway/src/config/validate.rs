@@ -104,11 +104,11 @@ fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
-/// Whether a worker at `worker` would be the gateway itself, listening at `own`.
+/// Whether a worker at `worker` would be the gateway itself, listening at `own`: the fleet's one
+/// rule ([`keyroute_etcd::gateways::reaches`], which `keyroute members add` applies to the
+/// gateways' records), with this machine's own addresses.
 pub(crate) fn points_at(worker: SocketAddr, own: SocketAddr) -> bool {
-    // `::ffff:127.0.0.1` is 127.0.0.1, and `::` listens on IPv4 too.
-    let (w, o) = (worker.ip().to_canonical(), own.ip().to_canonical());
-    worker.port() == own.port() && (w == o || (o.is_unspecified() && is_local(w)))
+    keyroute_etcd::gateways::reaches(worker, own, is_local)
 }
 
 /// One field of a worker that failed validation.
@@ -144,14 +144,17 @@ fn check_label(what: &'static str, text: &str) -> Result<(), WorkerFieldError> {
 }
 
 /// Characters that show nothing, or change how the text around them shows, so that two names
-/// that look alike differ (`w1` and `w1` + U+200B): format characters (Unicode category Cf:
-/// zero-width spaces and joiners, bidirectional controls, the BOM, tags), fillers that render as
-/// blanks, and variation selectors.
+/// that look alike differ (`w1` and `w1` + U+200B): Unicode's Default_Ignorable_Code_Point set
+/// (format characters of category Cf: zero-width spaces and joiners, bidirectional controls, the
+/// BOM, tags; the Hangul and Khitan fillers; variation selectors; the reserved U+FFF0..U+FFF8),
+/// the interlinear annotation marks, and symbols drawn as a blank: U+2800 BRAILLE PATTERN BLANK
+/// (`w1⠀` looks like `w1`, issue 31 defect 20). Whitespace and controls are refused before this.
 fn invisible(c: char) -> bool {
     matches!(c as u32,
         0x00AD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F
-        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F | 0xFEFF
-        | 0xFFA0 | 0xFFF9..=0xFFFB | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
+        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x2800 | 0x3164 | 0xFE00..=0xFE0F
+        | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFFB | 0x16FE4 | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A
+        | 0xE0000..=0xE0FFF)
 }
 
 /// Validates one worker, the same way for a configuration file and the admin API: a name and
@@ -1359,6 +1362,31 @@ mod tests {
         {
             let err = check_label("name", name).expect_err("refused");
             assert!(err.message.contains("invisible"), "{name:?}: {}", err.message);
+        }
+        // Issue 31, defect 20: blanks that are neither whitespace nor format characters.
+        for c in [
+            '\u{2800}',
+            '\u{115F}',
+            '\u{1160}',
+            '\u{3164}',
+            '\u{FFA0}',
+            '\u{180E}',
+            '\u{200B}',
+            '\u{200F}',
+            '\u{2064}',
+            '\u{FEFF}',
+            '\u{FE00}',
+            '\u{E0100}',
+            '\u{FFF0}',
+            '\u{16FE4}',
+            '\u{1D173}',
+        ] {
+            let name = format!("w1{c}");
+            let err = check_label("name", &name).expect_err("refused");
+            assert!(err.message.contains("invisible"), "{name:?}: {}", err.message);
+        }
+        for c in ['\u{3000}', '\u{00A0}', '\u{2007}', '\u{205F}'] {
+            assert!(check_label("name", &format!("w1{c}")).is_err(), "{c:?} is whitespace");
         }
         for name in ["w1", "thumb-ü", "東京-1", "cache.a_b"] {
             assert!(check_label("name", name).is_ok(), "{name}");

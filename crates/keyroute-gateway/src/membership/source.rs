@@ -63,7 +63,8 @@ pub(crate) fn announce(shared: &Arc<Shared>) {
         seen.push(cfg.endpoints.clone());
         let Ok(client) = Client::new(&cfg.endpoints) else { continue };
         let outbound = client.endpoints().first().and_then(|e| keyroute_etcd::gateways::outbound_ip(e));
-        let record = keyroute_etcd::gateways::GatewayRecord::new(&shared.own_addrs(), outbound);
+        let record = keyroute_etcd::gateways::GatewayRecord::new(&shared.own_addrs(), outbound)
+            .with_host_addresses(keyroute_etcd::gateways::host_addresses());
         let admin = shared.admin_listen;
         let name = std::net::SocketAddr::new(
             outbound.filter(|_| admin.ip().is_unspecified()).unwrap_or(admin.ip()),

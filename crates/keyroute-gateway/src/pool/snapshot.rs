@@ -63,6 +63,16 @@ impl Unavailable {
     }
 }
 
+/// How many times the pool's own table a what-if's may be: a change that doubles a pool's
+/// capacity is a question worth answering; one that makes it a thousand times larger is not a
+/// change anyone applies.
+pub(crate) const WHAT_IF_GROWTH: u64 = 4;
+
+/// The entries a what-if's table may have whatever the pool's own size: a pool of a few workers
+/// can be asked about one of any weight it could sensibly get (a ring of 160 points per unit of
+/// weight: 400 units).
+pub(crate) const WHAT_IF_FLOOR: u64 = 65_536;
+
 /// A hypothetical change of a pool's members (see [`Snapshot::what_if`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct WhatIf {
@@ -223,8 +233,26 @@ impl Snapshot {
             .map_err(|e| e.to_string())?;
         crate::table::check_table_size(self.config.strategy, &self.config.options, &nodes)
             .map_err(|e| e.to_string())?;
+        self.check_what_if_size(&nodes)?;
         let policy = Policy::build(self.config.strategy, nodes, &self.config.options).map_err(|e| e.to_string())?;
         Ok((policy, members.into_iter().map(|m| m.0).collect()))
+    }
+
+    /// Refuses a what-if whose table would be more than [`WHAT_IF_GROWTH`] times this one's (or
+    /// [`WHAT_IF_FLOOR`] entries, if more): a question about a change is answered from a table of
+    /// the pool's own size, and nobody asking may make the gateway build one of millions
+    /// (issue 31, defect 16: `add=big:24996` built 4,000,000 points for a pool of 480).
+    fn check_what_if_size(&self, nodes: &keyroute::node::NodeSet) -> Result<(), String> {
+        let (strategy, options) = (self.config.strategy, &self.config.options);
+        let now = crate::table::table_entries(strategy, options, self.policy.nodes());
+        let then = crate::table::table_entries(strategy, options, nodes);
+        let limit = now.saturating_mul(WHAT_IF_GROWTH).max(WHAT_IF_FLOOR);
+        if then > limit {
+            return Err(format!(
+                "the what-if's table would have {then} entries, more than {limit} ({WHAT_IF_GROWTH} times the pool's {now}); ask with lower weights"
+            ));
+        }
+        Ok(())
     }
 
     /// Member `i`'s weight.
