@@ -572,17 +572,28 @@ impl Client {
     /// Reads more of the client's; `false` when it closed, or the gateway stops. A client with
     /// nothing unread holds no buffer while it waits (an idle client costs its socket and this
     /// task, not buffers).
+    ///
+    /// Once the gateway stops, what the client had already sent is still read and served (its
+    /// commands are answered, then the connection closes when nothing more is there): a stop
+    /// never drops a command that reached the socket, and never resets a connection that has
+    /// unread bytes.
     pub(crate) async fn read(&mut self) -> bool {
+        if *self.stop.borrow() {
+            return self.read_now();
+        }
         if self.input.is_empty() {
             self.input = BytesMut::new();
             self.out = Vec::new();
             self.servers.idle();
             let ready = tokio::select! {
-                r = self.stream.readable() => r,
-                _ = self.stop.wait_for(|s| *s) => return false,
+                biased;
+                r = self.stream.readable() => Some(r),
+                _ = self.stop.wait_for(|s| *s) => None,
             };
-            if ready.is_err() {
-                return false;
+            match ready {
+                None => return self.read_now(),
+                Some(Err(_)) => return false,
+                Some(Ok(())) => {}
             }
         }
         self.input.reserve(4096);
@@ -594,12 +605,31 @@ impl Client {
                 Err(_) => return false,
             }
             let ready = tokio::select! {
-                r = self.stream.readable() => r,
-                _ = self.stop.wait_for(|s| *s) => return false,
+                biased;
+                r = self.stream.readable() => Some(r),
+                _ = self.stop.wait_for(|s| *s) => None,
             };
-            if ready.is_err() {
-                return false;
+            match ready {
+                None => return self.read_now(),
+                Some(Err(_)) => return false,
+                Some(Ok(())) => {}
             }
+        }
+    }
+
+    /// After the stop: what the kernel holds for the socket now, without waiting; `false` when it
+    /// holds nothing (the connection then closes). Read from the socket itself, not through the
+    /// runtime's readiness, which can lag bytes that have already arrived: a command the client
+    /// finished sending is never taken for one still on its way.
+    fn read_now(&mut self) -> bool {
+        use std::io::Read as _;
+        let mut chunk = [0u8; 4096];
+        match (&*socket2::SockRef::from(&self.stream)).read(&mut chunk) {
+            Ok(n) if n > 0 => {
+                self.input.extend_from_slice(&chunk[..n]);
+                true
+            }
+            _ => false,
         }
     }
 

@@ -939,3 +939,99 @@ async fn a_move_under_the_handoff_hides_no_key_and_loses_no_increment() {
     assert_eq!((missing, wrong), (0, 0), "counters missing or with lost increments");
     assert!(expected.iter().sum::<u64>() > 0, "increments were acknowledged");
 }
+
+/// Issue 31 (11): every command a client finished sending before the gateway stops is answered,
+/// and the gateway ends cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_answers_every_command_already_sent() {
+    let (_procs, addrs) = memcacheds(2).await;
+    let text = format!("shutdown_grace_ms = 10000\n{}", config(&addrs, "rendezvous", ""));
+    let config = keyroute_gateway::Config::parse(&text, "t.toml").expect("valid");
+    let gw = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+    let (addr, handle) = (gw.local_addrs()[0], gw.handle());
+    let run = tokio::spawn(gw.run(std::future::pending()));
+    let mut c = TcpStream::connect(addr).await.expect("connect");
+    assert_eq!(ask(&mut c, b"set warm 0 0 1\r\n1\r\n", "\r\n").await, "STORED\r\n");
+    let n = 20_000;
+    let pipeline: String = (0..n).map(|i| format!("set stop:{i} 0 0 1\r\nv\r\n")).collect();
+    c.write_all(pipeline.as_bytes()).await.expect("write");
+    handle.shutdown();
+    let (got, closed) = read_to_close(&mut c).await;
+    assert_eq!(got.matches("STORED\r\n").count(), n, "every command sent before the stop is answered");
+    assert!(closed, "then the connection closes");
+    let result = tokio::time::timeout(Duration::from_secs(15), run).await.expect("stops").expect("join");
+    assert!(result.is_ok(), "nothing was cut: {result:?}");
+}
+
+/// Issue 31 (11): a command waiting on a paused server, and one after it to another server, both
+/// sent before the stop: each is answered (the first with the timeout's error) and the gateway
+/// ends cleanly; when the grace period ends first, the exit says commands were cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_behind_a_paused_server_answers_or_says_it_cut() {
+    let (procs, addrs) = memcacheds(2).await;
+    // Keys owned by each server: stored through the proxy, then found on the server.
+    let owned_by = |grace: u64, per_try: u64| {
+        format!(
+            "shutdown_grace_ms = {grace}\n{}",
+            config(&addrs, "rendezvous", &format!("[pool.retry]\nattempts = 1\nper_try_timeout_ms = {per_try}\n"))
+        )
+    };
+    let probe = start_gateway(&owned_by(1000, 1000)).await;
+    let mut c = TcpStream::connect(probe.addr).await.expect("connect");
+    let mut owner_of = Vec::new();
+    for i in 0..20 {
+        assert_eq!(ask(&mut c, format!("set pk{i} 0 0 1\r\nv\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+        let mut d = TcpStream::connect(addrs[0]).await.expect("direct");
+        let on_first = ask(&mut d, format!("get pk{i}\r\n").as_bytes(), "END\r\n").await.starts_with("VALUE");
+        owner_of.push(if on_first { 0 } else { 1 });
+    }
+    let (Some(a), Some(b)) = (owner_of.iter().position(|&o| o == 0), owner_of.iter().position(|&o| o == 1)) else {
+        panic!("both servers own keys: {owner_of:?}");
+    };
+    let pid = procs[0].0.id().to_string();
+    let signal = |s: &str| {
+        let ok = Command::new("kill").args([s, &pid]).status().expect("kill").success();
+        assert!(ok, "kill {s}");
+    };
+    for (grace, per_try, cut) in [(10_000, 600, false), (300, 5_000, true)] {
+        let config = keyroute_gateway::Config::parse(&owned_by(grace, per_try), "t.toml").expect("valid");
+        let gw = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+        let (addr, handle) = (gw.local_addrs()[0], gw.handle());
+        let run = tokio::spawn(gw.run(std::future::pending()));
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        assert!(ask(&mut c, b"version\r\n", "\r\n").await.starts_with("VERSION"));
+        signal("-STOP");
+        c.write_all(format!("get pk{a}\r\n").as_bytes()).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.write_all(format!("set pk{b} 0 0 2\r\nv2\r\n").as_bytes()).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        handle.shutdown();
+        let (got, _) = read_to_close(&mut c).await;
+        let result = tokio::time::timeout(Duration::from_secs(15), run).await.expect("stops").expect("join");
+        signal("-CONT");
+        if cut {
+            assert!(
+                matches!(result, Err(keyroute_gateway::GatewayError::GraceExpired { .. })),
+                "a cut command shows in the exit: {result:?}"
+            );
+        } else {
+            assert!(result.is_ok(), "nothing was cut: {result:?}");
+            assert!(got.starts_with("SERVER_ERROR"), "the paused server's command gets its error: {got:?}");
+            assert!(got.ends_with("STORED\r\n"), "the second command is answered: {got:?}");
+        }
+    }
+}
+
+/// Reads until the server closes the connection (at most 20 s): what came, and whether it closed.
+async fn read_to_close(c: &mut TcpStream) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 65536];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match tokio::time::timeout_at(deadline, c.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), false),
+            Ok(Ok(k)) => got.extend_from_slice(&chunk[..k]),
+        }
+    }
+}

@@ -893,3 +893,27 @@ async fn a_fill_never_lands_after_a_later_write() {
         "copies back after an acknowledged DEL, reads older than an acknowledged SET"
     );
 }
+
+/// Issue 31 (11): every command a client finished sending before the gateway stops is answered:
+/// a pipeline of 20,000 commands written whole, then a stop, gets 20,000 replies, and the
+/// gateway ends cleanly (nothing was cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_answers_every_command_already_sent() {
+    let (_procs, addrs) = redis_servers(2).await;
+    let text = format!("shutdown_grace_ms = 10000\n{}", config(&addrs, "rendezvous"));
+    let config = keyroute_gateway::Config::parse(&text, "t.toml").expect("valid");
+    let gw = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+    let (addr, handle) = (gw.local_addrs()[0], gw.handle());
+    let run = tokio::spawn(gw.run(std::future::pending()));
+    let mut c = TcpStream::connect(addr).await.expect("connect");
+    assert_eq!(ask(&mut c, &cmd(&["SET", "warm", "1"]), 1).await, "+OK\r\n");
+    let n = 20_000;
+    let pipeline: Vec<u8> = (0..n).flat_map(|i| cmd(&["SET", &format!("stop:{i}"), "v"])).collect();
+    c.write_all(&pipeline).await.expect("write");
+    handle.shutdown();
+    let (replies, closed) = read_to_close(&mut c).await;
+    assert_eq!(replies.matches("+OK\r\n").count(), n, "every command sent before the stop is answered");
+    assert!(closed, "then the connection closes");
+    let result = tokio::time::timeout(Duration::from_secs(15), run).await.expect("stops").expect("join");
+    assert!(result.is_ok(), "nothing was cut: {result:?}");
+}
