@@ -208,10 +208,58 @@ async fn redis_commands_go_to_their_keys_servers() {
     assert_eq!(ask(&mut TcpStream::connect(gw.addr).await.expect("connect"), &cmd(&["QUIT"]), 1).await, "+OK\r\n");
 }
 
+/// Issue 31 (12): a store's defaults. A paused Redis server's keys are never sent to another
+/// server, however long it is silent (past the stall window and the failures that would eject a
+/// cache's server): their commands fail with an error, nothing lands on a server that does not own
+/// it, and the first command after it resumes is served by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_redis_server_moves_only_its_keys() {
+async fn a_paused_redis_servers_keys_go_nowhere_else() {
+    let (procs, addrs) = redis_servers(3).await;
+    let text = config(&addrs, "rendezvous").replace("per_try_timeout_ms = 1000", "per_try_timeout_ms = 300");
+    let gw = start_gateway(&text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..60 {
+        assert_eq!(ask(&mut c, &cmd(&["SET", &format!("k{i}"), "v"]), 1).await, "+OK\r\n");
+    }
+    let mut d = TcpStream::connect(addrs[0]).await.expect("direct");
+    let mut on_paused = Vec::new();
+    for i in 0..60 {
+        if ask(&mut d, &cmd(&["EXISTS", &format!("k{i}")]), 1).await == ":1\r\n" {
+            on_paused.push(i);
+        }
+    }
+    assert!(!on_paused.is_empty());
+    let pid = procs[0].0.id().to_string();
+    let signal = |s: &str| assert!(Command::new("kill").args([s, &pid]).status().expect("kill").success());
+    signal("-STOP");
+    // 12 writes of 300 ms each: past the 2 s stall window and 5 failures.
+    for n in 0..12 {
+        let i = on_paused[n % on_paused.len()];
+        let r = ask(&mut c, &cmd(&["SET", &format!("k{i}"), "elsewhere"]), 1).await;
+        assert!(r.starts_with("-ERR keyroute:"), "write {n} of k{i} while its server is paused: {r}");
+    }
+    signal("-CONT");
+    for a in &addrs[1..] {
+        let mut d = TcpStream::connect(a).await.expect("direct");
+        for &i in &on_paused {
+            assert_eq!(ask(&mut d, &cmd(&["EXISTS", &format!("k{i}")]), 1).await, ":0\r\n", "k{i} on {a}");
+        }
+    }
+    let i = on_paused[0];
+    let r = ask(&mut c, &cmd(&["GET", &format!("k{i}")]), 1).await;
+    assert!(r == "$1\r\nv\r\n" || r == "$9\r\nelsewhere\r\n", "served by its owner once it is back: {r}");
+}
+
+/// With failover asked for (`attempts` and `consecutive_failures`), a dead Redis server's keys
+/// move to the next server, and only its keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_server_moves_only_its_keys_when_failover_is_on() {
     let (mut procs, addrs) = redis_servers(3).await;
-    let gw = start_gateway(&config(&addrs, "rendezvous")).await;
+    let text = config(&addrs, "rendezvous").replace(
+        "per_try_timeout_ms = 1000\n",
+        "per_try_timeout_ms = 1000\nattempts = 3\n[pool.passive]\nconsecutive_failures = 5\n",
+    );
+    let gw = start_gateway(&text).await;
     let mut c = TcpStream::connect(gw.addr).await.expect("connect");
     for i in 0..60 {
         assert_eq!(ask(&mut c, &cmd(&["SET", &format!("k{i}"), "v"]), 1).await, "+OK\r\n");

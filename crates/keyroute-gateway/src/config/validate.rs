@@ -258,6 +258,13 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     for (i, l) in raw.listener.iter().enumerate() {
         listeners.push(validate_listener(ctx, l, i, own[i + 1].0, &pools)?);
     }
+    for l in &listeners {
+        if let Some(cache) = &l.cache
+            && cache.protocol == CacheProtocol::Redis
+        {
+            store_defaults(&mut pools[cache.pool], &raw.pool[cache.pool]);
+        }
+    }
     Ok(Config {
         admin,
         listeners,
@@ -868,6 +875,29 @@ fn validate_passive(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<PassiveCon
     })
 }
 
+/// A store's failure defaults, for a pool a Redis listener serves (issue 31, defect 12), where
+/// the file leaves them unset: a key is only ever sent to its owner. A store's key has one home:
+/// a write sent to the next server while the owner is down, paused or slow lands where no later
+/// read of the owner finds it, and is found again only by reads that fail over the same way (a
+/// counter restarts from nothing there, a deleted key lives on). So a Redis pool neither ejects
+/// (`consecutive_failures = 0`), nor routes around a stalled server (`stall_ms = 0`), nor tries
+/// the next server when the owner cannot be reached (`attempts = 1`): the owner's commands fail
+/// with an error the client sees until it is back, as nutcracker's default (`auto_eject_hosts:
+/// false`) does. A memcached pool keeps the cache's defaults (eject after 5 failures, route around
+/// a 2 s stall, 3 attempts): a cache's key moved to the next server costs a miss and a refill.
+fn store_defaults(pool: &mut PoolConfig, raw: &RawPool) {
+    let passive = raw.passive.as_ref();
+    if passive.and_then(|x| x.consecutive_failures).is_none() {
+        pool.passive.consecutive_failures = 0;
+    }
+    if passive.and_then(|x| x.stall_ms.as_ref()).is_none() {
+        pool.passive.stall = Duration::ZERO;
+    }
+    if raw.retry.as_ref().and_then(|r| r.attempts.as_ref()).is_none() {
+        pool.retry.attempts = 1;
+    }
+}
+
 /// `[pool.retry]`: tries, and their timeouts.
 fn validate_retry(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<RetryConfig, ConfigError> {
     let field = |f: &str| format!("pool.{name}.{f}");
@@ -1341,6 +1371,28 @@ fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Members
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 31 (12): a pool a Redis listener serves sends a key only to its owner unless the
+    /// file asks for failover; a memcached pool keeps the cache's defaults.
+    #[test]
+    fn a_store_fails_where_a_cache_fails_over() {
+        let text = |protocol: &str, pool_extra: &str| {
+            format!(
+                "[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"{protocol}\"\n[[pool]]\nname = \"p\"\n{pool_extra}\n[[pool.worker]]\nname = \"a\"\naddress = \"127.0.0.1:7001\"\n"
+            )
+        };
+        let pool = |protocol: &str, extra: &str| {
+            let c = Config::parse(&text(protocol, extra), "t.toml").expect("valid");
+            (c.pools[0].passive.clone(), c.pools[0].retry.attempts)
+        };
+        let (store, attempts) = pool("redis", "");
+        assert_eq!((store.consecutive_failures, store.stall, attempts), (0, Duration::ZERO, 1));
+        let (cache, attempts) = pool("memcached", "");
+        assert_eq!((cache.consecutive_failures, cache.stall, attempts), (5, Duration::from_secs(2), 3));
+        let asked = "[pool.retry]\nattempts = 2\n[pool.passive]\nconsecutive_failures = 3\nstall_ms = 500\n";
+        let (store, attempts) = pool("redis", asked);
+        assert_eq!((store.consecutive_failures, store.stall, attempts), (3, Duration::from_millis(500), 2));
+    }
 
     #[test]
     fn a_worker_at_the_gateways_own_address_is_found_in_any_spelling() {
