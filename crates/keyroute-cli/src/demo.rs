@@ -459,7 +459,7 @@ worker_header = "x-keyroute-worker"
 connect_timeout_ms = 500
 [pool.health]
 path = "/healthz"
-interval_ms = 200
+interval_ms = 1000
 timeout_ms = 1000
 rise = 1
 fall = 1

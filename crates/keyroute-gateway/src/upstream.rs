@@ -291,6 +291,11 @@ fn response(head: &ResponseHead, body: UpstreamBody) -> Response<UpstreamBody> {
         let (Ok(name), Some(value)) = (HeaderName::from_bytes(name.as_bytes()), fields.value_bytes(i)) else {
             continue;
         };
+        // A repeated `Content-Length` (the engine checked the values agree) goes on once, as one
+        // framing: two fields are a smuggling pair to the next reader.
+        if name == http::header::CONTENT_LENGTH && headers.contains_key(http::header::CONTENT_LENGTH) {
+            continue;
+        }
         if let Ok(value) = HeaderValue::from_maybe_shared(value) {
             headers.append(name, value);
         }

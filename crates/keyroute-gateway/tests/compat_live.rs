@@ -210,7 +210,7 @@ async fn gw_name(gw: &Gw, b: &Backend) -> String {
     if worker_info(gw, &by_addr).await.is_null() { b.name.clone() } else { by_addr }
 }
 
-const HEALTH: &str = "[pool.health]\npath = \"/healthz\"\ninterval_ms = 50\ntimeout_ms = 500\nrise = 1\nfall = 1";
+const HEALTH: &str = "[pool.health]\npath = \"/healthz\"\ninterval_ms = 250\ntimeout_ms = 250\nrise = 1\nfall = 1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_mode_places_as_the_real_nginx() {

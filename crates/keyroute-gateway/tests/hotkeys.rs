@@ -269,7 +269,7 @@ async fn handoff_sends_a_newcomers_keys_to_their_previous_owner_until_the_window
 async fn slow_start_ramps_a_recovered_worker_back_in() {
     let bs = backends(4).await;
     let refs: Vec<&Backend> = bs.iter().collect();
-    let extra = "[pool.slow_start]\nwindow_ms = 6000\nmin_share = 0.0\n[pool.health]\npath = \"/healthz\"\ninterval_ms = 30\ntimeout_ms = 200\nrise = 1\nfall = 1";
+    let extra = "[pool.slow_start]\nwindow_ms = 6000\nmin_share = 0.0\n[pool.health]\npath = \"/healthz\"\ninterval_ms = 200\ntimeout_ms = 200\nrise = 1\nfall = 1";
     let gw = start_gateway(&config_text(&refs, extra, "")).await;
     let ks: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
     let before = serve_all(&gw, &ks).await;

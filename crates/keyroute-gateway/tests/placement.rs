@@ -36,7 +36,7 @@ async fn a_dead_owner_moves_only_its_keys_to_their_runner_up_and_back() {
     let refs: Vec<&Backend> = bs.iter().collect();
     let text = config_text(
         &refs,
-        "strategy = \"rendezvous\"\n[pool.health]\npath = \"/healthz\"\ninterval_ms = 30\ntimeout_ms = 200\nrise = 1\nfall = 1",
+        "strategy = \"rendezvous\"\n[pool.health]\npath = \"/healthz\"\ninterval_ms = 200\ntimeout_ms = 200\nrise = 1\nfall = 1",
         "",
     );
     let gw = start_gateway(&text).await;

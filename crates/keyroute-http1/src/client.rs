@@ -165,14 +165,20 @@ pub async fn send(
     let mut upload = Upload::new(body, outgoing);
     let mut partial = BytesMut::new();
     loop {
+        // The upload's own failure (the client's body broke) ends the exchange when it happens,
+        // not when the server answers or the caller's timeout runs out.
         let read = poll_fn(|cx| {
             upload.drive(&conn.io, cx);
-            buf::poll_read(&conn.io, cx)
+            if upload.client_failed() {
+                return Poll::Ready(None);
+            }
+            buf::poll_read(&conn.io, cx).map(Some)
         })
         .await;
         if let Some(e) = upload.take_client_error() {
             return Err(SendError::Failed(e));
         }
+        let Some(read) = read else { return Err(SendError::Failed(ExchangeError::Closed)) };
         let mut bytes = match read {
             Ok(b) if b.is_empty() => return Err(SendError::Failed(ExchangeError::Closed)),
             Ok(b) if partial.is_empty() => b,
@@ -228,7 +234,14 @@ struct Upload {
     data: Bytes,
     tail: &'static [u8],
     state: UploadState,
+    /// The body's end was seen while joining frames ([`Upload::gather`]).
+    ended: bool,
 }
+
+/// Data frames smaller than this are joined with those the body already has ready, up to this
+/// size, before they are written (as one chunk, when chunked): 16 KiB, nginx's
+/// `client_body_buffer_size` on 64-bit machines.
+const COALESCE: usize = 16 * 1024;
 
 #[derive(Debug)]
 enum UploadState {
@@ -252,6 +265,7 @@ impl Upload {
             data: Bytes::new(),
             tail: &[],
             state: if done { UploadState::Done } else { UploadState::Sending },
+            ended: false,
         }
     }
 
@@ -261,6 +275,10 @@ impl Upload {
 
     fn is_sending(&self) -> bool {
         matches!(self.state, UploadState::Sending)
+    }
+
+    fn client_failed(&self) -> bool {
+        matches!(self.state, UploadState::ClientFailed(_))
     }
 
     fn take_client_error(&mut self) -> Option<ExchangeError> {
@@ -291,7 +309,7 @@ impl Upload {
                 self.state = UploadState::Done;
                 return;
             };
-            if body.is_end_stream() {
+            if self.ended || body.is_end_stream() {
                 self.finish();
                 continue;
             }
@@ -301,9 +319,15 @@ impl Upload {
                 Poll::Ready(Some(Err(e))) => self.state = UploadState::ClientFailed(ExchangeError::Upload(e)),
                 Poll::Ready(Some(Ok(frame))) => {
                     // Trailers are dropped (a re-framing proxy may).
-                    let Ok(data) = frame.into_data() else { continue };
+                    let Ok(mut data) = frame.into_data() else { continue };
                     if data.is_empty() {
                         continue;
+                    }
+                    if data.len() < COALESCE {
+                        data = self.gather(data, cx);
+                        if !self.is_sending() {
+                            return;
+                        }
                     }
                     self.sent += data.len() as u64;
                     match self.outgoing {
@@ -323,6 +347,34 @@ impl Upload {
                 }
             }
         }
+    }
+
+    /// Joins the data frames the body has ready now to `first`, up to [`COALESCE`] bytes: a
+    /// client that sends many small chunks costs the server one chunk (and one write) per batch,
+    /// not one per chunk of its own (300,000 one-byte chunks are 1.8 MB of chunk framing). Notes
+    /// the body's end or failure for the caller.
+    fn gather(&mut self, first: Bytes, cx: &mut Context<'_>) -> Bytes {
+        let Some(body) = self.body.as_mut() else { return first };
+        let mut joined: Option<BytesMut> = None;
+        while joined.as_ref().map_or(first.len(), BytesMut::len) < COALESCE && !body.is_end_stream() {
+            match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Pending => break,
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    break;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.state = UploadState::ClientFailed(ExchangeError::Upload(e));
+                    break;
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(d) = frame.into_data() {
+                        joined.get_or_insert_with(|| BytesMut::from(&first[..])).extend_from_slice(&d);
+                    }
+                }
+            }
+        }
+        joined.map_or(first, BytesMut::freeze)
     }
 
     /// The body ended: the last chunk, or a check of the length.
@@ -544,7 +596,7 @@ mod tests {
     #[tokio::test]
     async fn a_chunked_upload_and_a_chunked_response() {
         let (addr, srv) =
-            server(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 21).await;
+            server(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 16).await;
         let body = boxed(Frames([Bytes::from_static(b"hello"), Bytes::from_static(b"!")].into()));
         let r = send(
             conn(addr).await,
@@ -561,7 +613,8 @@ mod tests {
         assert_eq!(&(&mut body).collect().await.expect("body").to_bytes()[..], b"abc");
         assert!(body.take_reusable().is_some());
         let got = srv.await.expect("server");
-        assert!(got.ends_with(b"\r\n\r\n5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n"), "{:?}", String::from_utf8_lossy(&got));
+        // The two frames were ready together: one chunk (issue 31, 26: small chunks coalesced).
+        assert!(got.ends_with(b"\r\n\r\n6\r\nhello!\r\n0\r\n\r\n"), "{:?}", String::from_utf8_lossy(&got));
     }
 
     #[tokio::test]

@@ -25,10 +25,14 @@
 //! | a target that is neither origin (`/...`), absolute (`http://...`), `*` (OPTIONS) nor an authority (CONNECT) | 400 | section 3.2 |
 //! | more fields than the limit, or a head longer than the limit | 431 | RFC 6585 |
 //! | a version other than HTTP/1.0 or HTTP/1.1 | 505 | |
+//! | a request line of other than three parts (a space inside the target) | 400 | section 3: method SP target SP version; the version is then unknown, not unsupported |
+//! | `Expect: 100-continue` on HTTP/1.0 | ignored | RFC 9110 section 10.1.1: an HTTP/1.0 client cannot read a `100` |
 //!
 //! Responses (from workers) are read as strictly, except that a bare LF ends a line, a repeated
 //! `Content-Length` with one value is that value, and `Transfer-Encoding` without `chunked` last
-//! means the body runs to the connection's close (section 6.3, rule 4).
+//! means the body runs to the connection's close (section 6.3, rule 4). An HTTP/1.0 response
+//! with `Transfer-Encoding` is refused (section 6.1: its framing is faulty, whatever it says).
+//! After a `101` the connection speaks another protocol: it never carries another exchange.
 
 use bytes::Bytes;
 
@@ -381,9 +385,19 @@ fn with_headers<'b, T>(
 
 /// httparse refuses versions it does not know; `HTTP/2.0` and the like are 505, anything that
 /// does not look like a version at all is 400.
+/// What httparse's version error was: a well-formed request line (three parts, the leading
+/// empty lines skipped) whose version is another `HTTP/x.y` is an unsupported version (505);
+/// anything else, a space inside the target among them, is a malformed line (400).
 fn version_error(buf: &[u8]) -> HeadError {
-    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
-    let last = line.rsplit(|&b| b == b' ').next().unwrap_or_default().trim_ascii_end();
+    let line = buf
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .find(|l| !l.is_empty())
+        .unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let (Some(_), Some(_), Some(last), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return HeadError::Syntax;
+    };
     let looks = last.len() == 8 && last.starts_with(b"HTTP/") && last[5].is_ascii_digit() && last[7].is_ascii_digit();
     if looks && last[6] == b'.' { HeadError::Version } else { HeadError::Syntax }
 }
@@ -538,8 +552,9 @@ fn read_framing_fields(head: &mut Fields) -> (FramingFields, Option<Span>) {
 impl RequestHead {
     fn read_fields(&mut self) -> Result<(), HeadError> {
         let (ff, expect) = read_framing_fields(&mut self.head);
-        self.expect_continue =
-            expect.is_some_and(|v| self.head.bytes[v.range()].trim_ascii().eq_ignore_ascii_case(b"100-continue"));
+        // An HTTP/1.0 client's expectation is ignored (RFC 9110 section 10.1.1).
+        self.expect_continue = self.head.version == Version::Http11
+            && expect.is_some_and(|v| self.head.bytes[v.range()].trim_ascii().eq_ignore_ascii_case(b"100-continue"));
         self.framing = if ff.codings > 0 {
             if self.head.version == Version::Http10 || ff.lengths > 0 || ff.chunked_twice {
                 return Err(HeadError::TransferEncoding);
@@ -625,13 +640,14 @@ impl ResponseHead {
         self.framing = if bodiless {
             Framing::Empty
         } else if ff.codings > 0 {
+            // RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing
+            // (chunk framing passed on as the body, or a body cut at the wrong place): refused.
+            if self.head.version == Version::Http10 {
+                return Err(HeadError::TransferEncoding);
+            }
             // RFC 9112 section 6.3, rules 3 and 4: chunked last frames the body (whatever a
             // Content-Length says); anything else runs to the close.
-            if ff.chunked_last && !ff.chunked_twice && self.head.version == Version::Http11 {
-                Framing::Chunked
-            } else {
-                Framing::UntilClose
-            }
+            if ff.chunked_last && !ff.chunked_twice { Framing::Chunked } else { Framing::UntilClose }
         } else if ff.lengths > 0 {
             if ff.invalid_length || ff.length_conflict {
                 return Err(HeadError::ContentLength);
@@ -671,9 +687,11 @@ impl ResponseHead {
         self.head.connection
     }
 
-    /// Whether the connection may carry another request after this response's body.
+    /// Whether the connection may carry another request after this response's body: both sides
+    /// persistent, a body with an end, and not a `101` (after which the connection speaks another
+    /// protocol, asked for or not).
     pub fn keep_alive(&self) -> bool {
-        self.head.persistent() && self.framing != Framing::UntilClose
+        self.head.persistent() && self.framing != Framing::UntilClose && self.status != 101
     }
 
     /// The head's bytes and fields.
@@ -784,6 +802,11 @@ mod tests {
             ("GET / HTTP/2.0\r\nHost: x\r\n\r\n", Err(Version)),
             ("GET / HTTP/1.2\r\nHost: x\r\n\r\n", Err(Version)),
             ("GET / FOO\r\nHost: x\r\n\r\n", Err(Syntax)),
+            // A space inside the target: the line has four parts, and is malformed (issue 31).
+            ("GET /a b HTTP/1.1\r\nHost: x\r\n\r\n", Err(Syntax)),
+            ("GET /a  HTTP/1.1\r\nHost: x\r\n\r\n", Err(Syntax)),
+            ("\r\nGET /a b HTTP/1.1\r\nHost: x\r\n\r\n", Err(Syntax)),
+            ("\r\nGET / HTTP/3.0\r\nHost: x\r\n\r\n", Err(Version)),
         ];
         for (text, want) in cases {
             assert_eq!(req(text).map(|h| h.framing()), *want, "{text:?}");
@@ -799,6 +822,25 @@ mod tests {
         assert!(up.connection().upgrade);
         let e = req("PUT / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n").expect("valid");
         assert!(e.expects_continue());
+        // An HTTP/1.0 client's expectation is ignored (RFC 9110 section 10.1.1).
+        let e = req("PUT / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n").expect("valid");
+        assert!(!e.expects_continue());
+    }
+
+    /// Issue 31 (22, 26): a `101` never leaves its connection reusable; an HTTP/1.0 response with
+    /// `Transfer-Encoding` is refused; a repeated equal `Content-Length` frames the body once.
+    #[test]
+    fn responses_whose_connection_cannot_go_on() {
+        let switched =
+            resp("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", false);
+        assert!(!switched.expect("valid").keep_alive());
+        assert!(resp("HTTP/1.1 100 Continue\r\n\r\n", false).expect("valid").keep_alive());
+        for te in ["chunked", "gzip", "gzip, chunked"] {
+            let r = resp(&format!("HTTP/1.0 200 OK\r\nTransfer-Encoding: {te}\r\n\r\n"), false);
+            assert_eq!(r.map(|h| h.framing()), Err(HeadError::TransferEncoding), "{te}");
+        }
+        let twice = resp("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n", false);
+        assert_eq!(twice.map(|h| h.framing()), Ok(Framing::Length(2)));
     }
 
     #[test]

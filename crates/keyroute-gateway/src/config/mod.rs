@@ -201,6 +201,10 @@ pub struct PoolConfig {
     pub retry: RetryConfig,
     /// Upstream timeouts.
     pub connect_timeout: Duration,
+    /// The longest wait for the next bytes of a worker's response body once its head has
+    /// arrived (`read_timeout_ms`, 60 s as nginx's `proxy_read_timeout`): a body that stalls
+    /// longer is cut (the client's response ends short) and counted as the worker's failure.
+    pub read_timeout: Duration,
     /// Where the members come from.
     pub membership: MembershipConfig,
     /// The workers (of a `static` pool; an etcd-backed pool's come from etcd).
@@ -429,6 +433,34 @@ weight = 2
             assert!(err.message.contains(needle), "{err}");
             assert!(err.to_string().starts_with(&format!("k.toml:{line}: {field}: ")), "{err}");
         }
+    }
+
+    /// Issue 31 (27): what `serve --check` passed and should not have.
+    #[test]
+    fn blank_tokens_huge_keys_and_slow_probes_are_refused() {
+        let admin = |token: &str| format!("[admin]\ntoken = \"{token}\"\n{GOOD}");
+        for token in [" ".repeat(16), format!("{}\\t", "a".repeat(16)), "abcdefgh ijklmnop".to_owned()] {
+            let err = Config::parse(&admin(&token), "k.toml").expect_err("refused");
+            assert_eq!((err.line, err.field.as_str()), (Some(2), "admin.token"), "{token:?}: {err}");
+        }
+        Config::parse(&admin("s3cr3t-t0ken-0f-20+/="), "k.toml").expect("a visible token");
+        let huge = GOOD.replace("{path}?w={query.w}", &format!("{{path}}{}", "x".repeat(10 << 20)));
+        let err = Config::parse(&huge, "k.toml").expect_err("refused");
+        assert_eq!((err.line, err.field.as_str()), (Some(8), "pool.thumbs.key"), "{err}");
+        let health = |h: &str| GOOD.replacen("[[pool.worker]]", &format!("[pool.health]\n{h}\n\n[[pool.worker]]"), 1);
+        let err = Config::parse(&health("interval_ms = 500\ntimeout_ms = 501"), "k.toml").expect_err("refused");
+        assert_eq!(err.field, "pool.thumbs.health.timeout_ms", "{err}");
+        assert!(err.message.contains("above health.interval_ms (500 ms)"), "{err}");
+        // Left to their defaults, the timeout follows a short interval.
+        let c = Config::parse(&health("interval_ms = 200"), "k.toml").expect("valid");
+        assert_eq!(c.pools[0].health.timeout, Duration::from_millis(200));
+        let c = Config::parse(&health("timeout_ms = 2000"), "k.toml").expect("valid");
+        assert_eq!(
+            (c.pools[0].health.interval, c.pools[0].health.timeout),
+            (Duration::from_secs(2), Duration::from_secs(2))
+        );
+        // Issue 31 (24): the read timeout between a worker's body bytes, nginx's default.
+        assert_eq!(Config::parse(GOOD, "k.toml").expect("valid").pools[0].read_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -754,11 +786,10 @@ weight = 2
             assert!(err.message.contains(needle), "{err}");
             assert!(err.line.is_some(), "{err}");
         }
-        // Valid but probably not meant: a warning, not an error.
+        // A probe that outlasts its interval was a warning; it is refused since issue 31 (27).
         let slow_probe = GOOD.replace(key, &format!("{key}\n[pool.health]\ninterval_ms = 100\ntimeout_ms = 500"));
-        let c = Config::parse(&slow_probe, "k.toml").expect("valid");
-        assert_eq!(c.warnings.len(), 1);
-        assert_eq!(c.warnings[0].field, "pool.thumbs.health.timeout_ms", "{}", c.warnings[0]);
+        let err = Config::parse(&slow_probe, "k.toml").expect_err("a probe longer than its interval");
+        assert_eq!(err.field, "pool.thumbs.health.timeout_ms", "{err}");
         assert!(Config::parse(GOOD, "k.toml").expect("valid").warnings.is_empty());
     }
 

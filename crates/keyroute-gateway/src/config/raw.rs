@@ -98,6 +98,7 @@ pub(super) struct RawPool {
     pub(super) choices: Option<Spanned<usize>>,
     pub(super) worker_header: Option<Spanned<String>>,
     pub(super) connect_timeout_ms: Option<Spanned<u64>>,
+    pub(super) read_timeout_ms: Option<Spanned<u64>>,
     pub(super) health: Option<RawHealth>,
     pub(super) passive: Option<RawPassive>,
     pub(super) retry: Option<RawRetry>,

@@ -50,6 +50,10 @@ impl Ctx<'_> {
     }
 }
 
+/// The longest key template, in bytes: a template names parts of a request (`{path}?w={query.w}`);
+/// one of megabytes is a mistake, and would be copied into every key.
+const MAX_KEY_TEMPLATE: usize = 4096;
+
 /// The longest ejection or stall window a configuration may set, in milliseconds.
 const DAY_MS: u64 = 86_400_000;
 
@@ -286,9 +290,15 @@ fn validate_admin(ctx: &Ctx<'_>, admin: Option<&super::raw::RawAdmin>) -> Result
             };
             let token = a.token.as_ref().map(|t| t.get_ref().clone());
             if let Some(t) = &a.token
-                && t.get_ref().len() < 16
+                && (t.get_ref().len() < 16 || !t.get_ref().bytes().all(|b| b.is_ascii_graphic()))
             {
-                return ctx.err(Some(t.span()), "admin.token", "must be at least 16 characters");
+                // A token is sent in a header (`Bearer`, or Basic's password): visible ASCII, and
+                // no blanks, which guess as easily as they type.
+                return ctx.err(
+                    Some(t.span()),
+                    "admin.token",
+                    "must be at least 16 characters of visible ASCII (no spaces)",
+                );
             }
             if !listen.ip().is_loopback() && token.is_none() {
                 return ctx.err(
@@ -674,6 +684,7 @@ fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> 
         passive: validate_passive(ctx, p, name)?,
         retry: validate_retry(ctx, p, name)?,
         connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
+        read_timeout: timeout(ctx, p.read_timeout_ms.as_ref(), 60_000, field("read_timeout_ms"))?,
         membership,
         workers,
         hot_keys: validate_hot_keys(ctx, p, name, strategy)?,
@@ -742,6 +753,10 @@ fn validate_key(
     let field = |f: &str| format!("pool.{name}.{f}");
     let normalize = p.normalize.as_ref().map(|n| n.get_ref().clone()).unwrap_or_default();
     let key_text = p.key.as_ref().map_or("{uri}".to_owned(), |k| k.get_ref().clone());
+    if key_text.len() > MAX_KEY_TEMPLATE {
+        let msg = format!("{} bytes is longer than {MAX_KEY_TEMPLATE}: a key names parts of a request", key_text.len());
+        return ctx.err(p.key.as_ref().map(Spanned::span), field("key"), msg);
+    }
     let key = match KeyTemplate::parse(&key_text, &normalize) {
         Ok(k) => k,
         Err(e) => {
@@ -819,18 +834,19 @@ fn validate_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<HealthConfi
                     "must be at least 10",
                 );
             }
-            let probe_timeout = timeout(ctx, h.timeout_ms.as_ref(), 1000, field("health.timeout_ms"))?;
+            // The default timeout is never above the interval: 1 s, or the interval if shorter.
+            let default_timeout = (interval.as_millis() as u64).min(1000);
+            let probe_timeout = timeout(ctx, h.timeout_ms.as_ref(), default_timeout, field("health.timeout_ms"))?;
             if probe_timeout > interval {
-                // Not wrong (probes never overlap: a round waits for its slowest probe), but a
-                // dead worker is then probed every interval + timeout: say so.
-                ctx.warn(
+                // A probe still waiting when the next is due: the checks would fall behind their
+                // interval, and a dead worker be found every interval + timeout (issue 31, 27).
+                return ctx.err(
                     h.timeout_ms.as_ref().map(Spanned::span),
                     field("health.timeout_ms"),
                     format!(
-                        "{} ms is above health.interval_ms ({} ms): a dead worker is probed every {} ms",
+                        "{} ms is above health.interval_ms ({} ms): a probe must end before the next is due",
                         probe_timeout.as_millis(),
                         interval.as_millis(),
-                        (probe_timeout + interval).as_millis()
                     ),
                 );
             }

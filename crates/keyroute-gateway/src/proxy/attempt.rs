@@ -40,7 +40,8 @@ pub(super) enum Failure {
     Stalled,
     /// The connection failed after the request may have been sent.
     Upstream(SendError),
-    /// The worker switched to a protocol the request did not offer (RFC 9110 §7.8).
+    /// The worker switched protocols (101) where the request offered none, or to one it did not
+    /// offer (RFC 9110 §7.8).
     Unoffered,
 }
 
@@ -148,14 +149,19 @@ async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> 
 /// upload is the client's, the gateway out of descriptors its own, anything else the worker's
 /// (and feeds passive ejection); a 5xx is a failure now, a success is settled when its body ends.
 fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> Try {
-    let TryCtx { snap, worker, parts, replayable, upload, id, .. } = *ctx;
+    let TryCtx { snap, worker, replayable, upload, id, .. } = *ctx;
     let arrived = Instant::now();
     let latency = arrived.saturating_duration_since(sent);
     let failure = match result {
-        Ok(Ok(resp))
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS && parts.headers.contains_key(header::UPGRADE) =>
-        {
-            return switched(ctx, resp, arrived, latency, guard);
+        // A 101, asked for or not: the connection is the new protocol's now, never the pool's.
+        Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            match switched(ctx, resp, arrived, latency, guard) {
+                Ok(upgraded) => return upgraded,
+                Err(f) => {
+                    worker.metrics.record_class(None);
+                    f
+                }
+            }
         }
         Ok(Ok(resp)) => {
             worker.headers_arrived(arrived);
@@ -241,35 +247,36 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
     Try::Failed(failure)
 }
 
-/// The worker switched protocols for an upgrade the request offered: the 101 to pass back, and
+/// The worker switched protocols: for an upgrade the request offered, the 101 to pass back and
 /// the worker's side of the tunnel (its connection is the tunnel's now, never back to the pool).
+/// A 101 to a request that offered no upgrade, or to a protocol it did not offer (RFC 9110
+/// §7.8), is the worker's failure: its connection is dropped (the worker reads it as the new
+/// protocol, so nothing may follow on it) and nothing of it reaches the client.
 fn switched(
     ctx: &TryCtx<'_>,
     resp: Response<UpstreamBody>,
     arrived: Instant,
     latency: Duration,
     guard: InFlight,
-) -> Try {
+) -> Result<Try, Failure> {
     let TryCtx { snap, worker, parts, .. } = *ctx;
-    worker.headers_arrived(arrived);
-    worker.metrics.record_latency(latency);
-    worker.metrics.record_class(Some(101));
     let asked = parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
     let chosen = resp.headers().get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
     let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
-    if !offered(chosen.trim_ascii()) {
-        // RFC 9110 §7.8: a server switches only to a protocol the client offered.
-        return Try::Failed(Failure::Unoffered);
+    if asked.is_empty() || !offered(chosen.trim_ascii()) {
+        return Err(Failure::Unoffered);
     }
+    worker.headers_arrived(arrived);
+    worker.metrics.record_latency(latency);
+    worker.metrics.record_class(Some(101));
     worker.observe_success();
     let (mut head, body) = resp.into_parts();
-    // The connection is the tunnel's now: never back to the pool.
-    let Some(worker_side) = body.into_upgraded() else { return Try::Failed(Failure::Unoffered) };
+    let Some(worker_side) = body.into_upgraded() else { return Err(Failure::Unoffered) };
     let protocol = head.headers.get(header::UPGRADE).cloned();
     worker_head(&mut head, snap, worker);
     head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     if let Some(p) = protocol {
         head.headers.insert(header::UPGRADE, p);
     }
-    Try::Upgraded(Response::from_parts(head, body::empty()), worker_side, guard)
+    Ok(Try::Upgraded(Response::from_parts(head, body::empty()), worker_side, guard))
 }

@@ -6,12 +6,15 @@
 //! - [`Guarded`] wraps the worker's response. It holds the worker's in-flight count until the body
 //!   ends, then returns the connection to the worker's pool. The response's status class and the
 //!   passive-ejection observation are recorded at the end, not at the headers: a response whose
-//!   body ends early (the worker closed mid-body) is an upstream failure (`error`), not a `2xx`.
+//!   body ends early (the worker closed mid-body) is an upstream failure (`error`), not a `2xx`;
+//!   so is a body whose worker sends nothing for the pool's `read_timeout_ms` (nginx's
+//!   `proxy_read_timeout`), which is then cut.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -111,6 +114,11 @@ where
 pub(crate) struct Guarded {
     inner: UpstreamBody,
     state: Option<Finish>,
+    /// The pool's `read_timeout_ms`: the longest wait for the worker's next bytes.
+    read_timeout: Duration,
+    /// Armed the first time the body waits on the worker (a body that arrives with its head
+    /// never needs one), moved on by each frame.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl std::fmt::Debug for Guarded {
@@ -139,7 +147,9 @@ impl Guarded {
         status: u16,
         upload: Arc<Upload>,
     ) -> Self {
-        let mut g = Guarded { inner, state: Some(Finish { guard, worker, snapshot, status, upload }) };
+        let read_timeout = snapshot.config().read_timeout;
+        let state = Some(Finish { guard, worker, snapshot, status, upload });
+        let mut g = Guarded { inner, state, read_timeout, idle: None };
         if g.inner.is_end_stream() {
             g.complete();
         }
@@ -210,6 +220,11 @@ impl Body for Guarded {
             Poll::Ready(Some(Ok(frame))) => {
                 if self.inner.is_end_stream() {
                     self.complete();
+                } else {
+                    let next = tokio::time::Instant::now() + self.read_timeout;
+                    if let Some(idle) = self.idle.as_mut() {
+                        idle.as_mut().reset(next);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -217,7 +232,20 @@ impl Body for Guarded {
                 self.fail(&e);
                 Poll::Ready(Some(Err(Box::new(e))))
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                let timeout = self.read_timeout;
+                let idle = self.idle.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if idle.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                // nginx's `proxy_read_timeout`: the worker sent nothing for the whole timeout.
+                let e = keyroute_http1::ExchangeError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no response bytes for {} ms (read_timeout_ms)", timeout.as_millis()),
+                ));
+                self.fail(&e);
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
         }
     }
 

@@ -55,6 +55,15 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(HTTP2_SETTINGS);
 }
 
+/// The request fields of a WebSocket opening handshake (RFC 6455 section 4.1), which mean
+/// nothing outside one.
+const WEBSOCKET_HANDSHAKE: [HeaderName; 4] = [
+    header::SEC_WEBSOCKET_KEY,
+    header::SEC_WEBSOCKET_VERSION,
+    header::SEC_WEBSOCKET_EXTENSIONS,
+    header::SEC_WEBSOCKET_PROTOCOL,
+];
+
 /// `HTTP2-Settings`, the h2c upgrade's settings.
 const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
@@ -96,6 +105,17 @@ pub(crate) fn upstream_head(
 ) {
     let upgrade = upgrade_of(parts.version, &parts.headers, upgrades);
     strip_hop_by_hop(&mut parts.headers);
+    let websocket = upgrade.as_ref().is_some_and(|u| {
+        let names = u.as_bytes().split(|&b| b == b',').map(|p| p.trim_ascii().split(|&b| b == b'/').next());
+        names.flatten().any(|n| n.eq_ignore_ascii_case(b"websocket"))
+    });
+    if !websocket {
+        // A handshake that is not tunnelled is not forwarded either: without its upgrade, a
+        // worker that still acts on the key would answer a plain request with a 101.
+        for name in WEBSOCKET_HANDSHAKE {
+            parts.headers.remove(name);
+        }
+    }
     if let Some(u) = upgrade {
         parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         parts.headers.insert(header::UPGRADE, u);
