@@ -153,3 +153,36 @@ async fn a_prefix_past_64_mib_is_read_in_pages() {
     assert_eq!(members(&gw), ["w1", "w2"], "a join after the big read applies");
     gw.task.abort();
 }
+
+/// Issue 31 (10): a pool placed as twemproxy, libketama or Redis Cluster places, takes its
+/// members from etcd like any other: it starts with the records there (it exited 2, "twemproxy
+/// needs a server with weight", since its table was first built over no member), and follows a
+/// join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compatibility_modes_take_their_members_from_etcd() {
+    let etcd = Etcd::start();
+    let bs = backends(4).await;
+    for strategy in ["twemproxy", "libketama", "redis-cluster"] {
+        let prefix = format!("/keyroute/pools/{strategy}/workers/");
+        let registry = Registry::new(&[etcd.endpoint()], &prefix).expect("registry");
+        for (i, b) in bs[..3].iter().enumerate() {
+            registry.add(&format!("w{}", i + 1), &record(b.addr, 1), 0).await.expect("add");
+        }
+        let gw = start_gateway(&etcd_config(&etcd.endpoint(), &prefix, strategy)).await;
+        eventually(Duration::from_secs(10), "the records are the members", || async {
+            members(&gw) == ["w1", "w2", "w3"]
+        })
+        .await;
+        let c = client();
+        let ks = keys(60);
+        let owners = owners(&c, &gw, &ks).await;
+        let mut used: Vec<&String> = owners.values().collect();
+        used.sort();
+        used.dedup();
+        assert_eq!(used.len(), 3, "{strategy}: keys on every member: {used:?}");
+        let r = registry.add("w4", &record(bs[3].addr, 1), 0).await.expect("add");
+        applied(&gw, r).await;
+        assert_eq!(members(&gw), ["w1", "w2", "w3", "w4"], "{strategy}");
+        gw.task.abort();
+    }
+}
