@@ -1,5 +1,5 @@
 //! The memcached listener's codec on arbitrary bytes, as client commands and as server answers
-//! (`keyroute_gateway::fuzzing::memcache_codec`): never a panic, accepted keys of 1 to 250 bytes,
+//! (`keyroute_cache_proto::memcache::check_invariants`): never a panic, accepted keys of 1 to 250 bytes,
 //! data blocks within the item limit, answers framed within their buffer and never longer for a
 //! prefix of it.
 #![no_main]
@@ -7,5 +7,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    keyroute_gateway::fuzzing::memcache_codec(data);
+    keyroute_cache_proto::memcache::check_invariants(data);
 });

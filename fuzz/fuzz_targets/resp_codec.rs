@@ -1,5 +1,5 @@
 //! The Redis listener's RESP codec on arbitrary bytes, as client requests and as server replies
-//! (`keyroute_gateway::fuzzing::resp_codec`): never a panic, arguments within their request and
+//! (`keyroute_cache_proto::resp::check_invariants`): never a panic, arguments within their request and
 //! their limit, replies framed within their buffer and never longer for a prefix of it, array
 //! elements that fit their array.
 #![no_main]
@@ -7,5 +7,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    keyroute_gateway::fuzzing::resp_codec(data);
+    keyroute_cache_proto::resp::check_invariants(data);
 });

@@ -45,7 +45,6 @@
 //! | module | what |
 //! |---|---|
 //! | `body` | the body type, and the responses the gateway makes itself |
-//! | `base64` | standard base64, decoded (Basic credentials, memcached's base64 keys) |
 //! | `hop` | the hop-by-hop headers (never forwarded, never stored) |
 //! | [`key`] | key templates over HTTP requests: the core's key language ([`keyroute::key`]) |
 //! | `table` | node sets and the table size limit |
@@ -69,8 +68,8 @@
 //! | `admin` | `guard` (origin, Host and token rules), then the admin API's endpoints, and `dashboard` (the operator's page and its feed) |
 //! | `backend` | a cache listener's side of its servers: batches, placement and accounting |
 //! | `pipe` | the cache listeners' server connections, shared by a thread's clients (tickets and turns) |
-//! | `memcache` | the memcached listener: `codec` (the text protocol, sans IO), then the connection loop |
-//! | `resp` | the Redis listener: `codec` (RESP2 and RESP3, sans IO), then the connection loop |
+//! | `memcache` | the memcached listener's connection loop (its codec: [`keyroute_cache_proto::memcache`]) |
+//! | `resp` | the Redis listener's connection loop (its codec and command table: [`keyroute_cache_proto`]) |
 //! | `relocate` | `keyroute move`: a store's keys moved after a membership change (planned, rate-limited, resumable, verified) |
 //! | `connection` | one connection: TLS and ALPN, HTTP/1.1 on [`keyroute_http1`] (head and send timeouts, upgrades) or HTTP/2 on hyper |
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: accept loops, the hot-key ticker, reload, shutdown |
@@ -82,7 +81,6 @@
 mod access;
 mod admin;
 mod backend;
-mod base64;
 mod body;
 pub(crate) mod cache;
 pub mod config;
@@ -97,8 +95,6 @@ mod listener;
 pub mod membership;
 mod memcache;
 mod metrics;
-#[cfg(test)]
-mod mutate;
 mod pipe;
 mod pool;
 mod prober;
@@ -125,6 +121,4 @@ pub use table::TooLarge;
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::admin::fuzzing::{add_worker, patch_worker};
-    pub use crate::memcache::codec::check_invariants as memcache_codec;
-    pub use crate::resp::codec::check_invariants as resp_codec;
 }

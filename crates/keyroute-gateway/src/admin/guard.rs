@@ -213,7 +213,7 @@ pub(crate) fn credential(headers: &HeaderMap) -> Option<Vec<u8>> {
     if !scheme.eq_ignore_ascii_case(b"basic") {
         return None;
     }
-    let pair = crate::base64::decode(rest.trim_ascii())?;
+    let pair = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, rest.trim_ascii()).ok()?;
     let colon = pair.iter().position(|&b| b == b':')?;
     Some(pair[colon + 1..].to_vec())
 }

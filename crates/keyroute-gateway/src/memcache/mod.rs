@@ -49,9 +49,7 @@
 //! Limits: keys of 1 to 250 bytes without spaces or control bytes, data blocks up to the
 //! listener's `max_item_bytes` (memcached's `-I`, 1 MiB by default; a larger one is skipped and
 //! answered `SERVER_ERROR object too large for cache`, as memcached does), command lines of
-//! 64 KiB. Every refusal is listed in [`codec`].
-
-pub(crate) mod codec;
+//! 64 KiB. Every refusal is listed in [`keyroute_cache_proto::memcache`].
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -61,13 +59,13 @@ use bytes::Buf;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use self::codec::{Answer, Command, Refused};
 use crate::backend::{
     self, Client, Placed, Read, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded,
 };
 use crate::config::CacheListener;
 use crate::pool::{Pool, Snapshot};
 use crate::state::Shared;
+use keyroute_cache_proto::memcache::{self as codec, Answer, Command, Refused};
 
 /// The most commands served in one batch.
 const BATCH: usize = 1024;

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::{Found, MoveError, Options, Outcome, server_error};
-use crate::memcache::codec::valid_key;
+use keyroute_cache_proto::memcache::valid_key;
 
 /// memcached reads a TTL above this many seconds as a Unix time.
 const RELATIVE_TTL_MAX: i64 = 60 * 60 * 24 * 30;

@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::{Found, MoveError, Options, Outcome, server_error};
-use crate::resp::codec::{command, elements, reply_len};
+use keyroute_cache_proto::resp::{command, elements, reply_len};
 
 /// One connection to a Redis server, used one pipeline at a time.
 pub(super) struct Conn {

@@ -6,7 +6,7 @@
 //! # Commands
 //!
 //! - **One key** (`GET`, `SET`, `INCR`, `EXPIRE`, `HSET`, `LPUSH`, `ZADD`, `XADD`... every command
-//!   of [`ONE_KEY`]): sent to the key's server as the client wrote it, its reply passed back.
+//!   of [`keyroute_cache_proto::commands`]): sent to the key's server as the client wrote it, its reply passed back.
 //! - **Several keys**, split by server and merged: `MGET` (values in the client's order), `MSET`
 //!   (`OK` when every server said so), `DEL`, `UNLINK`, `EXISTS`, `TOUCH` (the sum of the counts).
 //!   `MSETNX`, `EVAL`, `EVALSHA` and `EVAL_RO`/`EVALSHA_RO` go to one server when all their keys
@@ -52,12 +52,12 @@
 //! one-key command goes to the key's next server; a server that fails after the command was sent
 //! answers `-ERR keyroute: server timeout` (or `connection lost`), counted.
 
-pub(crate) mod codec;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Buf as _;
+use keyroute_cache_proto::commands::{self, Access};
+use keyroute_cache_proto::resp as codec;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -67,165 +67,6 @@ use crate::backend::{
 use crate::config::CacheListener;
 use crate::pool::{Pool, Snapshot};
 use crate::state::Shared;
-
-/// Commands of one key, the key first (sorted, for a binary search).
-pub(crate) const ONE_KEY: &[&str] = &[
-    "APPEND",
-    "BITCOUNT",
-    "BITFIELD",
-    "BITFIELD_RO",
-    "BITPOS",
-    "DECR",
-    "DECRBY",
-    "DUMP",
-    "EXPIRE",
-    "EXPIREAT",
-    "EXPIRETIME",
-    "GEOADD",
-    "GEODIST",
-    "GEOHASH",
-    "GEOPOS",
-    "GEORADIUSBYMEMBER_RO",
-    "GEORADIUS_RO",
-    "GEOSEARCH",
-    "GET",
-    "GETBIT",
-    "GETDEL",
-    "GETEX",
-    "GETRANGE",
-    "GETSET",
-    "HDEL",
-    "HEXISTS",
-    "HEXPIRE",
-    "HEXPIREAT",
-    "HEXPIRETIME",
-    "HGET",
-    "HGETALL",
-    "HGETDEL",
-    "HGETEX",
-    "HINCRBY",
-    "HINCRBYFLOAT",
-    "HKEYS",
-    "HLEN",
-    "HMGET",
-    "HMSET",
-    "HPERSIST",
-    "HPEXPIRE",
-    "HPEXPIREAT",
-    "HPEXPIRETIME",
-    "HPTTL",
-    "HRANDFIELD",
-    "HSCAN",
-    "HSET",
-    "HSETEX",
-    "HSETNX",
-    "HSTRLEN",
-    "HTTL",
-    "HVALS",
-    "INCR",
-    "INCRBY",
-    "INCRBYFLOAT",
-    "LINDEX",
-    "LINSERT",
-    "LLEN",
-    "LPOP",
-    "LPOS",
-    "LPUSH",
-    "LPUSHX",
-    "LRANGE",
-    "LREM",
-    "LSET",
-    "LTRIM",
-    "PERSIST",
-    "PEXPIRE",
-    "PEXPIREAT",
-    "PEXPIRETIME",
-    "PFADD",
-    "PSETEX",
-    "PTTL",
-    "RESTORE",
-    "RPOP",
-    "RPUSH",
-    "RPUSHX",
-    "SADD",
-    "SCARD",
-    "SET",
-    "SETBIT",
-    "SETEX",
-    "SETNX",
-    "SETRANGE",
-    "SISMEMBER",
-    "SMEMBERS",
-    "SMISMEMBER",
-    "SORT_RO",
-    "SPOP",
-    "SRANDMEMBER",
-    "SREM",
-    "SSCAN",
-    "STRLEN",
-    "SUBSTR",
-    "TTL",
-    "TYPE",
-    "XACK",
-    "XADD",
-    "XAUTOCLAIM",
-    "XCLAIM",
-    "XDEL",
-    "XLEN",
-    "XPENDING",
-    "XRANGE",
-    "XREVRANGE",
-    "XSETID",
-    "XTRIM",
-    "ZADD",
-    "ZCARD",
-    "ZCOUNT",
-    "ZINCRBY",
-    "ZLEXCOUNT",
-    "ZMSCORE",
-    "ZPOPMAX",
-    "ZPOPMIN",
-    "ZRANDMEMBER",
-    "ZRANGE",
-    "ZRANGEBYLEX",
-    "ZRANGEBYSCORE",
-    "ZRANK",
-    "ZREM",
-    "ZREMRANGEBYLEX",
-    "ZREMRANGEBYRANK",
-    "ZREMRANGEBYSCORE",
-    "ZREVRANGE",
-    "ZREVRANGEBYLEX",
-    "ZREVRANGEBYSCORE",
-    "ZREVRANK",
-    "ZSCAN",
-    "ZSCORE",
-];
-
-/// What a command is refused for, by name.
-fn refusal(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "KEYS" | "SCAN" | "RANDOMKEY" | "DBSIZE" | "FLUSHALL" | "FLUSHDB" | "INFO" | "CONFIG" | "SAVE" | "BGSAVE"
-        | "BGREWRITEAOF" | "LASTSAVE" | "SHUTDOWN" | "SLAVEOF" | "REPLICAOF" | "DEBUG" | "MONITOR" | "SWAPDB"
-        | "MOVE" | "MIGRATE" | "CLUSTER" | "SCRIPT" | "FUNCTION" | "FCALL" | "FCALL_RO" | "SLOWLOG" | "LATENCY"
-        | "MEMORY" | "MODULE" | "ACL" | "ROLE" | "TIME" | "LOLWUT" | "RESET" | "FAILOVER" | "SYNC" | "PSYNC" => {
-            "concerns every server or none, not a key"
-        }
-        "BLPOP" | "BRPOP" | "BRPOPLPUSH" | "BLMOVE" | "BLMPOP" | "BZPOPMIN" | "BZPOPMAX" | "BZMPOP" | "WAIT"
-        | "WAITAOF" | "XREAD" | "XREADGROUP" => "blocks, holding a server connection",
-        "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => "is a transaction, whose keys may be on several servers",
-        "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SUNSUBSCRIBE" | "PUBLISH"
-        | "SPUBLISH" | "PUBSUB" => "is pub/sub, which has no key to place",
-        "AUTH" => "authenticates, and this listener has no password (set password on the listener)",
-        "RENAME" | "RENAMENX" | "SMOVE" | "LMOVE" | "RPOPLPUSH" | "SDIFFSTORE" | "SINTERSTORE" | "SUNIONSTORE"
-        | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" | "ZRANGESTORE" | "GEOSEARCHSTORE" | "BITOP" | "COPY"
-        | "SORT" | "PFMERGE" | "SDIFF" | "SINTER" | "SUNION" | "ZDIFF" | "ZINTER" | "ZUNION" | "PFCOUNT"
-        | "SINTERCARD" | "ZINTERCARD" | "LMPOP" | "ZMPOP" | "OBJECT" | "XINFO" | "XGROUP" | "LCS" => {
-            "takes several keys or a subcommand keyroute does not place"
-        }
-        _ => return None,
-    })
-}
 
 /// A command of the batch, once sent: where its reply comes from.
 enum Pending {
@@ -638,15 +479,15 @@ async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) 
         _ => {}
     }
     // PFCOUNT of one key counts it; of several it merges them, on one server only.
-    if ONE_KEY.binary_search(&name).is_ok() || (name == "PFCOUNT" && args.len() == 2) {
+    if let Some(access) = commands::one_key(name, args.len()) {
         if args.len() < 2 {
             return Pending::Ready(
                 format!("-ERR wrong number of arguments for '{}' command\r\n", name.to_ascii_lowercase()).into_bytes(),
             );
         }
-        return one(to, name, args[1], raw).await;
+        return one(to, access, name, args[1], raw).await;
     }
-    let message = match refusal(name) {
+    let message = match commands::refusal(name) {
         Some(why) => format!("{name} {why}: not proxied"),
         None => format!("unknown command or not proxied: '{}'", name.escape_debug()),
     };
@@ -721,7 +562,7 @@ async fn read_through(to: &mut To<'_>, hash: Placed, key: &[u8]) -> Option<usize
 /// A command of one key, sent whole to the key's server (past servers that cannot be reached).
 /// A hot key's `GET` takes its replicas in turn; its writes go to its owner and delete the
 /// replicas' copies.
-async fn one(to: &mut To<'_>, name: &str, key: &[u8], raw: &[u8]) -> Pending {
+async fn one(to: &mut To<'_>, access: Access, name: &str, key: &[u8], raw: &[u8]) -> Pending {
     let hash = placed(to.pool, to.snap, key);
     let mut written = None;
     if let Some(h) = hash.0
@@ -732,7 +573,7 @@ async fn one(to: &mut To<'_>, name: &str, key: &[u8], raw: &[u8]) -> Pending {
             if let Some(p) = hot_get(to, h, r, key, raw).await {
                 return p;
             }
-        } else if READ_ONLY.binary_search(&name).is_err() {
+        } else if access == Access::Write {
             invalidate_copies(to, h, r, key).await;
             written = Some((h, key.to_vec()));
         }
@@ -752,75 +593,6 @@ async fn one(to: &mut To<'_>, name: &str, key: &[u8], raw: &[u8]) -> Pending {
         None => Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec()),
     }
 }
-
-/// Commands that only read their key (a hot key's are not followed by deleting its copies).
-const READ_ONLY: &[&str] = &[
-    "BITCOUNT",
-    "BITFIELD_RO",
-    "BITPOS",
-    "DUMP",
-    "EXPIRETIME",
-    "GEODIST",
-    "GEOHASH",
-    "GEOPOS",
-    "GEORADIUSBYMEMBER_RO",
-    "GEORADIUS_RO",
-    "GEOSEARCH",
-    "GET",
-    "GETBIT",
-    "GETRANGE",
-    "HEXISTS",
-    "HEXPIRETIME",
-    "HGET",
-    "HGETALL",
-    "HKEYS",
-    "HLEN",
-    "HMGET",
-    "HPEXPIRETIME",
-    "HPTTL",
-    "HRANDFIELD",
-    "HSCAN",
-    "HSTRLEN",
-    "HTTL",
-    "HVALS",
-    "LINDEX",
-    "LLEN",
-    "LPOS",
-    "LRANGE",
-    "PEXPIRETIME",
-    "PFCOUNT",
-    "PTTL",
-    "SCARD",
-    "SISMEMBER",
-    "SMEMBERS",
-    "SMISMEMBER",
-    "SORT_RO",
-    "SRANDMEMBER",
-    "SSCAN",
-    "STRLEN",
-    "SUBSTR",
-    "TTL",
-    "TYPE",
-    "XLEN",
-    "XPENDING",
-    "XRANGE",
-    "XREVRANGE",
-    "ZCARD",
-    "ZCOUNT",
-    "ZLEXCOUNT",
-    "ZMSCORE",
-    "ZRANDMEMBER",
-    "ZRANGE",
-    "ZRANGEBYLEX",
-    "ZRANGEBYSCORE",
-    "ZRANK",
-    "ZREVRANGE",
-    "ZREVRANGEBYLEX",
-    "ZREVRANGEBYSCORE",
-    "ZREVRANK",
-    "ZSCAN",
-    "ZSCORE",
-];
 
 /// The longest a hot key's copy on a replica lives (milliseconds): how long the pool remembers
 /// which servers may hold one, and how stale a copy made by another gateway can be.
@@ -958,7 +730,7 @@ async fn together(to: &mut To<'_>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pe
             &format!("the keys of {name} are on different servers (give them one {{hash tag}})"),
         ));
     }
-    one(to, name, keys[0], raw).await
+    one(to, Access::Write, name, keys[0], raw).await
 }
 
 /// A command split by server: each server gets the same command over its keys (`stride` 2: key
@@ -1137,17 +909,4 @@ async fn reply_into(server: &mut Server, s: &Settings, out: &mut Vec<u8>) -> Res
         Ok(())
     })
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_one_key_table_is_sorted_and_apart_from_the_refusals() {
-        assert!(ONE_KEY.windows(2).all(|w| w[0] < w[1]), "ONE_KEY must stay sorted for its binary search");
-        for name in ONE_KEY {
-            assert!(refusal(name).is_none(), "{name} is both routed and refused");
-        }
-    }
 }

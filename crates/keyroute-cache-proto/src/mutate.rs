@@ -3,7 +3,7 @@
 
 /// Calls `check` on `rounds` mutations of `seeds` (each seed in turn, with up to five byte
 /// changes, insertions from `alphabet`, removals or truncations), from a fixed xorshift seed.
-pub(crate) fn each_mutation(seeds: &[&[u8]], alphabet: &[u8], rounds: usize, mut check: impl FnMut(&[u8])) {
+pub fn each_mutation(seeds: &[&[u8]], alphabet: &[u8], rounds: usize, mut check: impl FnMut(&[u8])) {
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut next = || {
         x ^= x << 13;

@@ -16,16 +16,23 @@
 //! Keys are 1 to 250 bytes without control bytes or spaces, as memcached takes them; anything else
 //! is `CLIENT_ERROR bad command line format`, the line memcached gives.
 
+/// A meta command's base64 key (`b` flag), decoded: standard, padded base64 (RFC 4648 section
+/// 4), as memcached reads it; non-zero trailing bits are refused, so one key has one spelling.
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(text).ok()
+}
+
 /// The longest key memcached takes.
-pub(crate) const MAX_KEY: usize = 250;
+pub const MAX_KEY: usize = 250;
 
 /// The longest command line read (a `get` of many keys): past it, `CLIENT_ERROR line too long`
 /// and the connection closes (memcached closes too: it cannot find the next command).
-pub(crate) const MAX_LINE: usize = 64 * 1024;
+pub const MAX_LINE: usize = 64 * 1024;
 
 /// What a retrieval command is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Retrieval {
+pub enum Retrieval {
     Get,
     Gets,
     Gat,
@@ -34,7 +41,7 @@ pub(crate) enum Retrieval {
 
 /// The kind of one-key command, for framing its answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Answer {
+pub enum Answer {
     /// One line.
     Line,
     /// A meta answer: one line, and a data block after a `VA SIZE` line.
@@ -43,7 +50,7 @@ pub(crate) enum Answer {
 
 /// A parsed command line (slices of the line as read).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Command<'a> {
+pub enum Command<'a> {
     /// `get`, `gets`, `gat`, `gats`: `exptime` for the last two; `keys`, the keys as the line
     /// lists them (valid, separated by spaces: see [`Keys`]).
     Retrieve { kind: Retrieval, exptime: Option<&'a [u8]>, keys: Keys<'a> },
@@ -68,16 +75,16 @@ pub(crate) enum Command<'a> {
 
 /// A retrieval's keys: the part of its line that lists them, each checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Keys<'a>(&'a [u8]);
+pub struct Keys<'a>(&'a [u8]);
 
 impl<'a> Keys<'a> {
     /// Each key, in the line's order.
-    pub(crate) fn iter(self) -> impl Iterator<Item = &'a [u8]> {
+    pub fn iter(self) -> impl Iterator<Item = &'a [u8]> {
         self.0.split(|&b| b == b' ').filter(|w| !w.is_empty())
     }
 
     /// The only key, when there is one.
-    pub(crate) fn single(self) -> Option<&'a [u8]> {
+    pub fn single(self) -> Option<&'a [u8]> {
         let mut it = self.iter();
         let first = it.next()?;
         it.next().is_none().then_some(first)
@@ -89,7 +96,7 @@ const MAX_WORDS: usize = 40;
 
 /// Why a command line was refused; each is one line to the client.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
+pub enum Refused {
     /// Not a command memcached knows: `ERROR`.
     Unknown,
     /// A command of one server, not of a key.
@@ -110,7 +117,7 @@ pub(crate) enum Refused {
 
 impl Refused {
     /// The line sent to the client.
-    pub(crate) fn line(&self) -> Vec<u8> {
+    pub fn line(&self) -> Vec<u8> {
         match self {
             Refused::Unknown => b"ERROR\r\n".to_vec(),
             Refused::NotProxied(cmd) => {
@@ -141,7 +148,7 @@ const SERVER_COMMANDS: [&str; 12] = [
     "extstore",
 ];
 
-pub(crate) fn valid_key(k: &[u8]) -> bool {
+pub fn valid_key(k: &[u8]) -> bool {
     !k.is_empty() && k.len() <= MAX_KEY && k.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
@@ -169,7 +176,7 @@ fn signed(b: &[u8]) -> bool {
 /// # Errors
 ///
 /// [`Refused`]: what to answer instead.
-pub(crate) fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused> {
+pub fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused> {
     let start = line.iter().position(|&b| b != b' ').unwrap_or(line.len());
     let line = &line[start..];
     let cmd_len = line.iter().position(|&b| b == b' ').unwrap_or(line.len());
@@ -302,7 +309,7 @@ fn meta<'a>(cmd: &[u8], args: &[&'a [u8]], max_item: usize) -> Result<Command<'a
     let base64 = flags.iter().any(|f| *f == b"b");
     let quiet = flags.iter().any(|f| *f == b"q");
     let key = if base64 {
-        let k = crate::base64::decode(raw).ok_or_else(|| format.clone())?;
+        let k = base64_decode(raw).ok_or_else(|| format.clone())?;
         if k.is_empty() || k.len() > MAX_KEY {
             return Err(format);
         }
@@ -316,7 +323,7 @@ fn meta<'a>(cmd: &[u8], args: &[&'a [u8]], max_item: usize) -> Result<Command<'a
 }
 
 /// The first line in `buf` (its length with the CRLF, the line without it), if complete.
-pub(crate) fn line(buf: &[u8]) -> Option<(usize, &[u8])> {
+pub fn line(buf: &[u8]) -> Option<(usize, &[u8])> {
     let end = memchr(b'\n', buf)?;
     let l = &buf[..end];
     Some((end + 1, l.strip_suffix(b"\r").unwrap_or(l)))
@@ -328,7 +335,7 @@ fn memchr(b: u8, buf: &[u8]) -> Option<usize> {
 
 /// Why a server's answer cannot be framed: the connection is out of step and must close.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Garbled;
+pub struct Garbled;
 
 /// The length of one complete answer at the start of `buf`, if it is all there.
 ///
@@ -340,7 +347,7 @@ pub(crate) struct Garbled;
 /// # Errors
 ///
 /// A `VALUE` or `VA` line whose size cannot be read.
-pub(crate) fn answer_len(buf: &[u8], retrieval: bool, answer: Answer) -> Result<Option<usize>, Garbled> {
+pub fn answer_len(buf: &[u8], retrieval: bool, answer: Answer) -> Result<Option<usize>, Garbled> {
     let mut at = 0;
     loop {
         let Some((n, l)) = line(&buf[at..]) else { return Ok(None) };
@@ -370,7 +377,7 @@ pub(crate) fn answer_len(buf: &[u8], retrieval: bool, answer: Answer) -> Result<
 
 /// The `VALUE` blocks of a retrieval answer, each as (key, the whole block with its CRLFs).
 /// `END` and anything after it is not included; an error line yields no block.
-pub(crate) fn value_blocks(answer: &[u8]) -> Vec<(&[u8], &[u8])> {
+pub fn value_blocks(answer: &[u8]) -> Vec<(&[u8], &[u8])> {
     let mut out = Vec::new();
     let mut at = 0;
     while let Some((n, l)) = line(&answer[at..]) {

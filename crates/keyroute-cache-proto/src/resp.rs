@@ -4,19 +4,19 @@
 use std::ops::Range;
 
 /// The most arguments a command may have.
-pub(crate) const MAX_ARGS: usize = 1 << 20;
+pub const MAX_ARGS: usize = 1 << 20;
 
 /// The longest inline command line.
-pub(crate) const MAX_INLINE: usize = 64 * 1024;
+pub const MAX_INLINE: usize = 64 * 1024;
 
 /// Why a request cannot be read: answered with this error, and the connection closes (nothing
 /// after it can be framed).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Unframed(pub(crate) &'static str);
+pub struct Unframed(pub &'static str);
 
 /// A request's arguments.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Args {
+pub enum Args {
     /// An array of bulk strings: ranges of the buffer. The request's bytes are framed exactly as
     /// Redis frames them (see [`request`]), so they may be sent on as they are.
     Bulk(Vec<Range<usize>>),
@@ -26,7 +26,7 @@ pub(crate) enum Args {
 }
 
 /// A whole request: its length in the buffer, and its arguments.
-pub(crate) type Request = (usize, Args);
+pub type Request = (usize, Args);
 
 /// One request at the start of `buf`: its length and its arguments, or `None` when it is not all
 /// there. `max_bulk` bounds each argument.
@@ -40,7 +40,7 @@ pub(crate) type Request = (usize, Args);
 /// # Errors
 ///
 /// A request that Redis would refuse, or too large: [`Unframed`], with Redis's own message.
-pub(crate) fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Unframed> {
+pub fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Unframed> {
     let Some(&first) = buf.first() else { return Ok(None) };
     if first != b'*' {
         // An inline command: words of one line.
@@ -95,7 +95,7 @@ pub(crate) fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Un
 
 /// An integer as Redis reads one (`string2ll`): `0`, or an optional `-` and digits that do not
 /// start with `0`, within `i64`. Anything else (`+3`, `01`, `-0`, spaces) is not a number.
-pub(crate) fn redis_integer(text: &[u8]) -> Option<i64> {
+pub fn redis_integer(text: &[u8]) -> Option<i64> {
     if text == b"0" {
         return Some(0);
     }
@@ -116,7 +116,7 @@ pub(crate) fn redis_integer(text: &[u8]) -> Option<i64> {
 /// Blanks separate arguments; `"..."` takes the escapes `\n`, `\r`, `\t`, `\b`, `\a`,
 /// `\xHH` and `\` before any other byte (that byte); `'...'` takes `\'`; a closing quote must be
 /// followed by a blank or the end. A NUL byte ends the line, as it ends Redis's C string.
-pub(crate) fn split_inline(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+pub fn split_inline(line: &[u8]) -> Option<Vec<Vec<u8>>> {
     let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
     // C's isspace, which skips the blanks before an argument.
     let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
@@ -216,7 +216,7 @@ fn header(buf: &[u8], at: usize, invalid: &'static str) -> Result<Option<(i64, u
 /// # Errors
 ///
 /// A reply that is neither.
-pub(crate) fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
+pub fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
     const NOT_RESP: Unframed = Unframed("ERR server reply is not RESP");
     // Elements still to read, per open aggregate.
     let mut at = 0;
@@ -271,7 +271,7 @@ pub(crate) fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
 }
 
 /// The elements of an array reply (each a whole reply), or `None` when `reply` is not an array.
-pub(crate) fn elements(reply: &[u8]) -> Option<Vec<&[u8]>> {
+pub fn elements(reply: &[u8]) -> Option<Vec<&[u8]>> {
     if reply.first() != Some(&b'*') {
         return None;
     }
@@ -290,7 +290,7 @@ pub(crate) fn elements(reply: &[u8]) -> Option<Vec<&[u8]>> {
 
 /// The part of `key` that places it: the text between the first `{` and the next `}` when there
 /// is one between them (Redis Cluster's and twemproxy's hash tag), else the whole key.
-pub(crate) fn hash_tag(key: &[u8]) -> &[u8] {
+pub fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{')
         && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
         && len > 0
@@ -301,7 +301,7 @@ pub(crate) fn hash_tag(key: &[u8]) -> &[u8] {
 }
 
 /// A bulk string.
-pub(crate) fn bulk(out: &mut Vec<u8>, b: &[u8]) {
+pub fn bulk(out: &mut Vec<u8>, b: &[u8]) {
     out.push(b'$');
     out.extend_from_slice(b.len().to_string().as_bytes());
     out.extend_from_slice(b"\r\n");
@@ -310,7 +310,7 @@ pub(crate) fn bulk(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// A command of these arguments, as an array of bulk strings.
-pub(crate) fn command<'a>(out: &mut Vec<u8>, args: impl ExactSizeIterator<Item = &'a [u8]>) {
+pub fn command<'a>(out: &mut Vec<u8>, args: impl ExactSizeIterator<Item = &'a [u8]>) {
     out.push(b'*');
     out.extend_from_slice(args.len().to_string().as_bytes());
     out.extend_from_slice(b"\r\n");
