@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::copies::Copies;
 use crate::metrics::Outcome;
 use crate::pipe::{Pipe, Reader, Registry, peer_closed};
 use crate::pool::{Pool, Snapshot, WorkerState};
@@ -204,12 +205,15 @@ pub(crate) struct Settings {
     pub(crate) greeting_whole: fn(&[u8]) -> bool,
     /// The servers' password (Redis's `server_password`), which `MIGRATE` gives the new owner.
     pub(crate) password: Option<Arc<str>>,
+    /// Where the pool's hot keys have copies (the pool's, across its snapshots).
+    pub(crate) copies: Arc<Copies>,
 }
 
 impl Settings {
-    /// The settings of `snap`'s pool.
-    pub(crate) fn of(snap: &Snapshot) -> Settings {
+    /// The settings of `pool`, whose snapshot is `snap`.
+    pub(crate) fn of(pool: &Pool, snap: &Snapshot) -> Settings {
         Settings {
+            copies: crate::copies::of(pool),
             answer: snap.config().retry.per_try_timeout,
             connect: snap.config().connect_timeout,
             attempts: snap.config().retry.attempts.max(1) as usize,
@@ -351,10 +355,10 @@ pub(crate) async fn read_all<R: Framing>(
 /// for the pool's stall window (`[pool.passive] stall_ms`) while commands wait on it is stalled,
 /// and new commands go around it, as for an HTTP worker.
 pub(crate) async fn awaiting<T, E>(w: &Arc<WorkerState>, answer: impl Future<Output = Result<T, E>>) -> Result<T, E> {
-    let _waiting = w.await_headers(Instant::now());
+    let _waiting = w.awaiting(Instant::now());
     let result = answer.await;
     if result.is_ok() {
-        w.headers_arrived(Instant::now());
+        w.answered(Instant::now());
     }
     result
 }
@@ -379,8 +383,10 @@ impl Placed {
     }
 }
 
-pub(crate) fn pool_of(shared: &Shared, index: usize) -> Option<Arc<Pool>> {
-    shared.front.routing.load().pools.get(index).cloned()
+/// The pool a cache listener serves, by its name: a reload may reorder the pools, never rename
+/// the listener's.
+pub(crate) fn pool_of(shared: &Shared, config: &crate::config::CacheListener) -> Option<Arc<Pool>> {
+    shared.fleet.pool(&config.pool_name)
 }
 
 /// Where a key goes on the batch's table, skipping `tried`, and why.
@@ -502,8 +508,10 @@ pub(crate) async fn delete_copies<R: Framing>(
     delete: &[u8],
     how: &R,
 ) {
-    let Some(hot) = snap.hot() else { return };
-    let holders = hot.copies.written(hash, Instant::now()).await;
+    if snap.hot().is_none() {
+        return;
+    }
+    let holders = s.copies.written(hash, Instant::now()).await;
     let writer = snap.workers().get(writer).map(|w| w.address);
     for addr in holders.into_iter().filter(|a| Some(*a) != writer) {
         let Some(w) = snap.workers().iter().find(|w| w.address == addr) else { continue };

@@ -474,6 +474,45 @@ impl Inner {
     }
 }
 
+/// A pool's response cache for hot keys (`[pool.hot_keys.cache]`): the store, its settings and
+/// its counters. It lives as long as the pool's cache settings do: a reload that keeps them keeps
+/// it, one that changes them starts over.
+#[derive(Debug)]
+pub(crate) struct HotCache {
+    /// The entries.
+    pub(crate) store: HttpCache,
+    /// The settings it was made with.
+    pub(crate) settings: crate::config::CacheSettings,
+    /// Counters.
+    pub(crate) metrics: HotCacheMetrics,
+}
+
+/// Counters of a pool's response cache.
+#[derive(Debug, Default)]
+pub(crate) struct HotCacheMetrics {
+    /// Responses served from the cache.
+    pub(crate) hits: std::sync::atomic::AtomicU64,
+    /// Cacheable requests for hot keys that went upstream.
+    pub(crate) misses: std::sync::atomic::AtomicU64,
+    /// Responses stored.
+    pub(crate) stores: std::sync::atomic::AtomicU64,
+    /// Requests that waited for a concurrent miss of the same key instead of going upstream.
+    pub(crate) coalesced: std::sync::atomic::AtomicU64,
+}
+
+impl HotCache {
+    /// An empty cache with these settings.
+    pub(crate) fn new(settings: crate::config::CacheSettings) -> Self {
+        let store = HttpCache::new(CacheConfig {
+            max_bytes: settings.max_bytes,
+            max_object_bytes: settings.max_object_bytes,
+            cache_authorized: settings.cache_authorized,
+            cache_set_cookie: settings.cache_set_cookie,
+        });
+        HotCache { store, settings, metrics: HotCacheMetrics::default() }
+    }
+}
+
 /// The cache. `Sync`: share it in an `Arc`. See the [module documentation](self).
 pub(crate) struct HttpCache {
     config: CacheConfig,

@@ -13,7 +13,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::cache::HttpCache;
+use crate::cache::HotCache;
 use crate::metrics::{CLASSES, LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
 use crate::pool::hot::{HotKeysState, HotMetrics};
 use crate::pool::{Pool, Snapshot, State};
@@ -22,6 +22,8 @@ use crate::pool::{Pool, Snapshot, State};
 #[derive(Debug)]
 pub(crate) struct Scrape {
     pub(crate) pools: Vec<Arc<Pool>>,
+    /// The response caches of the pools that have one, by pool name.
+    pub(crate) caches: Vec<(String, Arc<HotCache>)>,
     pub(crate) listeners: Vec<(String, u64, Arc<ListenerMetrics>)>,
     /// Client connections accepted by each runtime thread, by thread index.
     pub(crate) threads: Vec<u64>,
@@ -227,28 +229,28 @@ const HOT_FAMILIES: [(&str, &str, fn(&HotMetrics) -> u64); 2] = [
 
 /// The gateway cache's families, for pools with a cache.
 #[allow(clippy::type_complexity)]
-const CACHE_FAMILIES: [(&str, &str, MetricType, fn(&HotKeysState, &HttpCache) -> u64); 6] = [
+const CACHE_FAMILIES: [(&str, &str, MetricType, fn(&HotCache) -> u64); 6] = [
     (
         "keyroute_pool_cache_hits",
         "Hot-key responses served from the gateway cache at once (coalesced waits are counted apart).",
         MetricType::Counter,
-        |h, _| h.metrics.cache_hits.load(Relaxed),
+        |c| c.metrics.hits.load(Relaxed),
     ),
     (
         "keyroute_pool_cache_coalesced",
         "Requests that waited for a concurrent miss of the same URL and were served its response.",
         MetricType::Counter,
-        |h, _| h.metrics.coalesced.load(Relaxed),
+        |c| c.metrics.coalesced.load(Relaxed),
     ),
-    ("keyroute_pool_cache_misses", "Cacheable hot-key requests that went upstream.", MetricType::Counter, |h, _| {
-        h.metrics.cache_misses.load(Relaxed)
+    ("keyroute_pool_cache_misses", "Cacheable hot-key requests that went upstream.", MetricType::Counter, |c| {
+        c.metrics.misses.load(Relaxed)
     }),
-    ("keyroute_pool_cache_stores", "Responses stored in the gateway cache.", MetricType::Counter, |h, _| {
-        h.metrics.cache_stores.load(Relaxed)
+    ("keyroute_pool_cache_stores", "Responses stored in the gateway cache.", MetricType::Counter, |c| {
+        c.metrics.stores.load(Relaxed)
     }),
-    ("keyroute_pool_cache_bytes", "Bytes held by the gateway cache.", MetricType::Gauge, |_, c| c.bytes()),
-    ("keyroute_pool_cache_entries", "Responses held by the gateway cache.", MetricType::Gauge, |_, c| {
-        c.entries() as u64
+    ("keyroute_pool_cache_bytes", "Bytes held by the gateway cache.", MetricType::Gauge, |c| c.store.bytes()),
+    ("keyroute_pool_cache_entries", "Responses held by the gateway cache.", MetricType::Gauge, |c| {
+        c.store.entries() as u64
     }),
 ];
 
@@ -291,7 +293,7 @@ impl Collector for Scrape {
         let snaps: Vec<_> = self.pools.iter().map(|p| (p, p.snapshot())).collect();
         let now = Instant::now();
         encode_pools(&mut encoder, &snaps)?;
-        encode_hot_keys(&mut encoder, &snaps)?;
+        encode_hot_keys(&mut encoder, &snaps, &self.caches)?;
         encode_workers(&mut encoder, &snaps, now)?;
         self.encode_listeners(&mut encoder)
     }
@@ -329,7 +331,11 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
 }
 
 /// Hot keys and the gateway cache, for pools that have them.
-fn encode_hot_keys(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Result<(), std::fmt::Error> {
+fn encode_hot_keys(
+    encoder: &mut DescriptorEncoder<'_>,
+    snaps: &Snaps<'_>,
+    caches: &[(String, Arc<HotCache>)],
+) -> Result<(), std::fmt::Error> {
     let hot: Vec<(&Arc<Pool>, &Arc<HotKeysState>)> =
         snaps.iter().filter_map(|(p, s)| s.hot().map(|h| (*p, h))).collect();
     if hot.is_empty() {
@@ -360,12 +366,14 @@ fn encode_hot_keys(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Re
         let samples = hot.iter().map(|(p, h)| (labels(&[("pool", &p.name)]), Value::Int(get(&h.metrics))));
         family(encoder, name, help, MetricType::Counter, samples)?;
     }
-    let cached: Vec<_> = hot.iter().filter_map(|(p, h)| h.cache.as_ref().map(|c| (*p, *h, c))).collect();
+    // A pool's cache serves its hot keys: shown for the pools with hot keys on.
+    let cached: Vec<&(String, Arc<HotCache>)> =
+        caches.iter().filter(|(name, _)| hot.iter().any(|(p, _)| p.name == *name)).collect();
     if cached.is_empty() {
         return Ok(());
     }
     for (name, help, kind, get) in CACHE_FAMILIES {
-        let samples = cached.iter().map(|(p, h, c)| (labels(&[("pool", &p.name)]), Value::Int(get(h, c))));
+        let samples = cached.iter().map(|(p, c)| (labels(&[("pool", p)]), Value::Int(get(c))));
         family(encoder, name, help, kind, samples)?;
     }
     Ok(())

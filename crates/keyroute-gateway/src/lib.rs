@@ -85,37 +85,38 @@ mod body;
 pub(crate) mod cache;
 pub mod config;
 mod connection;
+mod copies;
 mod error;
 mod exposition;
 mod feed;
-mod health;
 mod hop;
 pub mod key;
 mod listener;
-pub mod membership;
 mod memcache;
-mod metrics;
 mod pipe;
-mod pool;
-mod prober;
+mod probe;
 mod proxy;
 pub mod relocate;
 mod resp;
 mod routing;
 mod server;
 mod state;
-mod table;
 pub mod tls;
 mod upstream;
+
+// The pools, their workers and their health are the fleet's (`keyroute-fleet`): named here as the
+// modules they were, until each product has a crate of its own.
+pub use keyroute_fleet::membership;
+pub(crate) use keyroute_fleet::{metrics, pool, table};
 
 pub use body::{BoxError, ProxyBody};
 pub use config::{Config, ConfigError, WorkerConfig};
 pub use error::{GatewayError, ReloadError};
-pub use pool::hot::HotKeyInfo;
-pub use pool::{Member, MembershipError};
+pub use keyroute_fleet::pool::hot::HotKeyInfo;
+pub use keyroute_fleet::pool::{Member, MembershipError};
+pub use keyroute_fleet::table::TooLarge;
 pub use proxy::ProxyService;
 pub use server::{Gateway, GatewayHandle, Membership, Placements};
-pub use table::TooLarge;
 
 /// Entry points for the fuzz targets (`fuzz/`). Not part of the public API.
 #[doc(hidden)]

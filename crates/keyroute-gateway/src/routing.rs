@@ -1,48 +1,78 @@
-//! Routes: which pool a request goes to, by listener, host and (normalised) path prefix.
+//! Routes: which pool a request goes to, by listener, host and (normalised) path prefix; and each
+//! pool as the HTTP listeners see it ([`HttpPool`]): the fleet's pool with its HTTP settings and
+//! its response cache.
 
 use std::sync::Arc;
 
-use crate::config::RouteConfig;
+use crate::cache::HotCache;
+use crate::config::{HttpPoolConfig, RouteConfig};
 use crate::pool::Pool;
+
+/// A pool as the HTTP listeners see it.
+#[derive(Debug)]
+pub(crate) struct HttpPool {
+    /// The fleet's pool: members, placement, health.
+    pub(crate) pool: Arc<Pool>,
+    /// Its HTTP settings: the key template, the worker header, the read timeout.
+    pub(crate) http: Arc<HttpPoolConfig>,
+    /// Its response cache for hot keys, if on.
+    pub(crate) cache: Option<Arc<HotCache>>,
+}
 
 /// The pools and each listener's routes, swapped whole on reload.
 #[derive(Debug)]
 pub(crate) struct Routing {
-    pub(crate) pools: Vec<Arc<Pool>>,
+    pub(crate) pools: Vec<HttpPool>,
     pub(crate) routes: Vec<Vec<RouteConfig>>,
 }
 
 impl Routing {
+    /// The pools with their HTTP settings (in the same order), keeping `old`'s response cache of a
+    /// pool whose cache settings are the same.
+    pub(crate) fn new(
+        pools: &[Arc<Pool>],
+        http: &[HttpPoolConfig],
+        routes: Vec<Vec<RouteConfig>>,
+        old: Option<&Routing>,
+    ) -> Routing {
+        let pools = pools
+            .iter()
+            .zip(http)
+            .map(|(pool, http)| {
+                let kept = old
+                    .and_then(|o| o.pools.iter().find(|p| p.pool.name == pool.name))
+                    .and_then(|p| p.cache.as_ref())
+                    .filter(|c| Some(&c.settings) == http.cache.as_ref());
+                let cache = match (kept, &http.cache) {
+                    (Some(c), _) => Some(Arc::clone(c)),
+                    (None, Some(settings)) => Some(Arc::new(HotCache::new(settings.clone()))),
+                    (None, None) => None,
+                };
+                HttpPool { pool: Arc::clone(pool), http: Arc::new(http.clone()), cache }
+            })
+            .collect();
+        Routing { pools, routes }
+    }
+
     /// The route and its pool for a request on `listener` with this host (without port) and
     /// normalised path.
-    pub(crate) fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &Arc<Pool>)> {
+    pub(crate) fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &HttpPool)> {
         self.routes.get(listener)?.iter().find_map(|r| {
             let host_ok = r.host.as_deref().is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)));
             (host_ok && path.starts_with(&r.path_prefix)).then(|| (r, &self.pools[r.pool]))
         })
     }
 
-    /// The pool named `name`, or the only one when no name is given.
-    ///
-    /// # Errors
-    ///
-    /// No pool has that name, or none is named and there are several.
-    pub(crate) fn pool(&self, name: Option<&str>) -> Result<&Arc<Pool>, NoPool> {
-        match name {
-            Some(n) => self.pools.iter().find(|p| p.name == n).ok_or(NoPool::Unknown),
-            None if self.pools.len() == 1 => Ok(&self.pools[0]),
-            None => Err(NoPool::Ambiguous(self.pools.iter().map(|p| p.name.clone()).collect())),
+    /// The HTTP side of the pool named `name`.
+    pub(crate) fn http_pool(&self, name: &str) -> Option<&HttpPool> {
+        self.pools.iter().find(|p| p.pool.name == name)
+    }
+
+    /// Ends what expired in every pool's response cache (the server's ticker).
+    pub(crate) fn tick(&self) {
+        let now = std::time::SystemTime::now();
+        for c in self.pools.iter().filter_map(|p| p.cache.as_ref()) {
+            c.store.purge_expired(now);
         }
     }
-}
-
-/// Why [`Routing::pool`] found no pool.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum NoPool {
-    /// No pool has the name.
-    #[error("no such pool")]
-    Unknown,
-    /// No name, and several pools (their names).
-    #[error("several pools ({}): name one with ?pool=", .0.join(", "))]
-    Ambiguous(Vec<String>),
 }

@@ -125,7 +125,19 @@ impl Gateway {
         for p in &pools {
             crate::membership::source::start_from_saved(p, &own);
         }
+        crate::probe::set_checks(&config, &pools);
         let routes = bound.iter().map(|l| l.routes.clone()).collect();
+        let routing = Routing::new(&pools, &config.http, routes, None);
+        let shutdown = watch::channel(false).0;
+        let stop_accepting = watch::channel(false).0;
+        let fleet = keyroute_fleet::Fleet::new(
+            pools,
+            epoch,
+            own.clone(),
+            admin_listen,
+            shutdown.subscribe(),
+            stop_accepting.subscribe(),
+        );
         let connection_limits: Vec<usize> = bound
             .iter()
             .map(|l| l.max_connections.unwrap_or_else(|| default_connection_limit(limit.map(|l| l.1), bound.len())))
@@ -161,8 +173,9 @@ impl Gateway {
         }
         Ok(Gateway {
             shared: Arc::new(Shared {
+                fleet,
                 front: Arc::new(Front {
-                    routing: ArcSwap::from_pointee(Routing { pools, routes }),
+                    routing: ArcSwap::from_pointee(routing),
                     via: Via::random(),
                     next_request: AtomicU64::new(crate::proxy::headers::random_u64()),
                     draining: AtomicBool::new(false),
@@ -185,11 +198,9 @@ impl Gateway {
                 connection_permits,
                 admin_listen,
                 not_ready: AtomicBool::new(false),
-                shutdown: watch::channel(false).0,
-                stop_accepting: watch::channel(false).0,
+                shutdown,
+                stop_accepting,
                 finished: watch::channel(false).0,
-                probers: Mutex::new(Vec::new()),
-                sources: Mutex::new(Vec::new()),
                 closed: Arc::new(tokio::sync::Notify::new()),
                 delay_ms: AtomicU64::new(config.shutdown_delay.as_millis() as u64),
                 grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
@@ -330,9 +341,8 @@ impl Gateway {
             // before the loops subscribe is not lost.
             sender.send_replace(true);
         });
-        crate::prober::spawn_probers(&shared);
-        crate::membership::source::spawn_sources(&shared);
-        crate::membership::source::announce(&shared);
+        shared.fleet.start();
+        crate::membership::source::announce(&shared.fleet);
         tokio::spawn(hot_key_ticks(Arc::downgrade(&shared)));
         let mut tasks = Vec::new();
         for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {
@@ -424,16 +434,26 @@ fn check_no_self_workers(config: &Config, own: &[SocketAddr]) -> Result<(), Gate
 /// How often the ticker looks at the pools: hot-key windows end within this of their due time.
 const HOT_KEY_TICK: Duration = Duration::from_millis(50);
 
+/// How often the ticker also ends what expired in the response caches and the copies registries.
+const EXPIRY_TICK: Duration = Duration::from_secs(1);
+
 /// Ends every pool's hot-key window when it is due ([`crate::pool::hot::HotKeysState::tick`]),
+/// and, every [`EXPIRY_TICK`], what expired in each pool's response cache and copies registry,
 /// until the gateway goes away.
 async fn hot_key_ticks(shared: std::sync::Weak<Shared>) {
+    let mut expired_at = Instant::now();
     loop {
         {
             let Some(s) = shared.upgrade() else { return };
             let now = Instant::now();
-            for pool in &s.front.routing.load().pools {
-                if let Some(hot) = pool.snapshot().hot() {
-                    hot.tick(now);
+            s.fleet.tick(now);
+            if now.saturating_duration_since(expired_at) >= EXPIRY_TICK {
+                expired_at = now;
+                s.front.routing.load().tick();
+                for pool in s.fleet.pools().iter() {
+                    if let Some(copies) = pool.protocol::<Arc<crate::copies::Copies>>() {
+                        copies.sweep(now);
+                    }
                 }
             }
         }
@@ -617,15 +637,7 @@ impl GatewayHandle {
     }
 
     fn pool(&self, name: &str) -> Result<Arc<Pool>, GatewayError> {
-        self.shared
-            .front
-            .routing
-            .load()
-            .pools
-            .iter()
-            .find(|p| p.name == name)
-            .cloned()
-            .ok_or_else(|| GatewayError::UnknownPool(name.to_owned()))
+        self.shared.fleet.pool(name).ok_or_else(|| GatewayError::UnknownPool(name.to_owned()))
     }
 
     /// Adds a worker to a pool (the admin API's `POST /workers`), building the new table on the
@@ -749,16 +761,16 @@ impl GatewayHandle {
         // One reload at a time (SIGHUP and --watch may coincide), and every pool's new table built
         // before any is published: a reload applies whole or not at all.
         let _one = self.shared.reload.lock();
-        let old = self.shared.front.routing.load_full();
+        let old = self.shared.fleet.pools();
         enum Next<'a> {
             Kept(&'a Arc<Pool>, Box<crate::pool::Prepared<'a>>),
             New(Arc<Pool>),
         }
         let mut next = Vec::new();
         let mut reconfigured: Vec<Arc<Pool>> =
-            old.pools.iter().filter(|p| config.pools.iter().all(|pc| pc.name != p.name)).cloned().collect();
+            old.iter().filter(|p| config.pools.iter().all(|pc| pc.name != p.name)).cloned().collect();
         for pc in &config.pools {
-            next.push(match old.pools.iter().find(|p| p.name == pc.name) {
+            next.push(match old.iter().find(|p| p.name == pc.name) {
                 Some(p) => {
                     if p.snapshot().config().membership != pc.membership {
                         // Its source task starts over with the new settings (or stops).
@@ -790,16 +802,13 @@ impl GatewayHandle {
         self.shared.grace_ms.store(config.shutdown_grace.as_millis() as u64, Relaxed);
         self.shared.delay_ms.store(config.shutdown_delay.as_millis() as u64, Relaxed);
         let routes = config.listeners.iter().map(|l| l.routes.clone()).collect();
-        self.shared.front.routing.store(Arc::new(Routing { pools, routes }));
+        crate::probe::set_checks(&config, &pools);
+        let routing = Routing::new(&pools, &config.http, routes, Some(&self.shared.front.routing.load()));
+        self.shared.front.routing.store(Arc::new(routing));
+        self.shared.fleet.replace(pools);
         for p in reconfigured {
             p.reconfigured.notify_one();
         }
-        {
-            let names: Vec<String> = config.pools.iter().map(|p| p.name.clone()).collect();
-            self.shared.probers.lock().retain(|n| names.contains(n));
-        }
-        crate::prober::spawn_probers(&self.shared);
-        crate::membership::source::spawn_sources(&self.shared);
         tracing::info!(pools = config.pools.len(), "configuration reloaded");
         Ok(())
     }

@@ -13,7 +13,6 @@ use tokio::time::Instant;
 
 use crate::config::ListenerConfig;
 use crate::metrics::ListenerMetrics;
-use crate::pool::State;
 use crate::proxy::Front;
 
 /// Failed admin token attempts, per client address: more than [`AUTH_FAILURES`] in
@@ -105,7 +104,9 @@ fn make_room(map: &mut std::collections::HashMap<IpAddr, (u32, Instant)>, now: I
 /// State shared by every connection, the admin API and background tasks.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// What the request path reads: routes and pools, the Via entry, request ids, draining.
+    /// The pools, every listener's: members, placement, health, and their tasks.
+    pub(crate) fleet: Arc<keyroute_fleet::Fleet>,
+    /// What the HTTP request path reads: routes and pools, the Via entry, request ids, draining.
     pub(crate) front: Arc<Front>,
     pub(crate) admin_token: Option<String>,
     /// `admin.hosts`: names the admin API answers to besides its address and `localhost`.
@@ -133,9 +134,6 @@ pub(crate) struct Shared {
     pub(crate) stop_accepting: watch::Sender<bool>,
     /// Set when the gateway has stopped (the grace period is over): extra runtime threads end.
     pub(crate) finished: watch::Sender<bool>,
-    pub(crate) probers: Mutex<Vec<String>>,
-    /// Pools whose membership source task runs.
-    pub(crate) sources: Mutex<Vec<String>>,
     /// Woken whenever a client or admin connection closes (the shutdown waits on it).
     pub(crate) closed: Arc<tokio::sync::Notify>,
     /// The shutdown delay and grace period in milliseconds (a reload may change them).
@@ -183,13 +181,7 @@ impl Shared {
 
 /// See [`GatewayHandle::ready`].
 pub(crate) fn ready(shared: &Shared) -> bool {
-    let now = Instant::now();
-    !shared.not_ready.load(Relaxed)
-        && shared.front.routing.load().pools.iter().all(|p| {
-            let s = p.snapshot();
-            (0..s.workers().len())
-                .any(|i| s.weight(i) > 0 && matches!(s.state(i, now), State::Healthy | State::Stalled))
-        })
+    !shared.not_ready.load(Relaxed) && shared.fleet.ready(Instant::now())
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@
 //! written gets one more try on a fresh one to the same worker (see `proxy::attempt`).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -132,28 +131,22 @@ type Idle = Mutex<Vec<(Instant, ClientConn)>>;
 #[derive(Debug)]
 pub(crate) struct Upstream {
     addr: SocketAddr,
-    /// Milliseconds; changed by a configuration reload.
-    connect_timeout_ms: AtomicU64,
     idle: [Idle; SLOTS],
+}
+
+/// The connection pool of a worker served over HTTP: the worker's protocol slot, made on first
+/// use. `None` only if another protocol's state took the slot (a pool is served by one).
+pub(crate) fn of(worker: &keyroute_fleet::pool::WorkerState) -> Option<&Upstream> {
+    worker.protocol_or(|w| Upstream::new(w.address))
 }
 
 impl Upstream {
     /// An empty pool for `addr`.
-    pub(crate) fn new(addr: SocketAddr, connect_timeout: Duration) -> Self {
-        Upstream {
-            addr,
-            connect_timeout_ms: AtomicU64::new(connect_timeout.as_millis() as u64),
-            idle: std::array::from_fn(|_| Mutex::new(Vec::new())),
-        }
+    pub(crate) fn new(addr: SocketAddr) -> Self {
+        Upstream { addr, idle: std::array::from_fn(|_| Mutex::new(Vec::new())) }
     }
 
-    /// Sets the connect timeout for new connections.
-    pub(crate) fn set_connect_timeout(&self, timeout: Duration) {
-        self.connect_timeout_ms.store(timeout.as_millis() as u64, Relaxed);
-    }
-
-    async fn connect(&self) -> Result<ClientConn, SendError> {
-        let timeout = Duration::from_millis(self.connect_timeout_ms.load(Relaxed));
+    async fn connect(&self, timeout: Duration) -> Result<ClientConn, SendError> {
         match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
             Ok(Ok(s)) => Ok(ClientConn::new(s)),
             Ok(Err(e)) if crate::listener::is_resource_exhaustion(&e) => {
@@ -182,8 +175,8 @@ impl Upstream {
     }
 
     /// Sends a request: on a pooled connection if one is alive and `reuse` allows it, else on a
-    /// new one. Returns the response, whose body holds the connection and gives it back to this
-    /// pool (through [`Upstream::checkin`]) when it ends.
+    /// new one (made within `connect_timeout`). Returns the response, whose body holds the
+    /// connection and gives it back to this pool (through [`Upstream::checkin`]) when it ends.
     ///
     /// # Errors
     ///
@@ -194,6 +187,7 @@ impl Upstream {
         parts: &http::request::Parts,
         mut body: ProxyBody,
         reuse: bool,
+        connect_timeout: Duration,
     ) -> Result<Response<UpstreamBody>, SendError> {
         let (head, outgoing) = request_head(parts, &body, self.addr);
         let head_request = parts.method == Method::HEAD;
@@ -207,7 +201,7 @@ impl Upstream {
                 }
             }
         }
-        let conn = self.connect().await?;
+        let conn = self.connect(connect_timeout).await?;
         match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
             Ok(r) => Ok(response(&r.head, r.body)),
             Err(keyroute_http1::SendError::NotSent(e, _)) => {

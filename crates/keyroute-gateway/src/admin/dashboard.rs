@@ -212,17 +212,18 @@ impl Sampler {
         let elapsed = self.last.map_or(1.0, |l| now.saturating_duration_since(l).as_secs_f64().max(0.001));
         self.last = Some(now);
         let t = unix_ms();
-        let routing = shared.front.routing.load_full();
+        let fleet = shared.fleet.pools();
+        let routing = shared.front.routing.load();
         let mut seen = std::collections::HashSet::new();
         let mut pools = Vec::new();
         let mut affinity = Vec::new();
-        for pool in &routing.pools {
-            let (json, point) = self.pool(pool, elapsed, t, now, &mut seen);
+        for pool in fleet.iter() {
+            let (json, point) = self.pool(pool, routing.http_pool(&pool.name), elapsed, t, now, &mut seen);
             affinity.push((pool.name.clone(), point));
             pools.push(json);
         }
         self.workers.retain(|k, _| seen.contains(k));
-        self.outcomes.retain(|k, _| routing.pools.iter().any(|p| &p.name == k));
+        self.outcomes.retain(|k, _| fleet.iter().any(|p| &p.name == k));
         let mut listeners: Vec<serde_json::Value> = shared
             .listeners
             .iter()
@@ -280,9 +281,11 @@ impl Sampler {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn pool(
         &mut self,
         pool: &Pool,
+        http: Option<&crate::routing::HttpPool>,
         elapsed: f64,
         t: u64,
         now: Instant,
@@ -394,7 +397,7 @@ impl Sampler {
         let json = serde_json::json!({
             "name": pool.name,
             "strategy": snap.policy().strategy().name(),
-            "key": snap.config().key.as_str(),
+            "key": http.map(|h| h.http.key.as_str()),
             "generation": snap.generation(),
             "source": source,
             "workers": rows,
@@ -405,7 +408,7 @@ impl Sampler {
                 "keys_max_over_mean": max_over_mean(&|i| owned[i]),
                 "requests_max_over_mean": max_over_mean(&|i| window_totals[i]),
             },
-            "hot_keys": super::hot_keys(pool),
+            "hot_keys": super::hot_keys(pool, http),
             "changes": pool.changes(),
             "remapped_keys": m.remapped_keys.load(Relaxed),
         });

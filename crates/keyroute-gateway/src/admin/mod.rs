@@ -233,26 +233,28 @@ pub(crate) async fn handle(
     remote: SocketAddr,
 ) -> Response<ProxyBody> {
     let path = req.uri().path().to_owned();
-    let routing = shared.front.routing.load_full();
+    let pools = shared.fleet.pools();
     let pool_name = param(&req, "pool");
     match endpoint {
-        Endpoint::Metrics => return metrics(shared, &routing),
+        Endpoint::Metrics => return metrics(shared, &pools),
         Endpoint::Dashboard => return dashboard::page(),
         Endpoint::Events => return dashboard::events(shared, remote.ip()),
         _ => {}
     }
     if matches!(endpoint, Endpoint::HotKeys) || (endpoint == Endpoint::Workers && req.method() == Method::GET) {
         let pools: Vec<Arc<Pool>> = match &pool_name {
-            Some(_) => match routing.pool(pool_name.as_deref()) {
+            Some(_) => match pick_pool(&pools, pool_name.as_deref()) {
                 Ok(p) => vec![Arc::clone(p)],
                 Err(e) => return fail(StatusCode::NOT_FOUND, e.to_string()),
             },
-            None => routing.pools.clone(),
+            None => pools.to_vec(),
         };
-        let one: fn(&Pool) -> serde_json::Value = if endpoint == Endpoint::HotKeys { hot_keys } else { describe };
+        let routing = shared.front.routing.load();
+        let http = |p: &Pool| routing.http_pool(&p.name);
+        let one = |p: &Pool| if endpoint == Endpoint::HotKeys { hot_keys(p, http(p)) } else { describe(p, http(p)) };
         return json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| one(p)).collect::<Vec<_>>() }));
     }
-    let pool = match routing.pool(pool_name.as_deref()) {
+    let pool = match pick_pool(&pools, pool_name.as_deref()) {
         Ok(p) => Arc::clone(p),
         Err(e) => return fail(StatusCode::NOT_FOUND, e.to_string()),
     };
@@ -369,10 +371,40 @@ fn readyz(shared: &Shared) -> Response<ProxyBody> {
     }
 }
 
+/// The pool named `name`, or the only one when no name is given.
+///
+/// # Errors
+///
+/// No pool has that name, or none is named and there are several.
+fn pick_pool<'a>(pools: &'a [Arc<Pool>], name: Option<&str>) -> Result<&'a Arc<Pool>, NoPool> {
+    match name {
+        Some(n) => pools.iter().find(|p| p.name == n).ok_or(NoPool::Unknown),
+        None if pools.len() == 1 => Ok(&pools[0]),
+        None => Err(NoPool::Ambiguous(pools.iter().map(|p| p.name.clone()).collect())),
+    }
+}
+
+/// Why [`pick_pool`] found no pool.
+#[derive(Debug, thiserror::Error)]
+enum NoPool {
+    /// No pool has the name.
+    #[error("no such pool")]
+    Unknown,
+    /// No name, and several pools (their names).
+    #[error("several pools ({}): name one with ?pool=", .0.join(", "))]
+    Ambiguous(Vec<String>),
+}
+
 /// `GET /metrics`.
-fn metrics(shared: &Shared, routing: &crate::routing::Routing) -> Response<ProxyBody> {
+fn metrics(shared: &Shared, pools: &[Arc<Pool>]) -> Response<ProxyBody> {
+    let routing = shared.front.routing.load();
     let scrape = Scrape {
-        pools: routing.pools.clone(),
+        pools: pools.to_vec(),
+        caches: routing
+            .pools
+            .iter()
+            .filter_map(|p| Some((p.pool.name.clone(), Arc::clone(p.cache.as_ref()?))))
+            .collect(),
         listeners: shared
             .listeners
             .iter()
@@ -503,7 +535,7 @@ fn drain(pool: Arc<Pool>, name: &str) -> Response<ProxyBody> {
 
 /// A pool's hot keys (also the dashboard's): each with its key text when a sampled request showed it, hash, measured rate,
 /// replica count and replicas (the first of its ranking), plus the cache's figures.
-fn hot_keys(pool: &Pool) -> serde_json::Value {
+fn hot_keys(pool: &Pool, http: Option<&crate::routing::HttpPool>) -> serde_json::Value {
     let snap = pool.snapshot();
     let Some(hot) = snap.hot() else {
         return serde_json::json!({ "pool": pool.name, "enabled": false, "keys": [] });
@@ -521,15 +553,15 @@ fn hot_keys(pool: &Pool) -> serde_json::Value {
             })
         })
         .collect();
-    let m = &hot.metrics;
-    let cache = hot.cache.as_ref().map(|c| {
+    let cache = http.and_then(|h| h.cache.as_ref()).map(|c| {
+        let m = &c.metrics;
         serde_json::json!({
-            "bytes": c.bytes(),
-            "entries": c.entries(),
-            "hits": m.cache_hits.load(Relaxed),
+            "bytes": c.store.bytes(),
+            "entries": c.store.entries(),
+            "hits": m.hits.load(Relaxed),
             "coalesced": m.coalesced.load(Relaxed),
-            "misses": m.cache_misses.load(Relaxed),
-            "stores": m.cache_stores.load(Relaxed),
+            "misses": m.misses.load(Relaxed),
+            "stores": m.stores.load(Relaxed),
         })
     });
     let threshold = match hot.config.rule.threshold {
@@ -708,7 +740,7 @@ fn etcd_of(pool: &Pool) -> Option<EtcdConfig> {
 /// One line per etcd-backed pool for `/readyz`: is the source up, what revision, how old.
 fn sources_detail(shared: &Shared) -> String {
     let mut out = String::new();
-    for p in shared.front.routing.load().pools.iter() {
+    for p in shared.fleet.pools().iter() {
         if etcd_of(p).is_none() {
             continue;
         }
@@ -893,7 +925,9 @@ enum BodyError {
     Fields(serde_json::Error),
 }
 
-fn describe(p: &Pool) -> serde_json::Value {
+/// A pool's `/workers` entry: its strategy, key template (for a pool HTTP routes to), generation
+/// and members.
+fn describe(p: &Pool, http: Option<&crate::routing::HttpPool>) -> serde_json::Value {
     let snap = p.snapshot();
     let now = Instant::now();
     let workers: Vec<serde_json::Value> = snap
@@ -925,7 +959,7 @@ fn describe(p: &Pool) -> serde_json::Value {
     serde_json::json!({
         "pool": p.name,
         "strategy": snap.policy().strategy().name(),
-        "key": snap.config().key.as_str(),
+        "key": http.map(|h| h.http.key.as_str()),
         "generation": snap.generation(),
         "workers": workers,
     })

@@ -12,13 +12,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
-use keyroute::{Options, Strategy};
 
 pub use self::nutcracker::from_nutcracker;
-pub use self::validate::MAX_NAME_BYTES;
 use self::validate::{Ctx, field_at, validate};
-pub(crate) use self::validate::{points_at, resolve, validate_worker, validate_worker_with};
 use crate::key::KeyTemplate;
+pub use keyroute_fleet::config::{
+    EtcdConfig, HealthConfig, HotKeysConfig, MAX_NAME_BYTES, MembershipConfig, PassiveConfig, PoolConfig, RetryConfig,
+    SlowStartConfig, WorkerConfig,
+};
+pub(crate) use keyroute_fleet::config::{points_at, resolve, socket_addr, validate_worker, validate_worker_with};
 
 /// A configuration error: where, which field, and what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +45,8 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     /// Worker pools.
     pub pools: Vec<PoolConfig>,
+    /// Each pool's HTTP settings, in the order of `pools`.
+    pub http: Vec<HttpPoolConfig>,
     /// After SIGTERM, how long `/readyz` reports not ready while the listeners still accept (so
     /// that load balancers in front stop sending first).
     pub shutdown_delay: Duration,
@@ -114,6 +118,8 @@ pub struct CacheListener {
     pub protocol: CacheProtocol,
     /// The pool of cache servers (an index into the pools).
     pub pool: usize,
+    /// That pool's name (what the listener finds its pool by after a reload).
+    pub pool_name: String,
     /// The largest value taken (memcached's `-I`, 1 MiB by default; for Redis, each argument of a
     /// command, 16 MiB by default).
     pub max_item_bytes: usize,
@@ -178,60 +184,23 @@ pub enum MissingKey {
     Reject,
 }
 
-/// A pool of workers and how requests are placed on them.
+/// A pool's settings for the HTTP listeners that route to it (the fleet's are in
+/// [`PoolConfig`]).
 #[derive(Clone, Debug)]
-pub struct PoolConfig {
-    /// Its name.
-    pub name: String,
-    /// The placement strategy.
-    pub strategy: Strategy,
-    /// The strategy's options.
-    pub options: Options,
+pub struct HttpPoolConfig {
     /// The key template.
     pub key: KeyTemplate,
     /// When the key is missing.
     pub on_missing_key: MissingKey,
     /// A response header naming the worker that served, if set.
     pub worker_header: Option<HeaderName>,
-    /// Active health checks.
-    pub health: HealthConfig,
-    /// Passive ejection.
-    pub passive: PassiveConfig,
-    /// Retries.
-    pub retry: RetryConfig,
-    /// Upstream timeouts.
-    pub connect_timeout: Duration,
+    /// The path the active check `GET`s (`[pool.health] path`, `/healthz` by default).
+    pub health_path: String,
     /// The longest wait for the next bytes of a worker's response body once its head has
     /// arrived (`read_timeout_ms`, 60 s as nginx's `proxy_read_timeout`): a body that stalls
     /// longer is cut (the client's response ends short) and counted as the worker's failure.
     pub read_timeout: Duration,
-    /// Where the members come from.
-    pub membership: MembershipConfig,
-    /// The workers (of a `static` pool; an etcd-backed pool's come from etcd).
-    pub workers: Vec<WorkerConfig>,
-    /// Hot-key detection and replication (and the gateway cache for hot keys), if on.
-    pub hot_keys: Option<HotKeysConfig>,
-    /// Slow start for workers that join or recover, if on.
-    pub slow_start: Option<SlowStartConfig>,
-    /// Previous-owner handoff after a join: its window, if on.
-    pub handoff: Option<Duration>,
-}
-
-/// `[pool.hot_keys]`: see [`keyroute::hot`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct HotKeysConfig {
-    /// The replication rule.
-    pub rule: keyroute::hot::HotKeyConfig,
-    /// How often rates are measured.
-    pub window: Duration,
-    /// The detector's counters.
-    pub counters: usize,
-    /// One request in this many is sampled.
-    pub sample_every: u32,
-    /// `/hotkeys` shows each hot key's text, not only its hash (off by default: a key may hold a
-    /// cookie's or a header's value, as in the access log's `key`).
-    pub show_keys: bool,
-    /// The gateway's response cache for hot keys, if on.
+    /// The gateway's response cache for hot keys (`[pool.hot_keys.cache]`), if on.
     pub cache: Option<CacheSettings>,
 }
 
@@ -248,93 +217,6 @@ pub struct CacheSettings {
     pub cache_set_cookie: bool,
     /// How long a request waits for a concurrent miss of the same key before going upstream itself.
     pub coalesce_timeout: Duration,
-}
-
-/// `[pool.slow_start]`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SlowStartConfig {
-    /// The ramp of a warming worker's share of its keys.
-    pub ramp: keyroute::warm::Ramp,
-    /// Whether a warming worker's `X-Cache` hit rate slows its ramp.
-    pub by_hit_rate: bool,
-}
-
-/// Where a pool's members come from: exactly one source.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MembershipConfig {
-    /// The `[[pool.worker]]` list (reloaded on SIGHUP or `--watch`), and the admin API.
-    Static,
-    /// Keys under a prefix in etcd, watched (see `membership::record` for the layout).
-    Etcd(EtcdConfig),
-}
-
-/// An etcd membership source.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EtcdConfig {
-    /// The etcd client endpoints, `http://host:port`.
-    pub endpoints: Vec<String>,
-    /// The key prefix; each key under it is one worker, named by the rest of the key.
-    pub prefix: String,
-    /// Where the last applied membership is saved, and read from when etcd is down at start-up.
-    pub state_file: Option<std::path::PathBuf>,
-    /// Changes arriving within this long of the first are applied as one.
-    pub debounce: Duration,
-}
-
-/// Active HTTP health checks.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HealthConfig {
-    /// The path probed with GET (`None` disables active checks).
-    pub path: Option<String>,
-    /// Between probes of one worker.
-    pub interval: Duration,
-    /// A probe slower than this fails.
-    pub timeout: Duration,
-    /// Consecutive successes that make an unhealthy worker healthy.
-    pub rise: u32,
-    /// Consecutive failures that make a healthy worker unhealthy.
-    pub fall: u32,
-}
-
-/// Passive ejection: consecutive connect errors or 5xx responses take a worker out for a while.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PassiveConfig {
-    /// Consecutive failures that eject (0 disables).
-    pub consecutive_failures: u32,
-    /// The first ejection's length; each further ejection in a row doubles it.
-    pub base_ejection: Duration,
-    /// The longest ejection.
-    pub max_ejection: Duration,
-    /// A worker that holds tries waiting for headers and answers none of them for this long is
-    /// *stalled*: new requests go to the next worker of each key's ranking, and replayable
-    /// idempotent tries waiting on it are abandoned and retried there (zero disables).
-    pub stall: Duration,
-}
-
-/// Retries on the next worker of the key's ranking.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RetryConfig {
-    /// Tries in all (1 = no retry).
-    pub attempts: u32,
-    /// Time to the response headers of one try.
-    pub per_try_timeout: Duration,
-    /// Time to the response headers over all tries.
-    pub deadline: Duration,
-}
-
-/// One worker.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerConfig {
-    /// Its name: its identity for placement.
-    pub name: String,
-    /// Where it listens.
-    pub address: SocketAddr,
-    /// Its weight (0 = drained).
-    pub weight: u32,
-    /// Its zone.
-    pub zone: Option<String>,
-    /// Its numeric id, for the `haproxy` placement (HAProxy's server `id`).
-    pub id: Option<u32>,
 }
 
 impl Config {
@@ -460,7 +342,7 @@ weight = 2
             (Duration::from_secs(2), Duration::from_secs(2))
         );
         // Issue 31 (24): the read timeout between a worker's body bytes, nginx's default.
-        assert_eq!(Config::parse(GOOD, "k.toml").expect("valid").pools[0].read_timeout, Duration::from_secs(60));
+        assert_eq!(Config::parse(GOOD, "k.toml").expect("valid").http[0].read_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -477,6 +359,7 @@ weight = 2
             Some(CacheListener {
                 protocol: CacheProtocol::Memcached,
                 pool: 0,
+                pool_name: "thumbs".into(),
                 max_item_bytes: 2048,
                 password: None,
                 server_password: None
@@ -505,7 +388,7 @@ weight = 2
                 mc("").replace("weight = 2", "weight = 2\n[pool.health]\npath = \"/\""),
                 3,
                 "listener.listener-1.pool",
-                "health checks",
+                "HTTP health path",
             ),
         ] {
             let err = Config::parse(&edit, "k.toml").expect_err(&edit);
@@ -527,7 +410,7 @@ weight = 2
             .replace("weight = 2", "weight = 2\nid = 7");
         let c = Config::parse(&text, "k.toml").expect("valid");
         let p = &c.pools[0];
-        assert_eq!(p.strategy, Strategy::Compat(keyroute::compat::Mode::Haproxy));
+        assert_eq!(p.strategy, keyroute::Strategy::Compat(keyroute::compat::Mode::Haproxy));
         assert!(p.options.compat.haproxy_hash.avalanche);
         assert_eq!((p.workers[0].id, p.workers[1].id), (None, Some(7)));
         // The section starts on line 10 of GOOD.
@@ -579,7 +462,7 @@ weight = 2
         let h = c.pools[0].hot_keys.as_ref().expect("hot keys");
         assert_eq!(h.rule.threshold, keyroute::hot::Threshold::Rate(200.0));
         assert_eq!((h.rule.per_replica, h.rule.max_replicas, h.sample_every), (200.0, 3, 16));
-        let cache = h.cache.as_ref().expect("cache");
+        let cache = c.http[0].cache.as_ref().expect("cache");
         assert_eq!(
             (cache.max_bytes, cache.max_object_bytes, cache.cache_authorized),
             (1_000_000, 1_000_000, false),

@@ -1,7 +1,7 @@
 //! From the raw file to the types the gateway runs with: one function per section, each error
 //! naming the file, the line and the field.
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -49,6 +49,9 @@ impl Ctx<'_> {
         });
     }
 }
+
+/// The HTTP active check's path when `[pool.health]` names none.
+const DEFAULT_HEALTH_PATH: &str = "/healthz";
 
 /// The longest key template, in bytes: a template names parts of a request (`{path}?w={query.w}`);
 /// one of megabytes is a mistake, and would be copied into every key.
@@ -102,117 +105,6 @@ fn collide(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0 && a.port() == b.port() && (x == y || x.is_unspecified() || y.is_unspecified())
 }
 
-/// Whether `ip` is one of this machine's own addresses (loopback, a wildcard, or an address a
-/// socket can bind to here).
-fn is_local(ip: IpAddr) -> bool {
-    ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-/// Whether a worker at `worker` would be the gateway itself, listening at `own`: the fleet's one
-/// rule ([`keyroute_etcd::gateways::reaches`], which `keyroute members add` applies to the
-/// gateways' records), with this machine's own addresses.
-pub(crate) fn points_at(worker: SocketAddr, own: SocketAddr) -> bool {
-    keyroute_etcd::gateways::reaches(worker, own, is_local)
-}
-
-/// One field of a worker that failed validation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct WorkerFieldError {
-    /// `name`, `address`, `weight` or `zone`.
-    pub(crate) field: &'static str,
-    /// Why.
-    pub(crate) message: String,
-}
-
-/// The longest worker name or zone, in bytes.
-pub const MAX_NAME_BYTES: usize = 256;
-
-fn check_label(what: &'static str, text: &str) -> Result<(), WorkerFieldError> {
-    let bad = |message: String| Err(WorkerFieldError { field: what, message });
-    if text.is_empty() {
-        return bad("must not be empty".into());
-    }
-    if text.len() > MAX_NAME_BYTES {
-        return bad(format!("must be at most {MAX_NAME_BYTES} bytes (got {})", text.len()));
-    }
-    if text.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return bad("must not contain spaces or control characters".into());
-    }
-    if let Some(c) = text.chars().find(|&c| invisible(c)) {
-        return bad(format!(
-            "must not contain invisible or direction-changing characters (U+{:04X}): a name that looks like another is not another",
-            c as u32
-        ));
-    }
-    Ok(())
-}
-
-/// Characters that show nothing, or change how the text around them shows, so that two names
-/// that look alike differ (`w1` and `w1` + U+200B): Unicode's Default_Ignorable_Code_Point set
-/// (format characters of category Cf: zero-width spaces and joiners, bidirectional controls, the
-/// BOM, tags; the Hangul and Khitan fillers; variation selectors; the reserved U+FFF0..U+FFF8),
-/// the interlinear annotation marks, and symbols drawn as a blank: U+2800 BRAILLE PATTERN BLANK
-/// (`w1⠀` looks like `w1`, issue 31 defect 20). Whitespace and controls are refused before this.
-fn invisible(c: char) -> bool {
-    matches!(c as u32,
-        0x00AD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F
-        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x2800 | 0x3164 | 0xFE00..=0xFE0F
-        | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFFB | 0x16FE4 | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A
-        | 0xE0000..=0xE0FFF)
-}
-
-/// Validates one worker, the same way for a configuration file and the admin API: a name and
-/// zone of visible characters, an address (`ip:port`, or `host:port` resolved now) that is a
-/// real unicast address and not one of the gateway's own listeners (`own`).
-///
-/// # Errors
-///
-/// The first field that is wrong.
-pub(crate) fn validate_worker(
-    name: &str,
-    address: &str,
-    weight: u32,
-    zone: Option<&str>,
-    own: &[SocketAddr],
-) -> Result<WorkerConfig, WorkerFieldError> {
-    validate_worker_with(name, address, weight, zone, own, resolve)
-}
-
-/// [`validate_worker`] with the name resolution passed in (the fuzz targets resolve nothing).
-pub(crate) fn validate_worker_with(
-    name: &str,
-    address: &str,
-    weight: u32,
-    zone: Option<&str>,
-    own: &[SocketAddr],
-    resolve: impl Fn(&str) -> Option<SocketAddr>,
-) -> Result<WorkerConfig, WorkerFieldError> {
-    check_label("name", name)?;
-    if let Some(z) = zone
-        && !z.is_empty()
-    {
-        check_label("zone", z)?;
-    }
-    let bad_address = |message: String| WorkerFieldError { field: "address", message };
-    let Some(addr) = socket_addr(address, resolve) else {
-        return Err(bad_address(format!("'{}' is not an address (host:port)", address.escape_debug())));
-    };
-    if addr.ip().is_unspecified() || addr.ip().is_multicast() || addr.port() == 0 {
-        return Err(bad_address(format!("{addr} is not an address a worker can listen at")));
-    }
-    if let Some(o) = own.iter().find(|o| points_at(addr, **o)) {
-        return Err(bad_address(format!("{addr} is the gateway's own listener {o}: requests would loop")));
-    }
-    let _ = weight;
-    Ok(WorkerConfig {
-        id: None,
-        name: name.to_owned(),
-        address: addr,
-        weight,
-        zone: zone.filter(|z| !z.is_empty()).map(str::to_owned),
-    })
-}
-
 /// A byte of an HTTP token (RFC 9110 §5.6.2), lowercase letters included, `/` for a version.
 fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b)
@@ -253,26 +145,37 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
         if name.is_empty() {
             return ctx.err(Some(p.name.span()), "pool.name", "must not be empty");
         }
-        if pools.iter().any(|q: &PoolConfig| q.name == name) {
+        if pools.iter().any(|(q, _): &(PoolConfig, HttpPoolConfig)| q.name == name) {
             return ctx.err(Some(p.name.span()), "pool.name", format!("duplicate pool '{name}'"));
         }
         pools.push(validate_pool(ctx, p, &name, &own_addrs)?);
     }
+    let (mut pools, http): (Vec<PoolConfig>, Vec<HttpPoolConfig>) = pools.into_iter().unzip();
     let mut listeners = Vec::new();
     for (i, l) in raw.listener.iter().enumerate() {
         listeners.push(validate_listener(ctx, l, i, own[i + 1].0, &pools)?);
     }
-    for l in &listeners {
-        if let Some(cache) = &l.cache
-            && cache.protocol == CacheProtocol::Redis
-        {
-            store_defaults(&mut pools[cache.pool], &raw.pool[cache.pool]);
+    for (l, raw_listener) in listeners.iter().zip(&raw.listener) {
+        let Some(cache) = &l.cache else { continue };
+        let raw_pool = &raw.pool[cache.pool];
+        if raw_pool.health.as_ref().is_some_and(|h| h.path.is_some()) {
+            // A cache pool's active check is its protocol's (memcached `version`, Redis `PING`).
+            let at = raw_listener.pool.as_ref().map_or_else(|| raw_listener.listen.span(), Spanned::span);
+            let msg = format!(
+                "pool '{}' has an HTTP health path ([pool.health] path), which a cache server cannot answer: remove it (the pool is checked with the listener's protocol)",
+                pools[cache.pool].name
+            );
+            return ctx.err(Some(at), format!("listener.{}.pool", l.name), msg);
+        }
+        if cache.protocol == CacheProtocol::Redis {
+            store_defaults(&mut pools[cache.pool], raw_pool);
         }
     }
     Ok(Config {
         admin,
         listeners,
         pools,
+        http,
         shutdown_delay: ms(raw.shutdown_delay_ms.as_ref(), 0),
         shutdown_grace: ms(raw.shutdown_grace_ms.as_ref(), 10_000),
         warnings: ctx.warnings.take(),
@@ -458,14 +361,6 @@ fn validate_protocol(
             );
         }
     };
-    if pools[pool].health.path.is_some() {
-        let span = l.pool.as_ref().map_or_else(|| l.listen.span(), Spanned::span);
-        let msg = format!(
-            "pool '{}' has HTTP health checks ([pool.health] path), which cache servers cannot answer: remove them (passive ejection watches a cache pool)",
-            pools[pool].name
-        );
-        return ctx.err(Some(span), field("pool"), msg);
-    }
     let max_item_bytes = match &l.max_item_bytes {
         None if protocol == CacheProtocol::Redis => 16 << 20,
         None => 1 << 20,
@@ -492,7 +387,8 @@ fn validate_protocol(
         *slot = Some(v.get_ref().clone());
     }
     let [password, server_password] = passwords;
-    Ok(Some(CacheListener { protocol, pool, max_item_bytes, password, server_password }))
+    let pool_name = pools[pool].name.clone();
+    Ok(Some(CacheListener { protocol, pool, pool_name, max_item_bytes, password, server_password }))
 }
 
 /// A listener's `[[listener.route]]`s (one to the only pool when it has none).
@@ -649,15 +545,6 @@ fn relative_to(ctx: &Ctx<'_>, text: &str) -> PathBuf {
     }
 }
 
-pub(crate) fn resolve(text: &str) -> Option<SocketAddr> {
-    text.to_socket_addrs().ok().and_then(|mut it| it.next())
-}
-
-/// An `ip:port`, else a `host:port` resolved by `resolve`.
-fn socket_addr(text: &str, resolve: impl Fn(&str) -> Option<SocketAddr>) -> Option<SocketAddr> {
-    text.parse::<SocketAddr>().ok().or_else(|| resolve(text))
-}
-
 fn parse_addr(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<SocketAddr, ConfigError> {
     let text = s.get_ref();
     match socket_addr(text, resolve) {
@@ -666,31 +553,44 @@ fn parse_addr(ctx: &Ctx<'_>, s: &Spanned<String>, field: &str) -> Result<SocketA
     }
 }
 
-fn validate_pool(ctx: &Ctx<'_>, p: &RawPool, name: &str, own: &[SocketAddr]) -> Result<PoolConfig, ConfigError> {
+/// One `[[pool]]`: the fleet's settings, and those of the HTTP listeners that route to it.
+fn validate_pool(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    own: &[SocketAddr],
+) -> Result<(PoolConfig, HttpPoolConfig), ConfigError> {
     let field = |f: &str| format!("pool.{name}.{f}");
     let (strategy, options) = validate_placement(ctx, p, name)?;
     let (key, on_missing_key, worker_header) = validate_key(ctx, p, name)?;
     let workers = validate_workers(ctx, p, name, own)?;
     let membership = validate_membership(ctx, p, name)?;
     check_members(ctx, p, name, strategy, &options, &workers, &membership)?;
-    Ok(PoolConfig {
+    let (health, health_path) = validate_health(ctx, p, name)?;
+    let (hot_keys, cache) = validate_hot_keys(ctx, p, name, strategy)?.unzip();
+    let pool = PoolConfig {
         name: name.to_owned(),
         strategy,
         options,
-        key,
-        on_missing_key,
-        worker_header,
-        health: validate_health(ctx, p, name)?,
+        health,
         passive: validate_passive(ctx, p, name)?,
         retry: validate_retry(ctx, p, name)?,
         connect_timeout: timeout(ctx, p.connect_timeout_ms.as_ref(), 2_000, field("connect_timeout_ms"))?,
-        read_timeout: timeout(ctx, p.read_timeout_ms.as_ref(), 60_000, field("read_timeout_ms"))?,
         membership,
         workers,
-        hot_keys: validate_hot_keys(ctx, p, name, strategy)?,
+        hot_keys,
         slow_start: validate_slow_start(ctx, p, name, strategy)?,
         handoff: validate_handoff(ctx, p, name, strategy)?,
-    })
+    };
+    let http = HttpPoolConfig {
+        key,
+        on_missing_key,
+        worker_header,
+        health_path,
+        read_timeout: timeout(ctx, p.read_timeout_ms.as_ref(), 60_000, field("read_timeout_ms"))?,
+        cache: cache.flatten(),
+    };
+    Ok((pool, http))
 }
 
 /// The strategy and its options (`strategy`, `hash`, `scheme`, `vnodes`, `maglev_size`,
@@ -797,16 +697,11 @@ fn validate_key(
 }
 
 /// `[pool.health]`: the active checks.
-fn validate_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<HealthConfig, ConfigError> {
+/// `[pool.health]`: the fleet's schedule, and the HTTP check's path (`/healthz` by default).
+fn validate_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<(HealthConfig, String), ConfigError> {
     let field = |f: &str| format!("pool.{name}.{f}");
     Ok(match &p.health {
-        None => HealthConfig {
-            path: None,
-            interval: Duration::from_secs(2),
-            timeout: Duration::from_secs(1),
-            rise: 2,
-            fall: 3,
-        },
+        None => (HealthConfig::default(), DEFAULT_HEALTH_PATH.to_owned()),
         Some(h) => {
             let path = h.path.as_ref().map(|p| p.get_ref().clone());
             if let (Some(p), Some(s)) = (&path, &h.path)
@@ -850,7 +745,8 @@ fn validate_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<HealthConfi
                     ),
                 );
             }
-            HealthConfig { path: path.or(Some("/healthz".into())), interval, timeout: probe_timeout, rise, fall }
+            let check = HealthConfig { active: true, interval, timeout: probe_timeout, rise, fall };
+            (check, path.unwrap_or_else(|| DEFAULT_HEALTH_PATH.to_owned()))
         }
     })
 }
@@ -1148,7 +1044,7 @@ fn validate_hot_keys(
     p: &RawPool,
     name: &str,
     strategy: Strategy,
-) -> Result<Option<HotKeysConfig>, ConfigError> {
+) -> Result<Option<(HotKeysConfig, Option<CacheSettings>)>, ConfigError> {
     use keyroute::hot::{HotKeyConfig, Threshold};
     let Some(h) = &p.hot_keys else { return Ok(None) };
     let field = |f: &str| format!("pool.{name}.hot_keys.{f}");
@@ -1246,14 +1142,14 @@ fn validate_hot_keys(
     if let Err(e) = rule.validate() {
         return ctx.err(Some(p.name.span()), field("threshold"), e.to_string());
     }
-    Ok(Some(HotKeysConfig {
+    let hot = HotKeysConfig {
         rule,
         window: Duration::from_millis(window),
         counters: counters as usize,
         sample_every: sample_every as u32,
         show_keys: h.show_keys.unwrap_or(false),
-        cache,
-    }))
+    };
+    Ok(Some((hot, cache)))
 }
 
 fn validate_slow_start(
@@ -1411,53 +1307,9 @@ mod tests {
     }
 
     #[test]
-    fn a_worker_at_the_gateways_own_address_is_found_in_any_spelling() {
-        let own: SocketAddr = "127.0.0.1:9901".parse().expect("addr");
-        for w in ["127.0.0.1:9901", "[::ffff:127.0.0.1]:9901"] {
-            assert!(points_at(w.parse().expect("addr"), own), "{w}");
-        }
-        assert!(!points_at("127.0.0.1:9902".parse().expect("addr"), own));
-        let any: SocketAddr = "0.0.0.0:8080".parse().expect("addr");
-        for w in ["127.0.0.1:8080", "[::1]:8080", "[::ffff:127.0.0.1]:8080"] {
-            assert!(points_at(w.parse().expect("addr"), any), "{w}");
-        }
+    fn wildcard_listen_addresses_collide_with_every_spelling() {
         assert!(collide("[::ffff:127.0.0.1]:8080".parse().expect("addr"), "127.0.0.1:8080".parse().expect("addr")));
-    }
-
-    #[test]
-    fn look_alike_names_are_refused() {
-        for name in ["w1\u{200B}", "\u{202E}1w", "w\u{2060}1", "\u{FEFF}w1", "w1\u{FE0F}", "w\u{00AD}1", "w1\u{E0041}"]
-        {
-            let err = check_label("name", name).expect_err("refused");
-            assert!(err.message.contains("invisible"), "{name:?}: {}", err.message);
-        }
-        // Issue 31, defect 20: blanks that are neither whitespace nor format characters.
-        for c in [
-            '\u{2800}',
-            '\u{115F}',
-            '\u{1160}',
-            '\u{3164}',
-            '\u{FFA0}',
-            '\u{180E}',
-            '\u{200B}',
-            '\u{200F}',
-            '\u{2064}',
-            '\u{FEFF}',
-            '\u{FE00}',
-            '\u{E0100}',
-            '\u{FFF0}',
-            '\u{16FE4}',
-            '\u{1D173}',
-        ] {
-            let name = format!("w1{c}");
-            let err = check_label("name", &name).expect_err("refused");
-            assert!(err.message.contains("invisible"), "{name:?}: {}", err.message);
-        }
-        for c in ['\u{3000}', '\u{00A0}', '\u{2007}', '\u{205F}'] {
-            assert!(check_label("name", &format!("w1{c}")).is_err(), "{c:?} is whitespace");
-        }
-        for name in ["w1", "thumb-ü", "東京-1", "cache.a_b"] {
-            assert!(check_label("name", name).is_ok(), "{name}");
-        }
+        assert!(collide("0.0.0.0:8080".parse().expect("addr"), "127.0.0.1:8080".parse().expect("addr")));
+        assert!(!collide("127.0.0.1:8080".parse().expect("addr"), "127.0.0.1:8081".parse().expect("addr")));
     }
 }

@@ -90,7 +90,7 @@ enum Pending {
     /// A `get` of one key on a server that joined within the handoff window: its answer, and on
     /// a miss the key's previous server's value, filled into the new one (the warm-up route).
     /// `copy`: the key's hash when the server is a hot key's replica and `previous` its owner
-    /// (the copy is then one of [`crate::pool::copies`], with a bounded lifetime).
+    /// (the copy is then one of [`crate::copies`], with a bounded lifetime).
     Warm { server: usize, node: usize, previous: usize, key: Vec<u8>, copy: Option<u64> },
     /// A write of a key (its hash and bytes) in a pool with hot keys, after the command's own
     /// entry: once `node` answered it, the copies other servers may hold are deleted (see
@@ -122,10 +122,10 @@ pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shar
 /// One batch: the whole commands buffered (up to [`BATCH`]) sent, answered and written back;
 /// `false` when the connection is to close.
 async fn batch(c: &mut Client, shared: &Shared, config: &CacheListener, pending: &mut Vec<Pending>) -> bool {
-    let Some(pool) = pool_of(shared, config.pool) else { return false };
+    let Some(pool) = pool_of(shared, config) else { return false };
     // One snapshot for the batch: its commands are placed on one table.
     let snap = pool.snapshot();
-    let settings = Settings::of(&snap);
+    let settings = Settings::of(&pool, &snap);
     let now = Instant::now();
     let mut close = false;
     while pending.len() < BATCH {
@@ -629,7 +629,7 @@ async fn answer_into(
 ///   leaves it. memcached has no atomic move: a delete of the key through another connection
 ///   between the read and the add is undone until the key's TTL ends.
 /// - **A hot key's copy** (`copy`: its hash; `previous` is its owner): it lives
-///   [`crate::pool::copies::COPY_LIFETIME`] at most, and lands only if no write of the key was
+///   [`crate::copies::COPY_LIFETIME`] at most, and lands only if no write of the key was
 ///   answered since the owner was read.
 #[allow(clippy::too_many_arguments)]
 async fn fill_from(
@@ -643,7 +643,7 @@ async fn fill_from(
     out: Option<&mut Vec<u8>>,
 ) {
     let hot = snap.hot().zip(copy);
-    let fill = hot.map(|(hot, h)| hot.copies.begin_fill(h, snap.workers()[joined].address, Instant::now()));
+    let fill = hot.map(|(_, h)| s.copies.begin_fill(h, snap.workers()[joined].address, Instant::now()));
     let old = &snap.workers()[previous];
     let Some(p) = connect(side, old, s).await else { return };
     let server = &mut side.0[p];
@@ -686,13 +686,13 @@ async fn fill_from(
     let landing = match (hot, fill) {
         (Some((hot, _)), Some(fill)) => {
             // A copy: at most its lifetime (memcached's 0 is "never"; -1 was read as 0 above).
-            let max = crate::pool::copies::COPY_LIFETIME.as_secs();
+            let max = crate::copies::COPY_LIFETIME.as_secs();
             ttl = match ttl.parse::<u64>() {
                 Ok(t) if (1..=max).contains(&t) => t,
                 _ => max,
             }
             .to_string();
-            match hot.copies.landing(fill).await {
+            match s.copies.landing(fill).await {
                 Some(landing) => Some((hot, landing)),
                 None => return,
             }
@@ -710,8 +710,8 @@ async fn fill_from(
     backend::flush(side, s).await;
     let mut dropped = Vec::new();
     let added = answer_into(&mut side.0[j], false, Answer::Meta, true, s.answer, &mut dropped).await.is_ok();
-    if let Some((hot, landing)) = landing {
-        hot.copies.landed(landing, Instant::now());
+    if let Some((_, landing)) = landing {
+        s.copies.landed(landing, Instant::now());
     } else if added && let Some(p) = connect(side, old, s).await {
         // Stored, or the new owner had a newer value: the previous one is superseded.
         let server = &mut side.0[p];
@@ -743,8 +743,8 @@ async fn delete_copies_now(
     pending: &mut Vec<Pending>,
 ) {
     let mut nodes: Vec<usize> = snap.policy().ranked(h).take(replicas).filter(|&i| i != writer).collect();
-    if let Some(hot) = snap.hot() {
-        for a in hot.copies.holders(h, now) {
+    if snap.hot().is_some() {
+        for a in s.copies.holders(h, now) {
             if let Some(i) = snap.workers().iter().position(|w| w.address == a)
                 && i != writer
                 && !nodes.contains(&i)

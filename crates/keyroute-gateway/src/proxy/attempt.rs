@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::guarded::{Guarded, Upload};
 use super::respond::worker_head;
 use crate::body::{self, ProxyBody};
+use crate::config::HttpPoolConfig;
 use crate::pool::{InFlight, Snapshot, WorkerState};
 use crate::upstream::{SendError, Upgraded, UpstreamBody};
 
@@ -78,6 +79,7 @@ pub(super) enum Try {
 /// One try's inputs.
 pub(super) struct TryCtx<'a> {
     pub(super) snap: &'a Arc<Snapshot>,
+    pub(super) http: &'a HttpPoolConfig,
     pub(super) worker: &'a Arc<WorkerState>,
     pub(super) parts: &'a Parts,
     pub(super) per_try: Duration,
@@ -109,14 +111,20 @@ async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> 
     let TryCtx { snap, worker, parts, per_try, replayable, may_abandon, elsewhere, .. } = *ctx;
     // Only a request without a body waits on the worker alone from the start; one with a body may
     // be waiting on its client's upload, which must never make the worker look stalled.
-    let _waiting = replayable.then(|| worker.await_headers(sent));
+    let _waiting = replayable.then(|| worker.awaiting(sent));
+    let Some(upstream) = crate::upstream::of(worker) else {
+        // Another protocol's state holds the worker's slot: a configuration mistake, the gateway's.
+        let error = std::io::Error::other("the worker is served by another protocol");
+        return Ok(Err(SendError::Local { addr: worker.address, error }));
+    };
+    let connect_timeout = snap.config().connect_timeout;
     let stall = if may_abandon { snap.config().passive.stall } else { Duration::ZERO };
     let mut fresh_retry = replayable && idempotent(&parts.method);
     let mut fresh = false;
     let until = sent + per_try;
     loop {
         // The head is written straight from the client's (rewritten) one: nothing is cloned.
-        let send = worker.upstream.send(parts, body.take().unwrap_or_else(body::empty), !fresh);
+        let send = upstream.send(parts, body.take().unwrap_or_else(body::empty), !fresh, connect_timeout);
         tokio::pin!(send);
         let r = loop {
             // Wake at the try's deadline, or when the worker would have stalled (re-read after
@@ -149,7 +157,7 @@ async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> 
 /// upload is the client's, the gateway out of descriptors its own, anything else the worker's
 /// (and feeds passive ejection); a 5xx is a failure now, a success is settled when its body ends.
 fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> Try {
-    let TryCtx { snap, worker, replayable, upload, id, .. } = *ctx;
+    let TryCtx { snap, http, worker, replayable, upload, id, .. } = *ctx;
     let arrived = Instant::now();
     let latency = arrived.saturating_duration_since(sent);
     let failure = match result {
@@ -164,7 +172,7 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
             }
         }
         Ok(Ok(resp)) => {
-            worker.headers_arrived(arrived);
+            worker.answered(arrived);
             let status = resp.status();
             // The worker's own cache result, when it reports one: slow start reads it.
             if let Some(v) = resp.headers().get("x-cache").map(HeaderValue::as_bytes) {
@@ -183,7 +191,7 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
                 }
             }
             let (mut head, incoming) = resp.into_parts();
-            worker_head(&mut head, snap, worker);
+            worker_head(&mut head, http, worker);
             let guarded = Guarded::new(
                 incoming,
                 guard,
@@ -191,6 +199,7 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
                 Arc::clone(snap),
                 status.as_u16(),
                 Arc::clone(upload),
+                http.read_timeout,
             );
             return Try::Answered(Response::from_parts(head, guarded.boxed_unsync()));
         }
@@ -259,21 +268,21 @@ fn switched(
     latency: Duration,
     guard: InFlight,
 ) -> Result<Try, Failure> {
-    let TryCtx { snap, worker, parts, .. } = *ctx;
+    let TryCtx { http, worker, parts, .. } = *ctx;
     let asked = parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
     let chosen = resp.headers().get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
     let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
     if asked.is_empty() || !offered(chosen.trim_ascii()) {
         return Err(Failure::Unoffered);
     }
-    worker.headers_arrived(arrived);
+    worker.answered(arrived);
     worker.metrics.record_latency(latency);
     worker.metrics.record_class(Some(101));
     worker.observe_success();
     let (mut head, body) = resp.into_parts();
     let Some(worker_side) = body.into_upgraded() else { return Err(Failure::Unoffered) };
     let protocol = head.headers.get(header::UPGRADE).cloned();
-    worker_head(&mut head, snap, worker);
+    worker_head(&mut head, http, worker);
     head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     if let Some(p) = protocol {
         head.headers.insert(header::UPGRADE, p);

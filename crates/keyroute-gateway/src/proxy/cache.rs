@@ -15,6 +15,8 @@ use http_body_util::BodyExt;
 
 use super::headers::{Peer, REQUEST_ID};
 use crate::body::{self, ProxyBody};
+use crate::cache::HotCache;
+use crate::config::HttpPoolConfig;
 use crate::pool::Snapshot;
 
 /// What the cache stage found for a request.
@@ -32,8 +34,11 @@ pub(super) enum Looked {
 /// Counts a keyed request for hot-key detection and, for a hot key of a pool with a cache, looks
 /// it up ([`consult`]). `body_end`: the request has no body (one with a body, even a GET, is not
 /// answered by URL). When the pool's key reads more than the URL, the entry varies on the key.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn look_up(
     snap: &Snapshot,
+    http: &HttpPoolConfig,
+    cache: Option<&Arc<HotCache>>,
     hash: Option<u64>,
     key: &str,
     parts: &Parts,
@@ -47,13 +52,12 @@ pub(super) async fn look_up(
         return Looked::Skip;
     }
     hot.metrics.hot_requests.fetch_add(1, Relaxed);
-    let Some(cache) = hot.cache.as_ref().filter(|_| body_end) else { return Looked::Skip };
-    let Some(ck) = cache.request_key(parts) else { return Looked::Skip };
+    let Some(cache) = cache.filter(|_| body_end) else { return Looked::Skip };
+    let Some(ck) = cache.store.request_key(parts) else { return Looked::Skip };
     let ck = ck.with_scheme(if peer.tls { "https" } else { "http" });
-    let ck = if snap.config().key.reads_beyond_url() { ck.varying_on(key) } else { ck };
-    let wait =
-        hot.config.cache.as_ref().map_or(Duration::ZERO, |c| c.coalesce_timeout).min(snap.config().retry.deadline);
-    match consult(Arc::clone(hot), ck, parts, id, wait, snap.config().worker_header.as_ref()).await {
+    let ck = if http.key.reads_beyond_url() { ck.varying_on(key) } else { ck };
+    let wait = cache.settings.coalesce_timeout.min(snap.config().retry.deadline);
+    match consult(Arc::clone(cache), ck, parts, id, wait, http.worker_header.as_ref()).await {
         Consulted::Hit(resp) => Looked::Hit(resp),
         Consulted::Lead(c) => Looked::Lead(c),
         Consulted::Pass => Looked::Waited,
@@ -66,7 +70,7 @@ pub(crate) const X_CACHE: header::HeaderName = header::HeaderName::from_static("
 
 /// A hot key's request that leads its flight: what it needs to store the response.
 pub(super) struct Caching {
-    hot: Arc<crate::pool::hot::HotKeysState>,
+    cache: Arc<HotCache>,
     key: crate::cache::CacheKey,
     /// The client's request head as it arrived (the cache's rules and `Vary` read it, not the
     /// upstream request's).
@@ -118,19 +122,19 @@ fn cached_response(
 /// (`no-cache`, `max-age=0`) neither looks up nor waits: it goes upstream, and may refresh the
 /// entry.
 pub(super) async fn consult(
-    hot: Arc<crate::pool::hot::HotKeysState>,
+    hot: Arc<HotCache>,
     key: crate::cache::CacheKey,
     parts: &Parts,
     id: &str,
     wait: Duration,
     worker_header: Option<&header::HeaderName>,
 ) -> Consulted {
-    let Some(cache) = hot.cache.as_ref() else { return Consulted::Pass };
+    let cache = &hot.store;
     if !crate::cache::HttpCache::may_serve(parts) {
-        hot.metrics.cache_misses.fetch_add(1, Relaxed);
+        hot.metrics.misses.fetch_add(1, Relaxed);
         let request = head_copy(parts);
         return Consulted::Lead(Box::new(Caching {
-            hot: Arc::clone(&hot),
+            cache: Arc::clone(&hot),
             key,
             request,
             id: id.to_owned(),
@@ -139,7 +143,7 @@ pub(super) async fn consult(
     }
     let now = std::time::SystemTime::now();
     if let Some(c) = cache.lookup(&key, parts, now) {
-        hot.metrics.cache_hits.fetch_add(1, Relaxed);
+        hot.metrics.hits.fetch_add(1, Relaxed);
         return Consulted::Hit(cached_response(c, "hit", id, worker_header));
     }
     if crate::cache::HttpCache::only_if_cached(parts) {
@@ -153,10 +157,10 @@ pub(super) async fn consult(
     }
     match cache.join(&key) {
         crate::cache::Flight::Leader(guard) => {
-            hot.metrics.cache_misses.fetch_add(1, Relaxed);
+            hot.metrics.misses.fetch_add(1, Relaxed);
             let request = head_copy(parts);
             Consulted::Lead(Box::new(Caching {
-                hot: Arc::clone(&hot),
+                cache: Arc::clone(&hot),
                 key,
                 request,
                 id: id.to_owned(),
@@ -171,7 +175,7 @@ pub(super) async fn consult(
                     Consulted::Hit(cached_response(c, "coalesced", id, worker_header))
                 }
                 None => {
-                    hot.metrics.cache_misses.fetch_add(1, Relaxed);
+                    hot.metrics.misses.fetch_add(1, Relaxed);
                     Consulted::Pass
                 }
             }
@@ -186,7 +190,7 @@ impl Caching {
         let (mut head, incoming) = resp.into_parts();
         head.headers.insert(X_CACHE, HeaderValue::from_static("miss"));
         let now = std::time::SystemTime::now();
-        let Some(cache) = self.hot.cache.as_ref() else { return Response::from_parts(head, incoming) };
+        let cache = &self.cache.store;
         let token = match cache.storable(&self.request, &head, now) {
             // Only a body of known length is buffered: anything else streams through unstored.
             Ok(t) if head.headers.contains_key(header::CONTENT_LENGTH) => t,
@@ -200,7 +204,7 @@ impl Caching {
         match buffer(incoming, limit).await {
             Some(bytes) => {
                 if cache.store(self.key.clone(), token, &self.request, &head, bytes.clone(), now) {
-                    self.hot.metrics.cache_stores.fetch_add(1, Relaxed);
+                    self.cache.metrics.stores.fetch_add(1, Relaxed);
                 }
                 Response::from_parts(head, body::full(bytes))
             }

@@ -146,8 +146,8 @@ impl Guarded {
         snapshot: Arc<Snapshot>,
         status: u16,
         upload: Arc<Upload>,
+        read_timeout: Duration,
     ) -> Self {
-        let read_timeout = snapshot.config().read_timeout;
         let state = Some(Finish { guard, worker, snapshot, status, upload });
         let mut g = Guarded { inner, state, read_timeout, idle: None };
         if g.inner.is_end_stream() {
@@ -167,8 +167,10 @@ impl Guarded {
             // A connection whose request body is still going out (the worker answered early) is
             // not reusable yet: it is dropped rather than make the next request wait behind the
             // upload (the body says so).
-            if let Some(conn) = self.inner.take_reusable() {
-                f.worker.upstream.checkin(conn);
+            if let Some(conn) = self.inner.take_reusable()
+                && let Some(upstream) = crate::upstream::of(&f.worker)
+            {
+                upstream.checkin(conn);
             }
         }
     }

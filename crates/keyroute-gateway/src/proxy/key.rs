@@ -6,13 +6,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use http::request::Parts;
 
 use super::headers::Peer;
-use crate::config::MissingKey;
+use crate::config::{HttpPoolConfig, MissingKey};
 use crate::pool::{Pool, Snapshot};
 
 /// The key's hash, `None` when the strategy does not place by key or the key is missing
 /// and the pool falls back to p2c.
 pub(super) fn key_hash(
     pool: &Pool,
+    http: &HttpPoolConfig,
     snap: &Snapshot,
     parts: &Parts,
     peer: &Peer,
@@ -21,7 +22,7 @@ pub(super) fn key_hash(
     if !snap.policy().strategy().uses_key() {
         return Ok(None);
     }
-    let rendered = snap.config().key.render(&crate::key::HttpRequest::new(parts, peer.addr.ip()), key).and_then(|()| {
+    let rendered = http.key.render(&crate::key::HttpRequest::new(parts, peer.addr.ip()), key).and_then(|()| {
         // nginx and HAProxy do not hash an empty key (they go round robin): neither does their mode.
         match snap.policy().strategy().hashes_key(key.as_bytes()) {
             true => Ok(()),
@@ -36,7 +37,7 @@ pub(super) fn key_hash(
         }
         Err(missing) => {
             pool.metrics.missing_key.fetch_add(1, Relaxed);
-            match snap.config().on_missing_key {
+            match http.on_missing_key {
                 MissingKey::Reject => Err(missing),
                 MissingKey::P2c => Ok(None),
             }

@@ -44,8 +44,7 @@ use self::guarded::{ClientBody, Upload};
 pub(crate) use self::headers::Peer;
 use crate::access::{AccessLog, Placed};
 use crate::body::{BoxError, ProxyBody};
-use crate::pool::Pool;
-use crate::routing::Routing;
+use crate::routing::{HttpPool, Routing};
 
 /// What the request path shares with the rest of the gateway.
 #[derive(Debug)]
@@ -117,7 +116,7 @@ where
 #[allow(clippy::too_many_arguments)]
 async fn forward<B>(
     shared: &Front,
-    pool: &Arc<Pool>,
+    hp: &HttpPool,
     route: Route<'_>,
     parts: &mut Parts,
     body: B,
@@ -129,11 +128,12 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
+    let (pool, http) = (&hp.pool, &*hp.http);
     let snap = pool.snapshot();
     let started = Instant::now();
     // Key.
     let mut key = String::new();
-    let hash = match key::key_hash(pool, &snap, parts, peer, &mut key) {
+    let hash = match key::key_hash(pool, http, &snap, parts, peer, &mut key) {
         Ok(h) => h,
         Err(missing) => return respond::missing_key(pool, &missing, id),
     };
@@ -145,7 +145,8 @@ where
         }
     }
     // Cache (hot keys).
-    let (caching, waited) = match cache::look_up(&snap, hash, &key, parts, body.is_end_stream(), peer, id).await {
+    let looked = cache::look_up(&snap, http, hp.cache.as_ref(), hash, &key, parts, body.is_end_stream(), peer, id);
+    let (caching, waited) = match looked.await {
         cache::Looked::Hit(resp) => {
             if let Some(p) = placed.as_deref_mut() {
                 p.decision = "cache";
@@ -181,6 +182,7 @@ where
         let worker = Arc::clone(&snap.workers()[decision.node]);
         let ctx = TryCtx {
             snap: &snap,
+            http,
             worker: &worker,
             parts,
             per_try: retry.per_try_timeout.min(deadline - now),
@@ -195,7 +197,7 @@ where
         match try_once(ctx, &mut body).await {
             Try::Answered(resp) => {
                 tracing::trace!(request_id = %id, worker = %worker.name, attempt, key = %key, "proxied");
-                return respond::answered(&snap, parts, resp, caching, waited).await;
+                return respond::answered(hp.cache.as_deref(), parts, resp, caching, waited).await;
             }
             Try::Upgraded(resp, worker_side, in_flight) => {
                 return respond::upgraded(resp, worker_side, in_flight, &worker, &route, id, placed.is_some());

@@ -17,13 +17,15 @@ use super::attempt::Failure;
 use super::cache::{Caching, X_CACHE};
 use super::{Route, headers, tunnel};
 use crate::body::{self, ProxyBody};
+use crate::cache::HotCache;
+use crate::config::HttpPoolConfig;
 use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
 
 /// A worker's response head as the client gets it: no hop-by-hop headers, and the pool's worker
 /// header naming who served.
-pub(super) fn worker_head(head: &mut response::Parts, snap: &Snapshot, worker: &WorkerState) {
+pub(super) fn worker_head(head: &mut response::Parts, http: &HttpPoolConfig, worker: &WorkerState) {
     headers::strip_hop_by_hop(&mut head.headers);
-    if let Some(h) = &snap.config().worker_header
+    if let Some(h) = &http.worker_header
         && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
     {
         head.headers.insert(h.clone(), v);
@@ -40,16 +42,16 @@ pub(super) fn missing_key(pool: &Pool, missing: &crate::key::MissingPart, id: &s
 /// (RFC 9111 §4.4); a request that leads a hot key's miss stores the answer; one that waited for
 /// another's miss in vain says so.
 pub(super) async fn answered(
-    snap: &Snapshot,
+    cache: Option<&HotCache>,
     parts: &Parts,
     mut resp: Response<ProxyBody>,
     caching: Option<Caching>,
     waited: bool,
 ) -> Response<ProxyBody> {
     if !parts.method.is_safe()
-        && let Some(c) = snap.hot().as_ref().and_then(|h| h.cache.as_ref())
+        && let Some(c) = cache
     {
-        c.invalidate(parts, resp.status());
+        c.store.invalidate(parts, resp.status());
     }
     match caching {
         Some(c) => c.store(resp).await,

@@ -194,9 +194,9 @@ async fn batch(
     session: &mut Session,
     pending: &mut Vec<Pending>,
 ) -> bool {
-    let Some(pool) = pool_of(shared, config.pool) else { return false };
+    let Some(pool) = pool_of(shared, config) else { return false };
     let snap = pool.snapshot();
-    let mut settings = Settings::of(&snap);
+    let mut settings = Settings::of(&pool, &snap);
     settings.greeting = session.greetings[usize::from(session.resp3)].clone();
     settings.password = session.password.clone();
     settings.greeting_whole = |b| matches!(codec::reply_len(b), Ok(Some(_)));
@@ -596,7 +596,7 @@ async fn one(to: &mut To<'_>, access: Access, name: &str, key: &[u8], raw: &[u8]
 
 /// The longest a hot key's copy on a replica lives (milliseconds): how long the pool remembers
 /// which servers may hold one, and how stale a copy made by another gateway can be.
-const HOT_COPY_MS: i64 = crate::pool::copies::COPY_LIFETIME.as_millis() as i64;
+const HOT_COPY_MS: i64 = crate::copies::COPY_LIFETIME.as_millis() as i64;
 
 /// A hot key's `GET` (`r` replicas): sent to the healthy replica whose turn it is. `None` when
 /// that is the owner, or it cannot be reached (the command is then placed as usual).
@@ -629,7 +629,7 @@ async fn hot_get(to: &mut To<'_>, h: u64, r: usize, key: &[u8], raw: &[u8]) -> O
 /// `pool::copies` module).
 async fn invalidate_copies(to: &mut To<'_>, h: u64, r: usize, key: &[u8]) {
     let Some(owner) = to.snap.policy().owner(h) else { return };
-    let holders = to.snap.hot().map(|hot| hot.copies.holders(h, to.now)).unwrap_or_default();
+    let holders = if to.snap.hot().is_some() { to.s.copies.holders(h, to.now) } else { Vec::new() };
     let mut others: Vec<usize> = to.snap.policy().ranked(h).take(r.max(1)).filter(|&i| i != owner).collect();
     for a in holders {
         if let Some(i) = to.snap.workers().iter().position(|w| w.address == a)
@@ -661,7 +661,7 @@ async fn hot_fill(
 ) -> bool {
     // Recorded before the owner is read: a write acknowledged from now on deletes this copy, or
     // makes the fill drop it.
-    let fill = snap.hot().map(|hot| hot.copies.begin_fill(hash, snap.workers()[replica].address, Instant::now()));
+    let fill = snap.hot().map(|_| s.copies.begin_fill(hash, snap.workers()[replica].address, Instant::now()));
     let Some(j) = connect(side, &snap.workers()[owner], s).await else { return false };
     codec::command(&mut side.0[j].out, [&b"GET"[..], key].into_iter());
     codec::command(&mut side.0[j].out, [&b"PTTL"[..], key].into_iter());
@@ -683,8 +683,8 @@ async fn hot_fill(
     let px = if ms < 0 { HOT_COPY_MS } else { ms.min(HOT_COPY_MS) }.max(1).to_string();
     // The copy lands only if no write was acknowledged since the owner was read, and no write's
     // deletes are sent until it has landed.
-    let (Some(hot), Some(fill)) = (snap.hot(), fill) else { return true };
-    let Some(landing) = hot.copies.landing(fill).await else { return true };
+    let Some(fill) = fill else { return true };
+    let Some(landing) = s.copies.landing(fill).await else { return true };
     // On a side connection too: the replica's batch connection still has this batch's replies
     // to give.
     if let Some(k) = connect(side, &snap.workers()[replica], s).await {
@@ -698,7 +698,7 @@ async fn hot_fill(
         }
         side.sweep();
     }
-    hot.copies.landed(landing, Instant::now());
+    s.copies.landed(landing, Instant::now());
     true
 }
 

@@ -1,5 +1,7 @@
-//! One worker as the gateway sees it: identity, routing state, load and counters; shared by every
+//! One worker as a pool sees it: identity, routing state, load and counters; shared by every
 //! snapshot that lists it, so its health, ejection and in-flight count survive membership changes.
+//! Nothing here is a protocol's: a protocol keeps what it needs per worker (the HTTP gateway's
+//! connection pool) in the worker's protocol slot ([`WorkerState::protocol_or`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use crate::metrics::WorkerMetrics;
 /// A worker's state for routing, as reported by the admin API and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum State {
+pub enum State {
     /// Taking traffic.
     Healthy,
     /// Failing its active health checks.
@@ -36,7 +38,7 @@ pub(crate) enum State {
 
 impl State {
     /// The state's name, as in metrics and the admin API.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             State::Healthy => "healthy",
             State::Unhealthy => "unhealthy",
@@ -60,8 +62,7 @@ const LOOP: u8 = 4;
 ///
 /// Its weight is not here: a weight is part of the member set, so it lives in the snapshot's
 /// node set (one owner per fact), and a weight change is a new snapshot.
-#[derive(Debug)]
-pub(crate) struct WorkerState {
+pub struct WorkerState {
     /// The worker's name: its identity for placement.
     pub name: String,
     /// Where it listens.
@@ -70,8 +71,8 @@ pub(crate) struct WorkerState {
     pub zone: Option<String>,
     /// Its numeric id (the `haproxy` placement's server id).
     pub id: Option<u32>,
-    /// Pooled keep-alive connections to this worker.
-    pub upstream: crate::upstream::Upstream,
+    /// The state of the protocol that serves this worker (see [`WorkerState::protocol_or`]).
+    protocol: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     /// Requests in flight (sent and not yet answered to the end of the body).
     in_flight: AtomicU64,
     health: Health,
@@ -122,15 +123,26 @@ struct Warmup {
     life_reports: AtomicU64,
 }
 
+impl std::fmt::Debug for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerState")
+            .field("name", &self.name)
+            .field("address", &self.address)
+            .field("state", &self.state())
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
 impl WorkerState {
     /// A new worker, healthy.
-    pub(crate) fn new(config: &WorkerConfig, pool: &PoolConfig, epoch: Instant) -> Self {
+    pub fn new(config: &WorkerConfig, pool: &PoolConfig, epoch: Instant) -> Self {
         WorkerState {
             name: config.name.clone(),
             address: config.address,
             zone: config.zone.clone(),
             id: config.id,
-            upstream: crate::upstream::Upstream::new(config.address, pool.connect_timeout),
+            protocol: std::sync::OnceLock::new(),
             in_flight: AtomicU64::new(0),
             health: Health {
                 state: AtomicU8::new(HEALTHY),
@@ -145,7 +157,7 @@ impl WorkerState {
     }
 
     /// Requests in flight (sent and not yet answered to the end of the body).
-    pub(crate) fn in_flight(&self) -> u64 {
+    pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed)
     }
 
@@ -154,12 +166,12 @@ impl WorkerState {
     }
 
     /// The routing state at `now`, with no stall window (see [`WorkerState::state_with`]).
-    pub(crate) fn state(&self) -> State {
+    pub fn state(&self) -> State {
         self.state_with(Instant::now(), Duration::ZERO)
     }
 
     /// The routing state at `now`; `stall` is the pool's stall window (zero: never stalled).
-    pub(crate) fn state_with(&self, now: Instant, stall: Duration) -> State {
+    pub fn state_with(&self, now: Instant, stall: Duration) -> State {
         let ejected_until = self.health.ejected_until_ms.load(Relaxed);
         match self.health.state.load(Relaxed) {
             DRAINING => State::Draining,
@@ -174,7 +186,7 @@ impl WorkerState {
 
     /// Whether the worker holds tries waiting for headers and has answered none for `stall`
     /// (zero disables).
-    pub(crate) fn stalled(&self, now: Instant, stall: Duration) -> bool {
+    pub fn stalled(&self, now: Instant, stall: Duration) -> bool {
         !stall.is_zero()
             && self.progress.awaiting.load(Relaxed) > 0
             && self.ms(now).saturating_sub(self.progress.at_ms.load(Relaxed)) > stall.as_millis() as u64
@@ -182,12 +194,20 @@ impl WorkerState {
 
     /// When the worker will count as stalled if nothing arrives from it meanwhile (1 ms past the
     /// window, as [`WorkerState::stalled`] needs more than the window).
-    pub(crate) fn stall_deadline(&self, stall: Duration) -> Instant {
+    pub fn stall_deadline(&self, stall: Duration) -> Instant {
         self.epoch + Duration::from_millis(self.progress.at_ms.load(Relaxed)) + stall + Duration::from_millis(1)
     }
 
-    /// Counts a try waiting for headers until the returned guard drops.
-    pub(crate) fn await_headers(self: &Arc<Self>, now: Instant) -> Awaiting {
+    /// What the protocol that serves this worker keeps for it (the HTTP gateway: its pooled
+    /// connections), made by `init` on first use. One protocol serves a worker: `None` when the
+    /// slot holds another type.
+    pub fn protocol_or<T: std::any::Any + Send + Sync>(&self, init: impl FnOnce(&WorkerState) -> T) -> Option<&T> {
+        self.protocol.get_or_init(|| Box::new(init(self))).downcast_ref()
+    }
+
+    /// Counts a try waiting for the worker's answer (an HTTP response's headers, a cache server's
+    /// reply) until the returned guard drops.
+    pub fn awaiting(self: &Arc<Self>, now: Instant) -> Awaiting {
         if self.progress.awaiting.fetch_add(1, Relaxed) == 0 {
             // An idle worker's stall clock starts with its first waiting try.
             self.progress.at_ms.store(self.ms(now), Relaxed);
@@ -195,19 +215,19 @@ impl WorkerState {
         Awaiting(Arc::clone(self))
     }
 
-    /// The worker sent response headers: a sign of life.
-    pub(crate) fn headers_arrived(&self, now: Instant) {
+    /// The worker answered: a sign of life.
+    pub fn answered(&self, now: Instant) {
         self.progress.at_ms.store(self.ms(now), Relaxed);
     }
 
     /// Notes a response cut short; true if the previous complete response was not (the first of
     /// a run, worth a log line).
-    pub(crate) fn note_truncation(&self) -> bool {
+    pub fn note_truncation(&self) -> bool {
         !self.progress.truncating.swap(true, Relaxed)
     }
 
     /// Feeds an active probe result; returns the transition.
-    pub(crate) fn observe_probe(&self, ok: bool) -> Transition {
+    pub fn observe_probe(&self, ok: bool) -> Transition {
         let mut m = self.health.machines.lock();
         let healthy = self.health.state.load(Relaxed) != UNHEALTHY;
         let t = m.0.observe(healthy, ok);
@@ -229,7 +249,7 @@ impl WorkerState {
     /// flight while the worker is ejected are ignored, and `may_eject = false` (the pool's
     /// ejection cap is reached) keeps counting without ejecting. Successes go to
     /// [`WorkerState::observe_success`].
-    pub(crate) fn observe_failure(&self, may_eject: bool, now: Instant) -> Option<Duration> {
+    pub fn observe_failure(&self, may_eject: bool, now: Instant) -> Option<Duration> {
         if self.state_with(now, Duration::ZERO) == State::Ejected {
             return None;
         }
@@ -243,38 +263,38 @@ impl WorkerState {
     }
 
     /// A complete response that is not a 5xx: the failure streak starts over (no clock needed).
-    pub(crate) fn observe_success(&self) {
+    pub fn observe_success(&self) {
         if self.progress.truncating.load(Relaxed) {
             self.progress.truncating.store(false, Relaxed);
         }
         self.health.machines.lock().1.observe(true);
     }
 
-    /// Applies a reloaded pool's health, ejection and connect settings, keeping the current state
-    /// (the streaks start over).
-    pub(crate) fn retune(&self, pool: &PoolConfig) {
+    /// Applies a reloaded pool's health and ejection settings, keeping the current state (the
+    /// streaks start over).
+    pub fn retune(&self, pool: &PoolConfig) {
         *self.health.machines.lock() = machines(pool);
-        self.upstream.set_connect_timeout(pool.connect_timeout);
     }
 
     /// Starts the worker's warm-up at `now` (it joined, or recovered): slow start ramps its share
     /// from here, and its hit rate counts from here.
-    pub(crate) fn start_warming(&self, now: Instant) {
+    pub fn start_warming(&self, now: Instant) {
         self.warmup.hits.store(0, Relaxed);
         self.warmup.reports.store(0, Relaxed);
         self.warmup.since_ms.store(self.ms(now) + 1, Relaxed);
     }
 
     /// How long ago the worker started warming up, if it ever did.
-    pub(crate) fn warming_for(&self, now: Instant) -> Option<Duration> {
+    pub fn warming_for(&self, now: Instant) -> Option<Duration> {
         match self.warmup.since_ms.load(Relaxed) {
             0 => None,
             since => Some(Duration::from_millis(self.ms(now).saturating_sub(since - 1))),
         }
     }
 
-    /// Notes the worker's own cache result for a response (its `X-Cache: HIT` or `MISS`).
-    pub(crate) fn note_cache(&self, hit: bool) {
+    /// Notes the worker's own cache result for an answer (an HTTP worker's `X-Cache: HIT` or
+    /// `MISS`): slow start by hit rate reads it.
+    pub fn note_cache(&self, hit: bool) {
         let w = &self.warmup;
         w.life_reports.fetch_add(1, Relaxed);
         w.reports.fetch_add(1, Relaxed);
@@ -285,22 +305,22 @@ impl WorkerState {
     }
 
     /// `X-Cache` (hits, reports) since the warm-up started.
-    pub(crate) fn warm_reports(&self) -> (u64, u64) {
+    pub fn warm_reports(&self) -> (u64, u64) {
         (self.warmup.hits.load(Relaxed), self.warmup.reports.load(Relaxed))
     }
 
     /// `X-Cache` (hits, reports) over the worker's life.
-    pub(crate) fn cache_reports(&self) -> (u64, u64) {
+    pub fn cache_reports(&self) -> (u64, u64) {
         (self.warmup.life_hits.load(Relaxed), self.warmup.life_reports.load(Relaxed))
     }
 
     /// Marks the worker as draining (irreversible for this worker object).
-    pub(crate) fn drain(&self) {
+    pub fn drain(&self) {
         self.health.state.store(DRAINING, Relaxed);
     }
 
     /// Marks a worker whose address is this gateway's own ([`State::Loop`]).
-    pub(crate) fn mark_loop(&self) {
+    pub fn mark_loop(&self) {
         self.health.state.store(LOOP, Relaxed);
     }
 }
@@ -314,9 +334,9 @@ fn machines(pool: &PoolConfig) -> (HealthMachine, Ejector) {
     )
 }
 
-/// A try waiting for a worker's response headers; see [`WorkerState::await_headers`].
+/// A try waiting for a worker's answer; see [`WorkerState::awaiting`].
 #[derive(Debug)]
-pub(crate) struct Awaiting(Arc<WorkerState>);
+pub struct Awaiting(Arc<WorkerState>);
 
 impl Drop for Awaiting {
     fn drop(&mut self) {
@@ -327,11 +347,11 @@ impl Drop for Awaiting {
 /// Counts a request in flight on a worker until dropped: held by the response body, so it is
 /// released when the body ends (or the client goes away), not when the headers arrive.
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<WorkerState>);
+pub struct InFlight(Arc<WorkerState>);
 
 impl InFlight {
     /// Starts counting.
-    pub(crate) fn new(worker: Arc<WorkerState>) -> Self {
+    pub fn new(worker: Arc<WorkerState>) -> Self {
         worker.in_flight.fetch_add(1, Relaxed);
         InFlight(worker)
     }
@@ -346,21 +366,39 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{PassiveConfig, WorkerConfig};
 
-    fn worker(pool_extra: &str) -> (Arc<WorkerState>, PoolConfig) {
-        let text = format!(
-            "[[listener]]\nlisten = \"127.0.0.1:0\"\n[[pool]]\nname = \"p\"\n{pool_extra}\n[[pool.worker]]\nname = \"w\"\naddress = \"127.0.0.1:9\"\n"
-        );
-        let config = Config::parse(&text, "t.toml").expect("valid");
-        let pool = config.pools[0].clone();
+    fn worker(passive: PassiveConfig) -> (Arc<WorkerState>, PoolConfig) {
+        let w = WorkerConfig { name: "w".into(), address: ([127, 0, 0, 1], 9).into(), weight: 1, zone: None, id: None };
+        let mut pool = PoolConfig::new("p", keyroute::Strategy::Rendezvous, vec![w]);
+        pool.passive = passive;
         (Arc::new(WorkerState::new(&pool.workers[0], &pool, Instant::now())), pool)
+    }
+
+    /// The protocol slot holds one protocol's state, made once.
+    #[test]
+    fn the_protocol_slot_is_made_once_and_typed() {
+        let (w, _) = worker(PassiveConfig::default());
+        let made = std::sync::atomic::AtomicU32::new(0);
+        for _ in 0..3 {
+            let got = w.protocol_or(|w| {
+                made.fetch_add(1, Relaxed);
+                w.address.port()
+            });
+            assert_eq!(got, Some(&9));
+        }
+        assert_eq!(made.load(Relaxed), 1);
+        assert_eq!(w.protocol_or(|_| "another type"), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn ejection_lasts_its_cooldown_and_doubles_on_the_clock() {
-        let (w, _) =
-            worker("[pool.passive]\nconsecutive_failures = 2\nbase_ejection_ms = 1000\nmax_ejection_ms = 5000");
+        let (w, _) = worker(PassiveConfig {
+            consecutive_failures: 2,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(5),
+            ..PassiveConfig::default()
+        });
         let now = Instant::now();
         assert_eq!(w.observe_failure(true, now), None);
         assert_eq!(w.observe_failure(true, now), Some(Duration::from_secs(1)));
@@ -384,19 +422,19 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_worker_stalls_when_it_answers_nothing_for_the_window() {
-        let (w, pool) = worker("");
+        let (w, pool) = worker(PassiveConfig::default());
         let stall = pool.passive.stall;
         assert_eq!(stall, Duration::from_secs(2), "the default window");
         assert!(!w.stalled(Instant::now(), stall), "idle is not stalled");
-        let first = w.await_headers(Instant::now());
+        let first = w.awaiting(Instant::now());
         tokio::time::advance(Duration::from_millis(1500)).await;
-        let second = w.await_headers(Instant::now());
+        let second = w.awaiting(Instant::now());
         tokio::time::advance(Duration::from_millis(600)).await;
         // 2.1 s since the worker went from idle to waiting, with no response since.
         assert!(w.stalled(Instant::now(), stall));
         assert_eq!(w.state_with(Instant::now(), stall), State::Stalled);
         assert!(!w.stalled(Instant::now(), Duration::ZERO), "a zero window disables it");
-        w.headers_arrived(Instant::now());
+        w.answered(Instant::now());
         assert!(!w.stalled(Instant::now(), stall), "a response is a sign of life");
         drop((first, second));
         tokio::time::advance(Duration::from_secs(10)).await;

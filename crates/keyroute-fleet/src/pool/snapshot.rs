@@ -15,7 +15,7 @@ use crate::config::PoolConfig;
 
 /// Why no worker could take a request: the true reason of a 503.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Unavailable {
+pub enum Unavailable {
     /// The pool has no members.
     NoWorkers,
     /// Every member has weight 0.
@@ -46,7 +46,7 @@ impl fmt::Display for Unavailable {
 
 impl Unavailable {
     /// The public reason class of a 503.
-    pub(crate) fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> &'static str {
         match self {
             Unavailable::NoWorkers => "pool_empty",
             Unavailable::AllDrained => "all_weights_zero",
@@ -66,46 +66,46 @@ impl Unavailable {
 /// How many times the pool's own table a what-if's may be: a change that doubles a pool's
 /// capacity is a question worth answering; one that makes it a thousand times larger is not a
 /// change anyone applies.
-pub(crate) const WHAT_IF_GROWTH: u64 = 4;
+pub const WHAT_IF_GROWTH: u64 = 4;
 
 /// The entries a what-if's table may have whatever the pool's own size: a pool of a few workers
 /// can be asked about one of any weight it could sensibly get (a ring of 160 points per unit of
 /// weight: 400 units).
-pub(crate) const WHAT_IF_FLOOR: u64 = 65_536;
+pub const WHAT_IF_FLOOR: u64 = 65_536;
 
 /// A hypothetical change of a pool's members (see [`Snapshot::what_if`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct WhatIf {
+pub struct WhatIf {
     /// Workers to add, with their weights.
-    pub(crate) add: Vec<(String, u32)>,
+    pub add: Vec<(String, u32)>,
     /// Workers to remove.
-    pub(crate) remove: Vec<String>,
+    pub remove: Vec<String>,
     /// Workers to give a new weight.
-    pub(crate) reweight: Vec<(String, u32)>,
+    pub reweight: Vec<(String, u32)>,
 }
 
 impl WhatIf {
     /// Whether it changes nothing.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.add.is_empty() && self.remove.is_empty() && self.reweight.is_empty()
     }
 }
 
 /// Everything a request needs from its pool, swapped atomically.
 #[derive(Debug)]
-pub(crate) struct Snapshot {
+pub struct Snapshot {
     /// Incremented by every change.
-    pub(super) generation: u64,
+    pub(crate) generation: u64,
     /// The pool's configuration (its worker list is the configured one; `workers` is current).
-    pub(super) config: Arc<PoolConfig>,
+    pub(crate) config: Arc<PoolConfig>,
     /// The placement policy over `workers`: its node set holds each member's weight.
-    pub(super) policy: Policy,
+    pub(crate) policy: Policy,
     /// The members, in the policy's node order.
-    pub(super) workers: Vec<Arc<WorkerState>>,
+    pub(crate) workers: Vec<Arc<WorkerState>>,
     /// The pool's hot keys, when `hot_keys` is on (the same state across membership changes).
-    pub(super) hot: Option<Arc<crate::pool::hot::HotKeysState>>,
+    pub(crate) hot: Option<Arc<crate::pool::hot::HotKeysState>>,
     /// Previous-owner handoff for the workers that joined within the `handoff` window.
-    pub(super) warm: Option<Warm>,
+    pub(crate) warm: Option<Warm>,
 }
 
 /// The handoff of a snapshot: the table without the workers that joined within the window, and
@@ -120,7 +120,7 @@ pub(crate) struct Warm {
 
 impl Warm {
     /// Member `i`'s handoff progress at `now`: the share of its keys it takes, 0 to 1 over the window.
-    pub(crate) fn progress(&self, i: usize, now: Instant) -> f64 {
+    pub fn progress(&self, i: usize, now: Instant) -> f64 {
         let Some(&(_, since)) = self.since.iter().find(|(j, _)| *j == i) else { return 1.0 };
         let t = now.saturating_duration_since(since);
         if t >= self.window { 1.0 } else { t.as_secs_f64() / self.window.as_secs_f64() }
@@ -129,34 +129,34 @@ impl Warm {
 
 impl Snapshot {
     /// Incremented by every change of the pool.
-    pub(crate) fn generation(&self) -> u64 {
+    pub fn generation(&self) -> u64 {
         self.generation
     }
 
     /// The pool's settings (its worker list is the configured one; [`Snapshot::workers`] is
     /// current).
-    pub(crate) fn config(&self) -> &PoolConfig {
+    pub fn config(&self) -> &PoolConfig {
         &self.config
     }
 
     /// The placement table over the members.
-    pub(crate) fn policy(&self) -> &Policy {
+    pub fn policy(&self) -> &Policy {
         &self.policy
     }
 
     /// The members, in the table's node order.
-    pub(crate) fn workers(&self) -> &[Arc<WorkerState>] {
+    pub fn workers(&self) -> &[Arc<WorkerState>] {
         &self.workers
     }
 
     /// The pool's hot keys, when `hot_keys` is on.
-    pub(crate) fn hot(&self) -> Option<&Arc<crate::pool::hot::HotKeysState>> {
+    pub fn hot(&self) -> Option<&Arc<crate::pool::hot::HotKeysState>> {
         self.hot.as_ref()
     }
 
     /// The member that owns `key` by the table alone (whether it is available is not asked), or
     /// `None` when the strategy does not place by key or the pool is empty.
-    pub(crate) fn owner_of(&self, key: &[u8]) -> Option<&Arc<WorkerState>> {
+    pub fn owner_of(&self, key: &[u8]) -> Option<&Arc<WorkerState>> {
         if !self.policy.strategy().hashes_key(key) {
             return None;
         }
@@ -164,13 +164,13 @@ impl Snapshot {
     }
 
     /// The member named `name`.
-    pub(crate) fn worker(&self, name: &str) -> Option<(usize, &Arc<WorkerState>)> {
+    pub fn worker(&self, name: &str) -> Option<(usize, &Arc<WorkerState>)> {
         self.workers.iter().enumerate().find(|(_, w)| w.name == name)
     }
 
     /// The members as a membership source would give them (configured weights, draining, at
     /// this gateway): what an edit of the member set starts from.
-    pub(crate) fn members(&self) -> Vec<super::Member> {
+    pub fn members(&self) -> Vec<super::Member> {
         self.workers
             .iter()
             .enumerate()
@@ -200,7 +200,7 @@ impl Snapshot {
     ///
     /// A name to remove or reweight that is not a member, one to add that is, or a set the
     /// strategy refuses, as text for the operator.
-    pub(crate) fn what_if(&self, change: &WhatIf) -> Result<(Policy, Vec<String>), String> {
+    pub fn what_if(&self, change: &WhatIf) -> Result<(Policy, Vec<String>), String> {
         let mut members: Vec<(String, u32, Option<String>, Option<u32>)> = self
             .workers
             .iter()
@@ -256,12 +256,12 @@ impl Snapshot {
     }
 
     /// Member `i`'s weight.
-    pub(crate) fn weight(&self, i: usize) -> u32 {
+    pub fn weight(&self, i: usize) -> u32 {
         self.policy.nodes().get(i).map_or(0, Node::weight)
     }
 
     /// Member `i`'s routing state at `now`, with the pool's stall window.
-    pub(crate) fn state(&self, i: usize, now: Instant) -> State {
+    pub fn state(&self, i: usize, now: Instant) -> State {
         self.workers.get(i).map_or(State::Draining, |w| w.state_with(now, self.config.passive.stall))
     }
 
@@ -271,7 +271,7 @@ impl Snapshot {
     ///
     /// The moment's steering for `hash` is the core's one rule ([`keyroute::steer`]): hot replicas,
     /// then the handoff, then slow start, then the strategy, over the workers in state `want`.
-    pub(crate) fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
+    pub fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
         let loads = |i: usize| self.workers.get(i).map_or(0, |w| w.in_flight());
         let replicas = match (hash, &self.hot) {
             (Some(h), Some(hot)) => hot.replicas(h),
@@ -319,7 +319,7 @@ impl Snapshot {
     /// handoff window (and is still warming at `now`) and the key's owner before it joined was
     /// another member, that member. A miss on `node` is then read there and filled into `node`
     /// (mcrouter's warm-up route), and a write invalidates the copy there.
-    pub(crate) fn warm_source(&self, hash: u64, node: usize, now: Instant) -> Option<usize> {
+    pub fn warm_source(&self, hash: u64, node: usize, now: Instant) -> Option<usize> {
         let w = self.warm.as_ref()?;
         if !w.handoff.is_warming(node) || w.progress(node, now) >= 1.0 {
             return None;
@@ -331,7 +331,7 @@ impl Snapshot {
     /// table joined within the handoff window and the key was another member's before, that
     /// owner and that previous member. A store's key lives in one place, so it goes to its new
     /// owner at once (no gradual admission), after it is moved from the previous one.
-    pub(crate) fn store_handoff(&self, hash: u64, now: Instant) -> Option<(usize, usize)> {
+    pub fn store_handoff(&self, hash: u64, now: Instant) -> Option<(usize, usize)> {
         // Asked for every command of a Redis listener: without a handoff running, no lookup.
         self.warm.as_ref()?;
         let owner = self.policy.owner(hash)?;
@@ -340,7 +340,7 @@ impl Snapshot {
 
     /// Member `i`'s warm-up progress at `now` (1 when it is not warming), for reports: the handoff's
     /// and slow start's, whichever holds it back more.
-    pub(crate) fn warm_progress(&self, i: usize, now: Instant) -> f64 {
+    pub fn warm_progress(&self, i: usize, now: Instant) -> f64 {
         let mut p: f64 = 1.0;
         if let Some(w) = &self.warm {
             p = p.min(w.progress(i, now));
@@ -354,21 +354,21 @@ impl Snapshot {
     }
 
     /// Whether a worker other than `node` (and those in `tried`) could take a request now.
-    pub(crate) fn has_other(&self, tried: &[usize], node: usize, now: Instant) -> bool {
+    pub fn has_other(&self, tried: &[usize], node: usize, now: Instant) -> bool {
         (0..self.workers.len())
             .any(|i| i != node && !tried.contains(&i) && self.weight(i) > 0 && self.state(i, now) == State::Healthy)
     }
 
     /// Whether passive ejection may take out one more worker: at most half the pool, since past
     /// that a failure is more likely the request's (or the network's) than every worker's.
-    pub(crate) fn may_eject(&self) -> bool {
+    pub fn may_eject(&self) -> bool {
         let now = Instant::now();
         let ejected = (0..self.workers.len()).filter(|&i| self.state(i, now) == State::Ejected).count();
         ejected < self.workers.len() / 2
     }
 
     /// Why [`Snapshot::decide`] found nothing, with no worker tried.
-    pub(crate) fn why_unavailable(&self, now: Instant) -> Unavailable {
+    pub fn why_unavailable(&self, now: Instant) -> Unavailable {
         if self.workers.is_empty() {
             return Unavailable::NoWorkers;
         }

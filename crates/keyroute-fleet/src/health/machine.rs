@@ -4,7 +4,7 @@
 
 /// What an observation changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Transition {
+pub enum Transition {
     /// Nothing.
     None,
     /// Unhealthy to healthy.
@@ -18,7 +18,7 @@ pub(crate) enum Transition {
 /// It keeps the streak only: whether the worker is healthy now is the worker's own state (one
 /// owner), passed in with each observation.
 #[derive(Clone, Debug)]
-pub(crate) struct HealthMachine {
+pub struct HealthMachine {
     rise: u32,
     fall: u32,
     streak: u32,
@@ -26,12 +26,12 @@ pub(crate) struct HealthMachine {
 
 impl HealthMachine {
     /// A machine with these thresholds (at least 1 each).
-    pub(crate) fn new(rise: u32, fall: u32) -> Self {
+    pub fn new(rise: u32, fall: u32) -> Self {
         HealthMachine { rise: rise.max(1), fall: fall.max(1), streak: 0 }
     }
 
     /// Feeds one probe result of a worker that is `healthy` now.
-    pub(crate) fn observe(&mut self, healthy: bool, ok: bool) -> Transition {
+    pub fn observe(&mut self, healthy: bool, ok: bool) -> Transition {
         if healthy == ok {
             // A healthy worker passing, or an unhealthy one failing: the streak starts over.
             self.streak = 0;

@@ -20,9 +20,8 @@
 //! - here: [`Pool`], which applies a change by building a whole new snapshot (off the request
 //!   path) and only then swapping it in; nothing shared is edited before a build that can fail.
 
-pub(crate) mod copies;
-pub(crate) mod endpoint;
-pub(crate) mod hot;
+pub mod endpoint;
+pub mod hot;
 mod snapshot;
 
 use std::sync::Arc;
@@ -34,8 +33,8 @@ use arc_swap::ArcSwap;
 use keyroute::Policy;
 use tokio::time::Instant;
 
-pub(crate) use self::endpoint::{InFlight, State, WorkerState};
-pub(crate) use self::snapshot::{Snapshot, WhatIf};
+pub use self::endpoint::{Awaiting, InFlight, State, WorkerState};
+pub use self::snapshot::{Snapshot, Unavailable, WHAT_IF_FLOOR, WHAT_IF_GROWTH, WhatIf};
 use crate::config::{MembershipConfig, PoolConfig, WorkerConfig};
 use crate::metrics::{PoolMetrics, SourceMetrics};
 use crate::table::{check_table_size, node_set};
@@ -73,23 +72,23 @@ impl RecentKeys {
 /// One membership change as the dashboard shows it: when, what changed, and the share of the
 /// recently seen keys it remapped.
 #[derive(Clone, Debug, serde::Serialize)]
-pub(crate) struct ChangeRecord {
+pub struct ChangeRecord {
     /// Milliseconds since the Unix epoch.
-    pub(crate) at_ms: u64,
+    pub at_ms: u64,
     /// The generation it published.
-    pub(crate) generation: u64,
+    pub generation: u64,
     /// Members after it.
-    pub(crate) workers: usize,
+    pub workers: usize,
     /// Names that joined.
-    pub(crate) added: Vec<String>,
+    pub added: Vec<String>,
     /// Names that left.
-    pub(crate) removed: Vec<String>,
+    pub removed: Vec<String>,
     /// Names whose weight changed.
-    pub(crate) reweighted: Vec<String>,
+    pub reweighted: Vec<String>,
     /// Of the recently seen keys, the share whose owner changed.
-    pub(crate) remapped: f64,
+    pub remapped: f64,
     /// How many recently seen keys that share is of.
-    pub(crate) sampled_keys: usize,
+    pub sampled_keys: usize,
 }
 
 /// Changes kept in a pool's log.
@@ -137,8 +136,7 @@ pub enum MembershipError {
 /// Changes are synchronous and may take a while for a large table (a ring of millions of points
 /// takes hundreds of milliseconds to build): call them off the request path, as the admin API
 /// and reloads do (`spawn_blocking`). Readers never wait for them.
-#[derive(Debug)]
-pub(crate) struct Pool {
+pub struct Pool {
     /// The pool's name.
     pub name: String,
     snapshot: ArcSwap<Snapshot>,
@@ -152,16 +150,26 @@ pub(crate) struct Pool {
     /// The membership source's state (etcd-backed pools).
     pub source: SourceMetrics,
     /// Notified when a reload changes the pool's membership source, so that its task restarts.
-    pub(crate) reconfigured: tokio::sync::Notify,
+    pub reconfigured: tokio::sync::Notify,
     /// Woken whenever the membership source has applied a revision (`source.revision`).
-    pub(crate) applied: tokio::sync::Notify,
+    pub applied: tokio::sync::Notify,
     epoch: Instant,
+    /// The active check of the protocol that serves the pool (see [`Pool::set_check`]).
+    check: Mutex<Option<Arc<dyn crate::prober::Check>>>,
+    /// The state of the protocol that serves the pool (see [`Pool::protocol_or`]).
+    protocol: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("name", &self.name).field("snapshot", &self.snapshot()).finish_non_exhaustive()
+    }
 }
 
 /// A reload's new snapshot for one pool, built and not yet published; the pool's change lock is
 /// held meanwhile.
 #[derive(Debug)]
-pub(crate) struct Prepared<'a> {
+pub struct Prepared<'a> {
     _guard: parking_lot::MutexGuard<'a, ()>,
     old: Arc<Snapshot>,
     next: Snapshot,
@@ -183,13 +191,13 @@ pub struct Member {
 
 /// A member [`Pool::admissible`] refused.
 #[derive(Debug)]
-pub(crate) struct Refused {
+pub struct Refused {
     /// Its name.
-    pub(crate) name: String,
+    pub name: String,
     /// Why the table refuses it.
-    pub(crate) error: MembershipError,
+    pub error: MembershipError,
     /// It fits alone, but not with the members before it (in name order).
-    pub(crate) with_others: bool,
+    pub with_others: bool,
 }
 
 /// A member list with weights: what a change proposes, before it is built.
@@ -202,7 +210,7 @@ impl Pool {
     ///
     /// The placement library refuses the workers, or the table is too large (validated
     /// configurations never fail here).
-    pub(crate) fn new(config: PoolConfig, epoch: Instant) -> Result<Self, MembershipError> {
+    pub fn new(config: PoolConfig, epoch: Instant) -> Result<Self, MembershipError> {
         let members: Members =
             config.workers.iter().map(|w| (Arc::new(WorkerState::new(w, &config, epoch)), w.weight)).collect();
         let name = config.name.clone();
@@ -218,11 +226,37 @@ impl Pool {
             reconfigured: tokio::sync::Notify::new(),
             applied: tokio::sync::Notify::new(),
             epoch,
+            check: Mutex::new(None),
+            protocol: std::sync::OnceLock::new(),
         })
     }
 
+    /// What the protocol that serves this pool keeps for it across its snapshots (the cache
+    /// proxy: where hot keys have copies), made by `init` on first use; `None` when the slot
+    /// holds another type.
+    pub fn protocol_or<T: std::any::Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> Option<&T> {
+        self.protocol.get_or_init(|| Box::new(init())).downcast_ref()
+    }
+
+    /// What the protocol that serves this pool keeps for it, if it made it and it is a `T`.
+    pub fn protocol<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.protocol.get()?.downcast_ref()
+    }
+
+    /// Sets the active check of the protocol that serves the pool (an HTTP `GET`, memcached's
+    /// `version`, Redis's `PING`): its prober uses it from its next round, when the pool's
+    /// `[pool.health]` is on.
+    pub fn set_check(&self, check: Option<Arc<dyn crate::prober::Check>>) {
+        *self.check.lock() = check;
+    }
+
+    /// The pool's active check, if it has one.
+    pub fn check(&self) -> Option<Arc<dyn crate::prober::Check>> {
+        self.check.lock().clone()
+    }
+
     /// The gateway's epoch, which the source's timestamps count from.
-    pub(crate) fn epoch(&self) -> Instant {
+    pub fn epoch(&self) -> Instant {
         self.epoch
     }
 
@@ -233,7 +267,7 @@ impl Pool {
     /// # Errors
     ///
     /// A set the strategy refuses, or a table too large: the current members stay.
-    pub(crate) fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
+    pub fn set_members(&self, incoming: &[Member]) -> Result<u64, MembershipError> {
         let guard = self.change.lock();
         let old = self.snapshot();
         let config = Arc::clone(&old.config);
@@ -253,7 +287,7 @@ impl Pool {
     /// # Errors
     ///
     /// The edit's own, a set the strategy refuses, or a table too large.
-    pub(crate) fn edit(
+    pub fn edit(
         &self,
         edit: impl FnOnce(&Snapshot, &mut Vec<Member>) -> Result<(), MembershipError>,
     ) -> Result<u64, MembershipError> {
@@ -327,7 +361,7 @@ impl Pool {
     /// members are added one at a time in the given order (canonical name order from
     /// `membership::record::members_of`), and each that would break the table is refused.
     /// A function of the set alone, so every gateway refuses the same records.
-    pub(crate) fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<Refused>) {
+    pub fn admissible(&self, incoming: Vec<Member>) -> (Vec<Member>, Vec<Refused>) {
         let config = Arc::clone(&self.snapshot().config);
         let fits = |ms: &[&Member]| -> Result<(), MembershipError> {
             let placement = |source| MembershipError::Placement { pool: self.name.clone(), source };
@@ -367,22 +401,22 @@ impl Pool {
     }
 
     /// The current snapshot.
-    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
+    pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
     }
 
     /// The distinct key hashes seen recently (up to 4,096), sorted.
-    pub(crate) fn recent_keys(&self) -> Vec<u64> {
+    pub fn recent_keys(&self) -> Vec<u64> {
         self.recent.sample()
     }
 
     /// The last membership changes, oldest first.
-    pub(crate) fn changes(&self) -> Vec<ChangeRecord> {
+    pub fn changes(&self) -> Vec<ChangeRecord> {
         self.changes.lock().iter().cloned().collect()
     }
 
     /// Notes a key hash in the recent sample.
-    pub(crate) fn record_key(&self, hash: u64) {
+    pub fn record_key(&self, hash: u64) {
         self.recent.record(hash);
     }
 
@@ -391,7 +425,7 @@ impl Pool {
     /// # Errors
     ///
     /// A duplicate name, or a set the strategy refuses.
-    pub(crate) fn add_worker(&self, config: WorkerConfig) -> Result<u64, MembershipError> {
+    pub fn add_worker(&self, config: WorkerConfig) -> Result<u64, MembershipError> {
         self.edit(|snap, members| {
             if snap.worker(&config.name).is_some() {
                 return Err(MembershipError::Duplicate { worker: config.name.clone(), pool: self.name.clone() });
@@ -406,7 +440,7 @@ impl Pool {
     /// # Errors
     ///
     /// No such worker.
-    pub(crate) fn remove_worker(&self, name: &str) -> Result<u64, MembershipError> {
+    pub fn remove_worker(&self, name: &str) -> Result<u64, MembershipError> {
         self.remove_where(name, |_| true)
     }
 
@@ -416,7 +450,7 @@ impl Pool {
     /// # Errors
     ///
     /// It is no longer a member.
-    pub(crate) fn remove_exact(&self, worker: &Arc<WorkerState>) -> Result<u64, MembershipError> {
+    pub fn remove_exact(&self, worker: &Arc<WorkerState>) -> Result<u64, MembershipError> {
         self.remove_where(&worker.name, |w| Arc::ptr_eq(w, worker))
     }
 
@@ -436,7 +470,7 @@ impl Pool {
     /// # Errors
     ///
     /// No such worker, or a weight the strategy refuses, or a table too large.
-    pub(crate) fn set_weight(&self, name: &str, weight: u32) -> Result<u64, MembershipError> {
+    pub fn set_weight(&self, name: &str, weight: u32) -> Result<u64, MembershipError> {
         self.edit(|_, members| match members.iter_mut().find(|m| m.worker.name == name) {
             Some(m) => {
                 m.worker.weight = weight;
@@ -454,7 +488,7 @@ impl Pool {
     /// # Errors
     ///
     /// A set the strategy refuses, or a table too large.
-    pub(crate) fn prepare(&self, config: PoolConfig) -> Result<Prepared<'_>, MembershipError> {
+    pub fn prepare(&self, config: PoolConfig) -> Result<Prepared<'_>, MembershipError> {
         let guard = self.change.lock();
         let old = self.snapshot();
         let members = match config.membership {
@@ -473,7 +507,7 @@ impl Pool {
     }
 
     /// Publishes a prepared snapshot; returns its generation.
-    pub(crate) fn commit(&self, prepared: Prepared<'_>) -> u64 {
+    pub fn commit(&self, prepared: Prepared<'_>) -> u64 {
         let Prepared { _guard, old, next, kept } = prepared;
         if !Arc::ptr_eq(&old.config, &next.config) {
             for w in &kept {
@@ -646,21 +680,23 @@ mod steering_equals_the_simulators {
     use tokio::time::Instant;
 
     use super::Pool;
-    use crate::config::{Config, WorkerConfig};
+    use crate::config::{PoolConfig, SlowStartConfig, WorkerConfig};
 
-    fn pool(extra: &str) -> Pool {
-        let mut text = format!(
-            "[[listener]]\nlisten = \"127.0.0.1:0\"\n[[pool]]\nname = \"p\"\nstrategy = \"rendezvous\"\nkey = \"{{path}}\"\n{extra}\n"
-        );
-        for i in 1..=4 {
-            text.push_str(&format!("[[pool.worker]]\nname = \"w{i}\"\naddress = \"127.0.0.1:{}\"\n", 9000 + i));
-        }
-        let config = Config::parse(&text, "steer.toml").expect("valid");
-        Pool::new(config.pools[0].clone(), Instant::now()).expect("pool")
+    fn pool(edit: impl FnOnce(&mut PoolConfig)) -> Pool {
+        let worker = |i: u16| WorkerConfig {
+            name: format!("w{i}"),
+            address: ([127, 0, 0, 1], 9000 + i).into(),
+            weight: 1,
+            zone: None,
+            id: None,
+        };
+        let mut config = PoolConfig::new("p", Strategy::Rendezvous, (1..=4).map(worker).collect());
+        edit(&mut config);
+        Pool::new(config, Instant::now()).expect("pool")
     }
 
-    async fn compare(extra: &str, warmup: SimWarmup) {
-        let p = pool(extra);
+    async fn compare(edit: impl FnOnce(&mut PoolConfig), warmup: SimWarmup) {
+        let p = pool(edit);
         let w5 = WorkerConfig {
             name: "w5".into(),
             address: "127.0.0.1:9005".parse().expect("addr"),
@@ -716,13 +752,14 @@ mod steering_equals_the_simulators {
 
     #[tokio::test(start_paused = true)]
     async fn handoff() {
-        compare("[pool.handoff]\nwindow_ms = 10000", SimWarmup::Handoff { window_ms: 10_000.0 }).await;
+        compare(|c| c.handoff = Some(Duration::from_secs(10)), SimWarmup::Handoff { window_ms: 10_000.0 }).await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn slow_start() {
+        let ramp = keyroute::warm::Ramp::try_new(Duration::from_secs(10), 0.1).expect("ramp");
         compare(
-            "[pool.slow_start]\nwindow_ms = 10000\nmin_share = 0.1\nby_hit_rate = false",
+            |c| c.slow_start = Some(SlowStartConfig { ramp, by_hit_rate: false }),
             SimWarmup::SlowStart { window_ms: 10_000.0, min_share: 0.1 },
         )
         .await;

@@ -12,7 +12,7 @@
 //! - `saved`: the last applied members on local disk, for a start while etcd is down.
 
 pub mod record;
-pub(crate) mod saved;
-pub(crate) mod source;
+pub mod saved;
+pub mod source;
 
 pub use self::record::{Rejected, members_of};

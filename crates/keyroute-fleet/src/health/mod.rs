@@ -11,5 +11,5 @@
 mod eject;
 mod machine;
 
-pub(crate) use self::eject::Ejector;
-pub(crate) use self::machine::{HealthMachine, Transition};
+pub use self::eject::Ejector;
+pub use self::machine::{HealthMachine, Transition};

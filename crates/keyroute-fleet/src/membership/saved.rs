@@ -26,7 +26,7 @@ struct Saved {
 /// # Errors
 ///
 /// The file cannot be written.
-pub(crate) fn save(path: &Path, pool: &str, prefix: &str, revision: i64, members: &[Member]) -> std::io::Result<()> {
+pub fn save(path: &Path, pool: &str, prefix: &str, revision: i64, members: &[Member]) -> std::io::Result<()> {
     let workers = members
         .iter()
         .map(|m| {
@@ -50,7 +50,7 @@ pub(crate) fn save(path: &Path, pool: &str, prefix: &str, revision: i64, members
 
 /// Why a saved membership could not be read.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LoadError {
+pub enum LoadError {
     /// The file exists and cannot be read.
     #[error("{0}")]
     Read(std::io::Error),
@@ -60,7 +60,7 @@ pub(crate) enum LoadError {
 }
 
 /// Records as `(key, value)`.
-pub(crate) type Records = Vec<(Vec<u8>, Vec<u8>)>;
+pub type Records = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// The records saved for `prefix`, as `(key, value)`, and their revision; `None` when there is
 /// no file, or it was saved for another prefix.
@@ -68,7 +68,7 @@ pub(crate) type Records = Vec<(Vec<u8>, Vec<u8>)>;
 /// # Errors
 ///
 /// The file exists but cannot be read or parsed.
-pub(crate) fn load(path: &Path, prefix: &str) -> Result<Option<(i64, Records)>, LoadError> {
+pub fn load(path: &Path, prefix: &str) -> Result<Option<(i64, Records)>, LoadError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

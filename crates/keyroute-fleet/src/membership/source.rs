@@ -23,10 +23,9 @@ use tokio::time::Instant;
 
 use super::record::{RecordError, Rejected, members_of};
 use super::saved;
+use crate::Fleet;
 use crate::config::{EtcdConfig, MembershipConfig, resolve};
 use crate::pool::{MembershipError, Pool};
-use crate::state::Shared;
-use crate::state::stopped;
 use keyroute_etcd::client::{Client, EtcdError, Event, WatchMessage};
 
 /// Between liveness checks of the etcd connection while the watch is quiet.
@@ -35,15 +34,15 @@ const LIVENESS: Duration = Duration::from_secs(2);
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
 
 /// Starts the source task of every etcd-backed pool that has none.
-pub(crate) fn spawn_sources(shared: &Arc<Shared>) {
-    let routing = shared.front.routing.load();
-    let mut running = shared.sources.lock();
-    for pool in &routing.pools {
+pub(crate) fn spawn_sources(fleet: &Arc<Fleet>) {
+    let pools = fleet.pools();
+    let mut running = fleet.sources.lock();
+    for pool in pools.iter() {
         if running.contains(&pool.name) || !matches!(pool.snapshot().config().membership, MembershipConfig::Etcd(_)) {
             continue;
         }
         running.push(pool.name.clone());
-        tokio::spawn(run(Arc::downgrade(pool), Arc::downgrade(shared)));
+        tokio::spawn(run(Arc::downgrade(pool), Arc::downgrade(fleet)));
     }
 }
 
@@ -51,10 +50,10 @@ pub(crate) fn spawn_sources(shared: &Arc<Shared>) {
 /// watches at start-up, so that `keyroute members add` refuses a record at one of its addresses
 /// (see [`keyroute_etcd::gateways`]). The record is revoked at shutdown and expires with its
 /// lease if the gateway dies.
-pub(crate) fn announce(shared: &Arc<Shared>) {
-    let routing = shared.front.routing.load();
+pub fn announce(fleet: &Fleet) {
+    let pools = fleet.pools();
     let mut seen: Vec<Vec<String>> = Vec::new();
-    for pool in &routing.pools {
+    for pool in pools.iter() {
         let snap = pool.snapshot();
         let MembershipConfig::Etcd(cfg) = &snap.config().membership else { continue };
         if seen.contains(&cfg.endpoints) {
@@ -63,20 +62,20 @@ pub(crate) fn announce(shared: &Arc<Shared>) {
         seen.push(cfg.endpoints.clone());
         let Ok(client) = Client::new(&cfg.endpoints) else { continue };
         let outbound = client.endpoints().first().and_then(|e| keyroute_etcd::gateways::outbound_ip(e));
-        let record = keyroute_etcd::gateways::GatewayRecord::new(&shared.own_addrs(), outbound)
+        let record = keyroute_etcd::gateways::GatewayRecord::new(fleet.own_addrs(), outbound)
             .with_host_addresses(keyroute_etcd::gateways::host_addresses());
-        let admin = shared.admin_listen;
+        let admin = fleet.admin_addr();
         let name = std::net::SocketAddr::new(
             outbound.filter(|_| admin.ip().is_unspecified()).unwrap_or(admin.ip()),
             admin.port(),
         );
-        tokio::spawn(keyroute_etcd::gateways::announce(client, name.to_string(), record, shared.shutdown.subscribe()));
+        tokio::spawn(keyroute_etcd::gateways::announce(client, name.to_string(), record, fleet.shutdown()));
     }
 }
 
 /// Applies a pool's saved membership, if it has a state file: what a gateway serves until its
 /// first read of etcd, and all it has while etcd is down at start-up.
-pub(crate) fn start_from_saved(pool: &Pool, own: &[std::net::SocketAddr]) {
+pub fn start_from_saved(pool: &Pool, own: &[std::net::SocketAddr]) {
     let snap = pool.snapshot();
     let MembershipConfig::Etcd(cfg) = &snap.config().membership else { return };
     let Some(path) = &cfg.state_file else { return };
@@ -131,30 +130,29 @@ enum Ended {
 
 /// Takes a pool's name off the list of running source tasks when its task ends.
 struct Running {
-    shared: Weak<Shared>,
+    fleet: Weak<Fleet>,
     name: String,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(s) = self.shared.upgrade() {
+        if let Some(s) = self.fleet.upgrade() {
             s.sources.lock().retain(|n| *n != self.name);
         }
     }
 }
 
-async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
+async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
     let mut records = Records::default();
     let mut current: Option<EtcdConfig> = None;
     let mut backoff = BACKOFF.0;
     let mut down_since: Option<Instant> = None;
     let Some(name) = pool.upgrade().map(|p| p.name.clone()) else { return };
     // However this task ends, a pool of the same name may get a task of its own again.
-    let _running = Running { shared: shared.clone(), name: name.clone() };
+    let _running = Running { fleet: fleet.clone(), name: name.clone() };
     loop {
         let Some(p) = pool.upgrade() else { return };
-        let in_service =
-            shared.upgrade().is_some_and(|s| s.front.routing.load().pools.iter().any(|q| Arc::ptr_eq(q, &p)));
+        let in_service = fleet.upgrade().is_some_and(|f| f.pools().iter().any(|q| Arc::ptr_eq(q, &p)));
         let source = if in_service { p.snapshot().config().membership.clone() } else { MembershipConfig::Static };
         let MembershipConfig::Etcd(cfg) = source else { return };
         if current.as_ref().is_none_or(|c| c.prefix != cfg.prefix) {
@@ -170,7 +168,7 @@ async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
                 return;
             }
         };
-        let ended = session(&p, &shared, &cfg, &client, &mut records, &mut down_since, &mut backoff).await;
+        let ended = session(&p, &fleet, &cfg, &client, &mut records, &mut down_since, &mut backoff).await;
         match ended {
             Ended::Gone => return,
             Ended::Reconfigured => continue,
@@ -193,8 +191,8 @@ async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
                         "membership source lost: serving the last known members; reconnecting"
                     );
                 }
-                let mut rx = match shared.upgrade() {
-                    Some(s) => s.shutdown.subscribe(),
+                let mut rx = match fleet.upgrade() {
+                    Some(f) => f.shutdown(),
                     None => return,
                 };
                 drop(p);
@@ -211,7 +209,7 @@ async fn run(pool: Weak<Pool>, shared: Weak<Shared>) {
 #[allow(clippy::too_many_arguments)]
 async fn session(
     pool: &Arc<Pool>,
-    shared: &Weak<Shared>,
+    fleet: &Weak<Fleet>,
     cfg: &EtcdConfig,
     client: &Client,
     records: &mut Records,
@@ -219,7 +217,7 @@ async fn session(
     backoff: &mut Duration,
 ) -> Ended {
     let prefix = cfg.prefix.as_bytes();
-    let Some(mut shutdown) = shared.upgrade().map(|s| s.shutdown.subscribe()) else { return Ended::Gone };
+    let Some(mut shutdown) = fleet.upgrade().map(|f| f.shutdown()) else { return Ended::Gone };
     if records.revision == 0 {
         let range = match client.range_prefix(prefix).await {
             Ok(r) => r,
@@ -227,7 +225,7 @@ async fn session(
         };
         records.kvs = range.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect();
         records.revision = range.revision;
-        apply(pool, shared, cfg, records).await;
+        apply(pool, fleet, cfg, records).await;
     }
     let mut watch = match client.watch(prefix, records.revision + 1).await {
         Ok(w) => w,
@@ -261,14 +259,14 @@ async fn session(
                 Err(e) => {
                     // Apply what arrived before the stream broke: it is committed in etcd.
                     if pending.is_some() {
-                        apply(pool, shared, cfg, records).await;
+                        apply(pool, fleet, cfg, records).await;
                     }
                     return Ended::Lost(e);
                 }
             },
             _ = sleep_until(pending) => {
                 pending = None;
-                apply(pool, shared, cfg, records).await;
+                apply(pool, fleet, cfg, records).await;
             }
             _ = liveness.tick() => {
                 // A watch on a quiet prefix says nothing; a connection to an etcd that vanished
@@ -326,9 +324,9 @@ fn mark_up(pool: &Pool, down_since: &mut Option<Instant>, backoff: &mut Duration
 
 /// Applies the records to the pool as one snapshot swap (built on the blocking pool), logs the
 /// records rejected for the first time, and saves the members.
-async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, records: &mut Records) {
-    let own = match shared.upgrade() {
-        Some(s) => s.own_addrs(),
+async fn apply(pool: &Arc<Pool>, fleet: &Weak<Fleet>, cfg: &EtcdConfig, records: &mut Records) {
+    let own = match fleet.upgrade() {
+        Some(f) => f.own_addrs().to_vec(),
         None => return,
     };
     let kvs: Vec<(Vec<u8>, Vec<u8>)> = records.kvs.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -388,4 +386,9 @@ async fn apply(pool: &Arc<Pool>, shared: &Weak<Shared>, cfg: &EtcdConfig, record
             tracing::warn!(pool = %pool.name, revision, error = %e, "membership from etcd refused; keeping the current members")
         }
     }
+}
+
+/// Until `rx` says stop.
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
 }

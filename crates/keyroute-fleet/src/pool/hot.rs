@@ -1,5 +1,6 @@
 //! A pool's hot keys at run time: the detector the request path feeds, the replication rule a
-//! timer ticks, the [`HotSet`] requests read, and the response cache for hot keys.
+//! timer ticks, and the [`HotSet`] requests read. What a protocol does with a hot key (the HTTP
+//! gateway's response cache, the cache proxy's copies on replicas) is the protocol's.
 //!
 //! The algorithm and its guarantees are the library's ([`keyroute::hot`]); this module is the
 //! plumbing:
@@ -26,10 +27,9 @@ use arc_swap::ArcSwap;
 use keyroute::hot::{HotKeys, HotSet, SpaceSaving, Window};
 use tokio::time::Instant;
 
-use crate::cache::{CacheConfig, HttpCache};
 use crate::config::HotKeysConfig;
 
-/// A hot key as [`crate::GatewayHandle::hot_keys`] (and `GET /hotkeys`) reports it.
+/// A hot key as the admin API's `GET /hotkeys` reports it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HotKeyInfo {
     /// The key's text, once a sampled request showed it, if the pool shows key text
@@ -45,27 +45,19 @@ pub struct HotKeyInfo {
     pub owners: Vec<String>,
 }
 
-/// Counters of one pool's hot keys and cache.
+/// Counters of one pool's hot keys.
 #[derive(Debug, Default)]
-pub(crate) struct HotMetrics {
+pub struct HotMetrics {
     /// Requests for a hot key (any replica).
-    pub(crate) hot_requests: AtomicU64,
+    pub hot_requests: AtomicU64,
     /// Keys that became hot.
-    pub(crate) became_hot: AtomicU64,
-    /// Responses served from the gateway cache.
-    pub(crate) cache_hits: AtomicU64,
-    /// Cacheable requests for hot keys that went upstream.
-    pub(crate) cache_misses: AtomicU64,
-    /// Responses stored.
-    pub(crate) cache_stores: AtomicU64,
-    /// Requests that waited for a concurrent miss of the same key instead of going upstream.
-    pub(crate) coalesced: AtomicU64,
+    pub became_hot: AtomicU64,
 }
 
 /// One pool's hot-key state. See the [module documentation](self).
 #[derive(Debug)]
-pub(crate) struct HotKeysState {
-    pub(crate) config: HotKeysConfig,
+pub struct HotKeysState {
+    pub config: HotKeysConfig,
     summary: Mutex<SpaceSaving>,
     rule: Mutex<HotKeys>,
     set: ArcSwap<HotSet>,
@@ -75,10 +67,8 @@ pub(crate) struct HotKeysState {
     window_start: Mutex<Instant>,
     created: Instant,
     id: u64,
-    pub(crate) cache: Option<HttpCache>,
-    pub(crate) metrics: HotMetrics,
-    /// Where the cache listeners' replicas hold copies of hot keys.
-    pub(crate) copies: super::copies::Copies,
+    /// Counters.
+    pub metrics: HotMetrics,
 }
 
 /// Per-thread sampling counters, one per hot-key state (by its id, modulo the slots): a state
@@ -96,19 +86,11 @@ static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 
 impl HotKeysState {
     /// The state for validated settings.
-    pub(crate) fn new(config: HotKeysConfig, now: Instant) -> Option<Self> {
+    pub fn new(config: HotKeysConfig, now: Instant) -> Option<Self> {
         let summary = SpaceSaving::try_new(config.counters).ok()?;
         let mut rule = HotKeys::try_new(config.rule).ok()?;
         // The rule's clock counts from the state's creation: the first window starts now.
         rule.start(Duration::ZERO);
-        let cache = config.cache.as_ref().map(|c| {
-            HttpCache::new(CacheConfig {
-                max_bytes: c.max_bytes,
-                max_object_bytes: c.max_object_bytes,
-                cache_authorized: c.cache_authorized,
-                cache_set_cookie: c.cache_set_cookie,
-            })
-        });
         Some(HotKeysState {
             config,
             summary: Mutex::new(summary),
@@ -118,16 +100,14 @@ impl HotKeysState {
             window_start: Mutex::new(now),
             created: now,
             id: NEXT_ID.fetch_add(1, Relaxed),
-            cache,
             metrics: HotMetrics::default(),
-            copies: super::copies::Copies::default(),
         })
     }
 
     /// Notes one request for `hash`, whose key text is `key` (the request path). A sampled request
     /// for a hot key whose text is not known yet leaves its text for `/hotkeys`.
     #[inline]
-    pub(crate) fn observe(&self, hash: u64, key: &str) {
+    pub fn observe(&self, hash: u64, key: &str) {
         let every = self.config.sample_every;
         let sampled = SEEN.with(|slots| {
             let slot = &slots[(self.id % SLOTS as u64) as usize];
@@ -153,12 +133,12 @@ impl HotKeysState {
 
     /// The replica count of `hash`: 0 if it is not hot.
     #[inline]
-    pub(crate) fn replicas(&self, hash: u64) -> usize {
+    pub fn replicas(&self, hash: u64) -> usize {
         self.set.load().replicas(hash)
     }
 
     /// Ends the window if it is over at `now`: measures, applies the rule, publishes the set.
-    pub(crate) fn tick(&self, now: Instant) {
+    pub fn tick(&self, now: Instant) {
         {
             let mut start = self.window_start.lock();
             if now.saturating_duration_since(*start) < self.config.window {
@@ -181,15 +161,11 @@ impl HotKeysState {
         };
         self.metrics.became_hot.fetch_add(entered as u64, Relaxed);
         self.names.lock().retain(|h, _| set.replicas(*h) > 0);
-        if let Some(c) = &self.cache {
-            c.purge_expired(std::time::SystemTime::now());
-        }
-        self.copies.sweep(now);
         self.set.store(Arc::new(set));
     }
 
     /// The hot keys now, hottest first, each with its replicas in `snap`'s table.
-    pub(crate) fn report(&self, snap: &super::Snapshot) -> Vec<HotKeyInfo> {
+    pub fn report(&self, snap: &super::Snapshot) -> Vec<HotKeyInfo> {
         let names = self.names.lock();
         let rule = self.rule.lock();
         rule.keys()
@@ -205,7 +181,7 @@ impl HotKeysState {
     }
 
     /// The published set.
-    pub(crate) fn set(&self) -> Arc<HotSet> {
+    pub fn set(&self) -> Arc<HotSet> {
         self.set.load_full()
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// Passive ejection. See the [module documentation](self).
 #[derive(Clone, Debug)]
-pub(crate) struct Ejector {
+pub struct Ejector {
     threshold: u32,
     base: Duration,
     max: Duration,
@@ -18,13 +18,13 @@ pub(crate) struct Ejector {
 impl Ejector {
     /// `threshold` consecutive failures eject for `base`, doubling per ejection in a row up to `max`.
     /// A threshold of 0 never ejects.
-    pub(crate) fn new(threshold: u32, base: Duration, max: Duration) -> Self {
+    pub fn new(threshold: u32, base: Duration, max: Duration) -> Self {
         Ejector { threshold, base, max, failures: 0, in_a_row: 0 }
     }
 
     /// Feeds one request outcome (`ok` = neither a connect error nor a 5xx). Returns how long to
     /// eject the worker for, if this outcome ejects it.
-    pub(crate) fn observe(&mut self, ok: bool) -> Option<Duration> {
+    pub fn observe(&mut self, ok: bool) -> Option<Duration> {
         if ok {
             self.failures = 0;
             self.in_a_row = 0;

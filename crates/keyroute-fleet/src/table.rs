@@ -8,7 +8,7 @@ use keyroute::{Node, NodeSet, Options, Strategy};
 /// # Errors
 ///
 /// Empty or duplicate names.
-pub(crate) fn node_set<'a>(
+pub fn node_set<'a>(
     it: impl Iterator<Item = (&'a str, u32, Option<&'a str>, Option<u32>)>,
 ) -> Result<NodeSet, keyroute::Error> {
     let nodes = it
@@ -30,11 +30,11 @@ pub(crate) fn node_set<'a>(
 /// 50 MB while a ring of this size is built, and a build of a few hundred milliseconds on one
 /// core. A weight change that would go past it is refused, so that no admin call or reload can
 /// make the gateway build a table of gigabytes.
-pub(crate) const MAX_TABLE_ENTRIES: u64 = 4_000_000;
+pub const MAX_TABLE_ENTRIES: u64 = 4_000_000;
 
 /// The number of entries the table of `strategy` over `nodes` would have, when it grows with
 /// the weights (rings and weighted modulo), or with the configured Maglev size.
-pub(crate) fn table_entries(strategy: Strategy, options: &Options, nodes: &NodeSet) -> u64 {
+pub fn table_entries(strategy: Strategy, options: &Options, nodes: &NodeSet) -> u64 {
     let total = nodes.total_weight();
     match strategy {
         Strategy::Ring | Strategy::BoundedRing => total.saturating_mul(u64::from(options.vnodes)),
@@ -78,7 +78,7 @@ impl TooLarge {
 /// # Errors
 ///
 /// [`TooLarge`], when the table is too large.
-pub(crate) fn check_table_size(strategy: Strategy, options: &Options, nodes: &NodeSet) -> Result<(), TooLarge> {
+pub fn check_table_size(strategy: Strategy, options: &Options, nodes: &NodeSet) -> Result<(), TooLarge> {
     let entries = table_entries(strategy, options, nodes);
     if entries <= MAX_TABLE_ENTRIES {
         return Ok(());

@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds of the latency histogram, in seconds.
-pub(crate) const LATENCY_BUCKETS: [f64; 14] =
+pub const LATENCY_BUCKETS: [f64; 14] =
     [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 /// Status classes counted per worker (`error`: no complete response).
-pub(crate) const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+pub const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
 
 /// One worker's counters.
 #[derive(Debug, Default)]
-pub(crate) struct WorkerMetrics {
+pub struct WorkerMetrics {
     /// Responses by class (index into [`CLASSES`]; `error` = no response, or one cut short).
     pub responses: [AtomicU64; 6],
     /// Histogram bucket counts (non-cumulative) and the overflow bucket.
@@ -33,7 +33,7 @@ pub(crate) struct WorkerMetrics {
 
 impl WorkerMetrics {
     /// Records how a response ended: its status, or `None` for no (complete) response.
-    pub(crate) fn record_class(&self, status: Option<u16>) {
+    pub fn record_class(&self, status: Option<u16>) {
         let class = match status {
             Some(s) if (100..600).contains(&s) => usize::from(s / 100 - 1),
             _ => 5,
@@ -42,7 +42,7 @@ impl WorkerMetrics {
     }
 
     /// Records the time a try took to its response headers (or to its failure).
-    pub(crate) fn record_latency(&self, latency: Duration) {
+    pub fn record_latency(&self, latency: Duration) {
         let secs = latency.as_secs_f64();
         let b = LATENCY_BUCKETS.iter().position(|&le| secs <= le).unwrap_or(LATENCY_BUCKETS.len());
         self.latency_buckets[b].fetch_add(1, Relaxed);
@@ -50,14 +50,14 @@ impl WorkerMetrics {
     }
 
     /// Responses of every class.
-    pub(crate) fn total(&self) -> u64 {
+    pub fn total(&self) -> u64 {
         self.responses.iter().map(|c| c.load(Relaxed)).sum()
     }
 }
 
 /// Why a request did not go to its key's owner (or had no key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// Served by the key's owner.
     Owner,
     /// The owner was unhealthy, ejected, stalled or draining.
@@ -75,11 +75,11 @@ pub(crate) enum Outcome {
 }
 
 /// The outcome label values, in [`Outcome`] order.
-pub(crate) const OUTCOMES: [&str; 7] = ["owner", "unavailable", "overloaded", "retry", "unkeyed", "replica", "warming"];
+pub const OUTCOMES: [&str; 7] = ["owner", "unavailable", "overloaded", "retry", "unkeyed", "replica", "warming"];
 
 /// One pool's counters.
 #[derive(Debug, Default)]
-pub(crate) struct PoolMetrics {
+pub struct PoolMetrics {
     /// Requests by [`Outcome`] (owner, unavailable, overloaded, retry, unkeyed, replica, warming).
     pub outcomes: [AtomicU64; 7],
     /// Requests answered 503 because no worker was available.
@@ -102,14 +102,14 @@ pub(crate) struct PoolMetrics {
 
 impl PoolMetrics {
     /// Counts one placement.
-    pub(crate) fn outcome(&self, o: Outcome) {
+    pub fn outcome(&self, o: Outcome) {
         self.outcomes[o as usize].fetch_add(1, Relaxed);
     }
 }
 
 /// One pool's membership source (etcd): whether it is reachable, what was applied and when.
 #[derive(Debug, Default)]
-pub(crate) struct SourceMetrics {
+pub struct SourceMetrics {
     /// 1 while the source answers (a read or an open watch), 0 after it was lost.
     pub up: AtomicU64,
     /// The etcd revision of the membership applied last.
@@ -128,7 +128,7 @@ pub(crate) struct SourceMetrics {
 
 /// One listener's counters.
 #[derive(Debug, Default)]
-pub(crate) struct ListenerMetrics {
+pub struct ListenerMetrics {
     /// Connections open now.
     pub open: AtomicU64,
     /// Connections accepted.
