@@ -7,21 +7,13 @@
 //! ([`crate::pool::Pool::set_check`]); here are the schedule, the bound on each probe, the states
 //! and the log lines, the same for every protocol.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::Fleet;
 use crate::health::Transition;
-use crate::pool::{Pool, State, WorkerState};
-
-/// A protocol's active check of one worker.
-pub trait Check: Send + Sync + std::fmt::Debug {
-    /// Probes `worker` once; `true` when it is healthy. The prober bounds it by the pool's
-    /// `[pool.health] timeout_ms` (a probe still running then fails).
-    fn check<'a>(&'a self, worker: &'a Arc<WorkerState>) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
-}
+pub use crate::pool::Check;
+use crate::pool::{Pool, State};
 
 /// Starts a prober for every pool that has none.
 pub(crate) fn spawn_probers(fleet: &Arc<Fleet>) {

@@ -39,6 +39,13 @@ use crate::config::{MembershipConfig, PoolConfig, WorkerConfig};
 use crate::metrics::{PoolMetrics, SourceMetrics};
 use crate::table::{check_table_size, node_set};
 
+/// A protocol's active check of one worker.
+pub trait Check: Send + Sync + std::fmt::Debug {
+    /// Probes `worker` once; `true` when it is healthy. The prober bounds it by the pool's
+    /// `[pool.health] timeout_ms` (a probe still running then fails).
+    fn check<'a>(&'a self, worker: &'a Arc<WorkerState>) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
+}
+
 /// Recently seen key hashes: a fixed sample that tells what share of live keys a membership change
 /// remaps (the table alone cannot say which keys exist).
 #[derive(Debug)]
@@ -155,7 +162,7 @@ pub struct Pool {
     pub applied: tokio::sync::Notify,
     epoch: Instant,
     /// The active check of the protocol that serves the pool (see [`Pool::set_check`]).
-    check: Mutex<Option<Arc<dyn crate::prober::Check>>>,
+    check: Mutex<Option<Arc<dyn Check>>>,
     /// The state of the protocol that serves the pool (see [`Pool::protocol_or`]).
     protocol: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
 }
@@ -246,12 +253,12 @@ impl Pool {
     /// Sets the active check of the protocol that serves the pool (an HTTP `GET`, memcached's
     /// `version`, Redis's `PING`): its prober uses it from its next round, when the pool's
     /// `[pool.health]` is on.
-    pub fn set_check(&self, check: Option<Arc<dyn crate::prober::Check>>) {
+    pub fn set_check(&self, check: Option<Arc<dyn Check>>) {
         *self.check.lock() = check;
     }
 
     /// The pool's active check, if it has one.
-    pub fn check(&self) -> Option<Arc<dyn crate::prober::Check>> {
+    pub fn check(&self) -> Option<Arc<dyn Check>> {
         self.check.lock().clone()
     }
 

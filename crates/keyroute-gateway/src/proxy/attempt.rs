@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::guarded::{Guarded, Upload};
-use super::respond::worker_head;
+use super::headers::worker_head;
 use crate::body::{self, ProxyBody};
 use crate::config::HttpPoolConfig;
 use crate::pool::{InFlight, Snapshot, WorkerState};

@@ -487,6 +487,21 @@ pub(crate) fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> Str
     format!("{:016x}", keyroute::hash::mix64(next()))
 }
 
+/// A worker's response head as the client gets it: no hop-by-hop headers, and the pool's worker
+/// header naming who served.
+pub(super) fn worker_head(
+    head: &mut http::response::Parts,
+    http: &crate::config::HttpPoolConfig,
+    worker: &crate::pool::WorkerState,
+) {
+    strip_hop_by_hop(&mut head.headers);
+    if let Some(h) = &http.worker_header
+        && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
+    {
+        head.headers.insert(h.clone(), v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

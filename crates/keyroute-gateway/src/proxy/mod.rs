@@ -7,7 +7,7 @@
 //! | route | [`route`] | the head read once (loop, framing, one Host, a normalised path), then listener, host and path prefix to a pool |
 //! | key | [`key`] | the pool's key template over the request; a missing part is rejected (400) or placed by p2c |
 //! | cache | [`cache`] | hot keys only: an answer from the gateway's cache, or a wait for a concurrent miss |
-//! | head | [`headers`] | the upstream head: hop-by-hop removed, the allowed upgrade, `Forwarded`, `Via`, the request id |
+//! | head | [`headers`] | the upstream head: hop-by-hop removed, the allowed upgrade, `Forwarded`, `Via`, the request id; and the worker's response head as the client gets it |
 //! | steer | [`steer`] | the worker for this try: the core's steering rule ([`keyroute::steer`]) over the snapshot, and how it was placed |
 //! | attempt | [`attempt`] | one try on one worker, bounded and abandoned on a stall; whose failure it was |
 //! | respond | [`respond`] | the worker's response (stored when it leads a cache miss), a tunnel ([`tunnel`]), or an error with a reason class and the request id |

@@ -9,28 +9,15 @@ use std::time::Duration;
 
 use http::header::HeaderValue;
 use http::request::Parts;
-use http::response;
 use http::{Response, StatusCode};
 use tokio::time::Instant;
 
 use super::attempt::Failure;
 use super::cache::{Caching, X_CACHE};
-use super::{Route, headers, tunnel};
+use super::{Route, tunnel};
 use crate::body::{self, ProxyBody};
 use crate::cache::HotCache;
-use crate::config::HttpPoolConfig;
 use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
-
-/// A worker's response head as the client gets it: no hop-by-hop headers, and the pool's worker
-/// header naming who served.
-pub(super) fn worker_head(head: &mut response::Parts, http: &HttpPoolConfig, worker: &WorkerState) {
-    headers::strip_hop_by_hop(&mut head.headers);
-    if let Some(h) = &http.worker_header
-        && let Ok(v) = HeaderValue::try_from(worker.name.as_str())
-    {
-        head.headers.insert(h.clone(), v);
-    }
-}
 
 /// The request lacks a part of its key, and the pool rejects such requests.
 pub(super) fn missing_key(pool: &Pool, missing: &crate::key::MissingPart, id: &str) -> Response<ProxyBody> {
