@@ -23,9 +23,9 @@ pub fn run(args: &MoveArgs) -> Result<()> {
         None => return Err(Usage("--pool: the configuration has several pools; name one".into()).into()),
     };
     let usage = |what: &str, e: relocate::MoveError| Usage(format!("{what}: {e}"));
-    let from = Layout::of(&from_config, &pool).map_err(|e| usage(&args.from.display().to_string(), e))?;
-    let to = Layout::of(&to_config, &pool).map_err(|e| usage(&args.to.display().to_string(), e))?;
-    let store = Store::of(&to_config, &pool).map_err(|e| usage(&args.to.display().to_string(), e))?;
+    let from = Layout::of(&from_config.pools, &pool).map_err(|e| usage(&args.from.display().to_string(), e))?;
+    let to = Layout::of(&to_config.pools, &pool).map_err(|e| usage(&args.to.display().to_string(), e))?;
+    let store = Store::of(to_config.cache_listeners(), &pool).map_err(|e| usage(&args.to.display().to_string(), e))?;
     if args.batch == 0 {
         return Err(Usage("--batch: must be at least 1".into()).into());
     }

@@ -74,6 +74,23 @@ pub enum Outcome {
     Warming,
 }
 
+impl Outcome {
+    /// How try `attempt` (0 is the first) of a request was placed, by its decision: a retry, a
+    /// request without a key, the key's owner, or why it spilled.
+    pub fn of(attempt: u32, keyed: bool, spill: Option<keyroute::Spill>) -> Outcome {
+        use keyroute::Spill;
+        match (attempt, keyed, spill) {
+            (a, _, _) if a > 0 => Outcome::Retry,
+            (_, false, _) => Outcome::Unkeyed,
+            (_, true, None) => Outcome::Owner,
+            (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
+            (_, true, Some(Spill::Replica)) => Outcome::Replica,
+            (_, true, Some(Spill::Warming)) => Outcome::Warming,
+            (_, true, Some(_)) => Outcome::Overloaded,
+        }
+    }
+}
+
 /// The outcome label values, in [`Outcome`] order.
 pub const OUTCOMES: [&str; 7] = ["owner", "unavailable", "overloaded", "retry", "unkeyed", "replica", "warming"];
 

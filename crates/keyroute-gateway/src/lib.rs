@@ -80,24 +80,18 @@
 // Alphabetical; the order of their imports is the layout table above.
 mod access;
 mod admin;
-mod backend;
 mod body;
 pub(crate) mod cache;
 pub mod config;
 mod connection;
-mod copies;
 mod error;
 mod exposition;
 mod feed;
 mod hop;
 pub mod key;
 mod listener;
-mod memcache;
-mod pipe;
 mod probe;
 mod proxy;
-pub mod relocate;
-mod resp;
 mod routing;
 mod server;
 mod state;
@@ -106,6 +100,7 @@ mod upstream;
 
 // The pools, their workers and their health are the fleet's (`keyroute-fleet`): named here as the
 // modules they were, until each product has a crate of its own.
+pub use keyroute_cacheproxy::relocate;
 pub use keyroute_fleet::membership;
 pub(crate) use keyroute_fleet::{metrics, pool, table};
 

@@ -1,12 +1,9 @@
-//! Each protocol's active check, which the fleet's prober runs on its schedule
-//! ([`keyroute_fleet::prober`]), as Envoy keeps a health checker per protocol:
-//!
-//! - **HTTP** ([`HttpCheck`]): `GET` of the pool's health path on a fresh connection (as HAProxy
-//!   checks: a worker that stops accepting connections fails while pooled ones still work); a
-//!   2xx is healthy.
-//! - **memcached** ([`MemcachedCheck`]): `version` on a fresh connection; `VERSION ...` is healthy.
-//! - **Redis** ([`RedisCheck`]): `PING` on a fresh connection, after `AUTH` when the proxy has the
-//!   servers' password; `+PONG` is healthy.
+//! Each pool's active check, which the fleet's prober runs on its schedule
+//! ([`keyroute_fleet::prober`]), as Envoy keeps a health checker per protocol: a pool a memcached
+//! or Redis listener serves is checked in its protocol ([`keyroute_cacheproxy::check`]), any
+//! other by [`HttpCheck`]: `GET` of the pool's health path on a fresh connection (as HAProxy
+//! checks: a worker that stops accepting connections fails while pooled ones still work); a 2xx is
+//! healthy.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,10 +14,8 @@ use http::Request;
 use http_body_util::BodyExt;
 use keyroute_fleet::pool::{Pool, WorkerState};
 use keyroute_fleet::prober::Check;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-use crate::config::{CacheProtocol, Config};
+use crate::config::Config;
 
 /// The check for each pool of `config`, by the protocol that serves it: a pool a memcached or
 /// Redis listener serves is checked in that protocol, any other over HTTP.
@@ -28,8 +23,7 @@ pub(crate) fn set_checks(config: &Config, pools: &[Arc<Pool>]) {
     for pool in pools {
         let cache = config.listeners.iter().filter_map(|l| l.cache.as_ref()).find(|c| c.pool_name == pool.name);
         let check: Arc<dyn Check> = match cache {
-            Some(c) if c.protocol == CacheProtocol::Memcached => Arc::new(MemcachedCheck),
-            Some(c) => Arc::new(RedisCheck { password: c.server_password.clone() }),
+            Some(c) => keyroute_cacheproxy::check(c, pool),
             None => {
                 let Some(http) = config.pools.iter().position(|p| p.name == pool.name).and_then(|j| config.http.get(j))
                 else {
@@ -66,59 +60,4 @@ impl Check for HttpCheck {
             resp.into_body().collect().await.is_ok() && ok
         })
     }
-}
-
-/// memcached's `version` on a fresh connection.
-#[derive(Debug)]
-pub(crate) struct MemcachedCheck;
-
-impl Check for MemcachedCheck {
-    fn check<'a>(&'a self, worker: &'a Arc<WorkerState>) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
-        Box::pin(async move {
-            let Ok(mut s) = TcpStream::connect(worker.address).await else { return false };
-            exchange(&mut s, b"version\r\n", 1).await.is_some_and(|a| a.starts_with(b"VERSION "))
-        })
-    }
-}
-
-/// Redis's `PING` on a fresh connection, after `AUTH` with the servers' password if there is one.
-#[derive(Debug)]
-pub(crate) struct RedisCheck {
-    password: Option<String>,
-}
-
-impl Check for RedisCheck {
-    fn check<'a>(&'a self, worker: &'a Arc<WorkerState>) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
-        Box::pin(async move {
-            let Ok(mut s) = TcpStream::connect(worker.address).await else { return false };
-            let mut request = Vec::new();
-            if let Some(p) = &self.password {
-                keyroute_cache_proto::resp::command(&mut request, [&b"AUTH"[..], p.as_bytes()].into_iter());
-            }
-            request.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
-            let lines = 1 + usize::from(self.password.is_some());
-            match exchange(&mut s, &request, lines).await {
-                Some(answer) if self.password.is_some() => answer.starts_with(b"+OK\r\n+PONG\r\n"),
-                Some(answer) => answer.starts_with(b"+PONG\r\n"),
-                None => false,
-            }
-        })
-    }
-}
-
-/// Writes `request`, then reads until `lines` lines have come (at most 4 KiB); `None` when the
-/// server closed or failed first.
-async fn exchange(s: &mut TcpStream, request: &[u8], lines: usize) -> Option<Vec<u8>> {
-    let _ = s.set_nodelay(true);
-    s.write_all(request).await.ok()?;
-    let mut answer = Vec::new();
-    let mut chunk = [0u8; 512];
-    while answer.iter().filter(|&&b| b == b'\n').count() < lines && answer.len() < 4096 {
-        let n = s.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        answer.extend_from_slice(&chunk[..n]);
-    }
-    Some(answer)
 }

@@ -450,11 +450,7 @@ async fn hot_key_ticks(shared: std::sync::Weak<Shared>) {
             if now.saturating_duration_since(expired_at) >= EXPIRY_TICK {
                 expired_at = now;
                 s.front.routing.load().tick();
-                for pool in s.fleet.pools().iter() {
-                    if let Some(copies) = pool.protocol::<Arc<crate::copies::Copies>>() {
-                        copies.sweep(now);
-                    }
-                }
+                keyroute_cacheproxy::tick(&s.fleet, now);
             }
         }
         tokio::time::sleep(HOT_KEY_TICK).await;
@@ -607,15 +603,14 @@ async fn accept_loop(
             }
         };
         let held = (OpenConn::new(&metrics, &shared.closed), permit);
-        if let Some(cache) = index.and_then(|i| shared.listeners[i].cache.clone()) {
-            match cache.protocol {
-                crate::config::CacheProtocol::Memcached => {
-                    tokio::spawn(crate::memcache::serve(stream, Arc::clone(&shared), cache, held))
-                }
-                crate::config::CacheProtocol::Redis => {
-                    tokio::spawn(crate::resp::serve(stream, Arc::clone(&shared), cache, held))
-                }
-            };
+        if let Some(listener) = index.and_then(|i| shared.listeners[i].cache.as_ref()) {
+            let ctx = Arc::new(keyroute_cacheproxy::Context {
+                fleet: Arc::clone(&shared.fleet),
+                pool: listener.pool_name.clone(),
+                stop: shared.stop_accepting.subscribe(),
+            });
+            let listener = listener.clone();
+            tokio::spawn(async move { keyroute_cacheproxy::serve(stream, ctx, &listener, held).await });
             continue;
         }
         tokio::spawn(connection::serve(stream, remote, Arc::clone(&shared), Arc::clone(served), held));

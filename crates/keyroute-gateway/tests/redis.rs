@@ -375,8 +375,8 @@ async fn keyroute_move_moves_exactly_its_plan_and_resumes() {
     });
     let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
     let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
-    let (from, to) = (Layout::of(&old, "cache").expect("from"), Layout::of(&new, "cache").expect("to"));
-    let store = Store::of(&new, "cache").expect("a redis pool");
+    let (from, to) = (Layout::of(&old.pools, "cache").expect("from"), Layout::of(&new.pools, "cache").expect("to"));
+    let store = Store::of(new.cache_listeners(), "cache").expect("a redis pool");
     let state = temp_file("move-state.json");
     let options = Options { batch: 100, state: Some(state.clone()), ..Options::default() };
 
@@ -482,8 +482,8 @@ async fn writes_during_a_move_are_not_lost() {
     ask(&mut c, &req, replies).await;
     let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
     let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
-    let (from, to) = (Layout::of(&old, "cache").expect("from"), Layout::of(&new, "cache").expect("to"));
-    let store = Store::of(&new, "cache").expect("a redis pool");
+    let (from, to) = (Layout::of(&old.pools, "cache").expect("from"), Layout::of(&new.pools, "cache").expect("to"));
+    let store = Store::of(new.cache_listeners(), "cache").expect("a redis pool");
     let plan = relocate::plan(&store, &from, &to, &Options::default()).await.expect("plan");
     assert!(plan.keys() > 0);
     let mover = tokio::spawn(async move {

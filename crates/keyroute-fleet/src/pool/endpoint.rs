@@ -363,6 +363,39 @@ impl Drop for InFlight {
     }
 }
 
+/// Requests in flight on workers, counted one by one as they are sent and released together
+/// when dropped: a cache proxy's batch, whose answers are all read before it ends. One atomic
+/// add per request and one subtraction per worker, where an [`InFlight`] per request would take
+/// two each and a reference count.
+#[derive(Debug, Default)]
+pub struct InFlightBatch {
+    counts: Vec<(Arc<WorkerState>, u64)>,
+}
+
+impl InFlightBatch {
+    /// Counts one more request in flight on `worker`.
+    pub fn add(&mut self, worker: &Arc<WorkerState>) {
+        worker.in_flight.fetch_add(1, Relaxed);
+        match self.counts.iter_mut().find(|(w, _)| Arc::ptr_eq(w, worker)) {
+            Some((_, n)) => *n += 1,
+            None => self.counts.push((Arc::clone(worker), 1)),
+        }
+    }
+
+    /// Releases every request counted (they were answered, or will never be).
+    pub fn release(&mut self) {
+        for (w, n) in self.counts.drain(..) {
+            w.in_flight.fetch_sub(n, Relaxed);
+        }
+    }
+}
+
+impl Drop for InFlightBatch {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,7 +33,7 @@ use arc_swap::ArcSwap;
 use keyroute::Policy;
 use tokio::time::Instant;
 
-pub use self::endpoint::{Awaiting, InFlight, State, WorkerState};
+pub use self::endpoint::{Awaiting, InFlight, InFlightBatch, State, WorkerState};
 pub use self::snapshot::{Snapshot, Unavailable, WHAT_IF_FLOOR, WHAT_IF_GROWTH, WhatIf};
 use crate::config::{MembershipConfig, PoolConfig, WorkerConfig};
 use crate::metrics::{PoolMetrics, SourceMetrics};

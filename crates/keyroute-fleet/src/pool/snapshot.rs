@@ -272,11 +272,23 @@ impl Snapshot {
     /// The moment's steering for `hash` is the core's one rule ([`keyroute::steer`]): hot replicas,
     /// then the handoff, then slow start, then the strategy, over the workers in state `want`.
     pub fn decide(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
-        let loads = |i: usize| self.workers.get(i).map_or(0, |w| w.in_flight());
         let replicas = match (hash, &self.hot) {
             (Some(h), Some(hot)) => hot.replicas(h),
             _ => 0,
         };
+        self.steer(hash, replicas, tried, now)
+    }
+
+    /// [`Snapshot::decide`] for a request that must reach the key's owner even when the key is
+    /// hot: a write of a store (or of a cache whose replicas hold copies), or a read whose answer
+    /// differs by server (memcached's `gets` carries its server's CAS). The same rule, without
+    /// hot-key replicas: the owner, or past it the handoff, slow start and failover as for any key.
+    pub fn decide_owner(&self, hash: Option<u64>, tried: &[usize], now: Instant) -> Option<Decision> {
+        self.steer(hash, 0, tried, now)
+    }
+
+    fn steer(&self, hash: Option<u64>, replicas: usize, tried: &[usize], now: Instant) -> Option<Decision> {
+        let loads = |i: usize| self.workers.get(i).map_or(0, |w| w.in_flight());
         let progress = |i: usize| self.warm.as_ref().map_or(1.0, |w| w.progress(i, now));
         let held = |i: usize| hash.is_some_and(|h| self.held_back(i, h, now));
         let steering = Steering {

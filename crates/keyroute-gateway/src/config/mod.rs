@@ -16,6 +16,7 @@ use http::HeaderName;
 pub use self::nutcracker::from_nutcracker;
 use self::validate::{Ctx, field_at, validate};
 use crate::key::KeyTemplate;
+pub use keyroute_cacheproxy::{CacheListener, CacheProtocol};
 pub use keyroute_fleet::config::{
     EtcdConfig, HealthConfig, HotKeysConfig, MAX_NAME_BYTES, MembershipConfig, PassiveConfig, PoolConfig, RetryConfig,
     SlowStartConfig, WorkerConfig,
@@ -111,33 +112,6 @@ pub struct ListenerConfig {
     pub cache: Option<CacheListener>,
 }
 
-/// A listener of a cache protocol: `protocol`, `pool` and `max_item_bytes` on `[[listener]]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CacheListener {
-    /// The protocol.
-    pub protocol: CacheProtocol,
-    /// The pool of cache servers (an index into the pools).
-    pub pool: usize,
-    /// That pool's name (what the listener finds its pool by after a reload).
-    pub pool_name: String,
-    /// The largest value taken (memcached's `-I`, 1 MiB by default; for Redis, each argument of a
-    /// command, 16 MiB by default).
-    pub max_item_bytes: usize,
-    /// Redis: the password clients give with `AUTH` before any other command (none: no `AUTH`).
-    pub password: Option<String>,
-    /// Redis: the password the proxy gives each server with `AUTH` when it connects.
-    pub server_password: Option<String>,
-}
-
-/// A cache protocol a listener speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheProtocol {
-    /// memcached's text protocol (1.6, meta commands included).
-    Memcached,
-    /// Redis's RESP2.
-    Redis,
-}
-
 /// A listener's access log: one line per request, written off the request path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccessLogConfig {
@@ -220,6 +194,11 @@ pub struct CacheSettings {
 }
 
 impl Config {
+    /// The listeners of a cache protocol (what `keyroute move` finds a pool's store by).
+    pub fn cache_listeners(&self) -> impl Iterator<Item = &CacheListener> {
+        self.listeners.iter().filter_map(|l| l.cache.as_ref())
+    }
+
     /// Reads and validates a configuration file.
     ///
     /// # Errors

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use keyroute::{Decision, Spill};
+use keyroute::Decision;
 use tokio::time::Instant;
 
 use crate::access::Placed;
@@ -24,7 +24,7 @@ pub(super) fn place(
     placed: Option<&mut Placed>,
 ) -> Option<Decision> {
     let decision = snap.decide(hash, tried, now)?;
-    let outcome = outcome_of(attempt, hash.is_some() && decision.owner.is_some(), decision.spill);
+    let outcome = Outcome::of(attempt, hash.is_some() && decision.owner.is_some(), decision.spill);
     pool.metrics.outcome(outcome);
     if let Some(p) = placed {
         p.attempts = attempt + 1;
@@ -34,17 +34,4 @@ pub(super) fn place(
         }
     }
     Some(decision)
-}
-
-/// How a try was placed: a retry, a request without a key, the key's owner, or why it spilled.
-fn outcome_of(attempt: u32, keyed: bool, spill: Option<Spill>) -> Outcome {
-    match (attempt, keyed, spill) {
-        (a, _, _) if a > 0 => Outcome::Retry,
-        (_, false, _) => Outcome::Unkeyed,
-        (_, true, None) => Outcome::Owner,
-        (_, true, Some(Spill::Unavailable)) => Outcome::Unavailable,
-        (_, true, Some(Spill::Replica)) => Outcome::Replica,
-        (_, true, Some(Spill::Warming)) => Outcome::Warming,
-        (_, true, Some(_)) => Outcome::Overloaded,
-    }
 }

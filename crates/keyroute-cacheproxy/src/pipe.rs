@@ -123,7 +123,7 @@ impl Pipe {
     pub(crate) async fn read(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
         buf.reserve(16 * 1024);
         loop {
-            match keyroute_http1::buf::read_draining(&self.stream, buf) {
+            match crate::conn::read_draining(&self.stream, buf) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.stream.readable().await?,
                 Err(e) => return Err(e),
@@ -152,7 +152,7 @@ impl Pipe {
         if st.next != st.serving || !st.out.is_empty() {
             return false;
         }
-        if !peer_closed(&self.stream) {
+        if !crate::conn::peer_closed(&self.stream) {
             return false;
         }
         st.broken = true;
@@ -268,16 +268,6 @@ async fn writer(inner: Arc<Inner>, stream: Arc<TcpStream>, timeout: Duration) {
         batch.clear();
         spare = batch;
     }
-}
-
-/// Whether a connection that owes nothing has been closed by its peer (or has bytes nobody
-/// asked for): a look at the socket without taking anything from it, and without a system call
-/// unless the poller saw it readable.
-pub(crate) fn peer_closed(stream: &TcpStream) -> bool {
-    let mut byte = [std::mem::MaybeUninit::uninit(); 1];
-    let mut buf = tokio::io::ReadBuf::uninit(&mut byte);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    matches!(stream.poll_peek(&mut cx, &mut buf), std::task::Poll::Ready(_))
 }
 
 #[cfg(test)]

@@ -59,7 +59,9 @@ use keyroute::{Policy, Strategy};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::config::{CacheProtocol, Config, MembershipConfig, PoolConfig};
+use keyroute_fleet::config::{MembershipConfig, PoolConfig};
+
+use crate::config::{CacheListener, CacheProtocol};
 
 /// Why a move cannot go on.
 #[derive(Debug, thiserror::Error)]
@@ -99,16 +101,15 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout of `pool` in `config`, as the gateway builds it (the same canonical order, so
-    /// the same owner for every key).
+    /// The layout of `pool` among `pools` (a configuration's), as the server builds it (the same
+    /// canonical order, so the same owner for every key).
     ///
     /// # Errors
     ///
     /// No such pool, a pool whose members come from etcd (give the member set in a file), or a
     /// strategy that does not place by key.
-    pub fn of(config: &Config, pool: &str) -> Result<Layout, MoveError> {
-        let p = config
-            .pools
+    pub fn of(pools: &[PoolConfig], pool: &str) -> Result<Layout, MoveError> {
+        let p = pools
             .iter()
             .find(|p| p.name == pool)
             .ok_or_else(|| MoveError::Setup(format!("no pool named '{}'", pool.escape_debug())))?;
@@ -126,9 +127,10 @@ impl Layout {
         if !matches!(p.strategy, Strategy::Compat(_)) {
             workers.sort_by(|a, b| keyroute::node::canonical_cmp(&a.name, &b.name));
         }
-        let nodes =
-            crate::table::node_set(workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref(), w.id)))
-                .map_err(|e| MoveError::Setup(format!("pool '{}': {e}", p.name)))?;
+        let nodes = keyroute_fleet::table::node_set(
+            workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref(), w.id)),
+        )
+        .map_err(|e| MoveError::Setup(format!("pool '{}': {e}", p.name)))?;
         let policy = Policy::build(p.strategy, nodes, &p.options)
             .map_err(|e| MoveError::Setup(format!("pool '{}': {e}", p.name)))?;
         if policy.table().is_none() {
@@ -149,7 +151,7 @@ impl Layout {
     /// The address of `key`'s owner, the key placed as `store`'s listener places it.
     fn owner(&self, store: &Store, key: &[u8]) -> Option<SocketAddr> {
         let placed = match store {
-            Store::Redis { .. } => crate::resp::placed_part(self.policy.strategy(), key),
+            Store::Redis { .. } => crate::redis::placed_part(self.policy.strategy(), key),
             Store::Memcached => key,
         };
         let i = self.policy.owner(self.policy.key_hash(placed))?;
@@ -196,14 +198,13 @@ pub enum Store {
 }
 
 impl Store {
-    /// The store of the cache listener that serves `pool` in `config`.
+    /// The store of the cache listener (among a configuration's `listeners`) that serves `pool`.
     ///
     /// # Errors
     ///
     /// No cache listener serves the pool.
-    pub fn of(config: &Config, pool: &str) -> Result<Store, MoveError> {
-        let index = config.pools.iter().position(|p| p.name == pool);
-        let listener = config.listeners.iter().filter_map(|l| l.cache.as_ref()).find(|c| Some(c.pool) == index);
+    pub fn of<'a>(listeners: impl IntoIterator<Item = &'a CacheListener>, pool: &str) -> Result<Store, MoveError> {
+        let listener = listeners.into_iter().find(|c| c.pool_name == pool);
         match listener {
             Some(c) if c.protocol == CacheProtocol::Redis => Ok(Store::Redis { password: c.server_password.clone() }),
             Some(_) => Ok(Store::Memcached),

@@ -36,10 +36,12 @@
 //!   move` moves the keys no command touched (see the `relocate` module). A server that leaves is
 //!   not read through: the proxy no longer knows it.
 //!
-//! - **Hot keys** (with `[pool.hot_keys]`, detected and sized as for HTTP): a hot key's `GET`s
-//!   take its replicas (the first of its ranking) in turn; a replica's miss is read from the
-//!   owner (`GET` and `PTTL`), answered, and copied to the replica with `SET ... PX` (at most
-//!   10 s, which bounds how stale a copy can be when its fill raced a write). Any other command
+//! - **Hot keys** (with `[pool.hot_keys]`, detected and sized as for HTTP): a hot key's `GET`
+//!   goes where the pool's one steering rule sends it, as an HTTP request for it would go: the
+//!   least loaded of its replicas (the first of its ranking), by the commands in flight on each; a
+//!   replica's miss is read from the owner (`GET` and `PTTL`), answered, and copied to the replica
+//!   with `SET ... PX` (at most 10 s, which bounds how stale a copy can be when its fill raced a
+//!   write). Any other command
 //!   that writes the key (and `DEL`, `UNLINK`, `MSET` of it) goes to the owner and deletes the
 //!   replicas' copies in the same batch, so no later read through the proxy sees a value older
 //!   than the last write it forwarded. Other reads of a hot key go to its owner. Copies are a
@@ -47,34 +49,31 @@
 //!   new owner would count as a newer value there).
 //!
 //! Commands are served in pipelined batches as the memcached listener's are (see
-//! [`crate::backend`]): sent to their servers first, one write per server, then the replies read in
+//! [`crate::driver`]): sent to their servers first, one write per server, then the replies read in
 //! the client's order. A server that cannot be reached is a passive-ejection failure and a
 //! one-key command goes to the key's next server; a server that fails after the command was sent
 //! answers `-ERR keyroute: server timeout` (or `connection lost`), counted.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
-use bytes::Buf as _;
 use keyroute_cache_proto::commands::{self, Access};
 use keyroute_cache_proto::resp as codec;
-use tokio::net::TcpStream;
+use keyroute_fleet::pool::{Pool, Snapshot};
 use tokio::time::Instant;
 
-use crate::backend::{
-    self, Client, Placed, Read, Server, Servers, Settings, connect, failed, pick, pool_of, succeeded,
-};
-use crate::config::CacheListener;
-use crate::pool::{Pool, Snapshot};
-use crate::state::Shared;
+use crate::conn::Lost;
+use crate::driver::{Batch, Placed, Planned, Protocol};
+use crate::servers::{Framing, Read, Server, Servers, Slot, answer_into, flush, frame};
 
 /// A command of the batch, once sent: where its reply comes from.
-enum Pending {
+pub(crate) enum Pending {
     /// Answered by the proxy.
     Ready(Vec<u8>),
     /// One reply from one server (`node` of the batch's snapshot); `written`, a key the command
     /// writes in a pool with hot keys (its hash and bytes), whose copies on replicas are deleted
-    /// once the server answered (see [`backend::delete_copies`]).
+    /// once the server answered (see [`crate::driver::delete_copies`]).
     One { server: usize, node: usize, written: Option<Written> },
     /// A split command's parts: (server, node, the client's positions of its keys), and the keys
     /// it writes in a pool with hot keys, whose copies are deleted once the servers answered.
@@ -90,30 +89,22 @@ enum Pending {
 type Written = (u64, Vec<u8>);
 
 /// A RESP reply, framed as a whole.
-struct Reply;
+pub(crate) struct Reply;
 
-impl backend::Framing for Reply {
+impl Framing for Reply {
     fn read<'a>(
         &'a self,
         server: &'a mut Server,
-        s: &'a Settings,
+        timeout: Duration,
         out: &'a mut Vec<u8>,
-    ) -> impl Future<Output = Result<(), &'static str>> + Send + 'a {
-        reply_into(server, s, out)
+    ) -> impl Future<Output = Result<(), Lost>> + Send + 'a {
+        reply_into(server, timeout, out)
     }
 }
 
-impl Pending {
-    /// How many replies this command reads.
-    fn parts(&self) -> usize {
-        match self {
-            Pending::Ready(_) => 0,
-            Pending::One { .. } | Pending::HotGet { .. } | Pending::Discard { .. } => 1,
-            Pending::Split { parts, .. } => parts.len(),
-        }
-    }
+impl crate::driver::Pending for Pending {
+    type Framing = Reply;
 
-    /// Appends the replies this command reads, in order.
     fn reads(&self, out: &mut Vec<Read<Reply>>) {
         let read = |server: usize, node: Option<usize>| Read { server, node, how: Reply };
         match self {
@@ -131,7 +122,7 @@ impl Pending {
 
 /// How a split command's replies merge.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Merge {
+pub(crate) enum Merge {
     /// `MGET`: the values, in the client's order.
     Values,
     /// `DEL`, `UNLINK`, `EXISTS`, `TOUCH`: the sum.
@@ -148,71 +139,63 @@ fn error(out: &mut Vec<u8>, message: &str) -> Vec<u8> {
     std::mem::take(out)
 }
 
-/// What a client connection has said of itself: its password given, its protocol.
-struct Session {
+/// The Redis protocol over the driver: one client connection's, and what it has said of itself
+/// (its password given, its protocol).
+pub(crate) struct Redis {
+    /// The largest argument taken (`max_item_bytes`).
+    max_item: usize,
+    /// The password clients give with `AUTH` first (the listener's), if any.
+    password: Option<Arc<str>>,
     /// The proxy's greeting to each server it connects to, for each protocol the client may
     /// speak.
     greetings: [Option<Arc<[u8]>>; 2],
-    password: Option<Arc<str>>,
+    /// The servers' password, which `MIGRATE` gives the new owner.
+    server_password: Option<Arc<str>>,
     authenticated: bool,
     resp3: bool,
+    /// The client switched protocols in this batch: its server connections are opened anew.
+    switched: bool,
 }
 
-/// Serves one client connection until it closes, sends `QUIT`, or the gateway stops.
-pub(crate) async fn serve<H: Send + 'static>(stream: TcpStream, shared: Arc<Shared>, config: CacheListener, _held: H) {
-    let mut c = Client::new(stream, &shared);
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut session = Session {
-        greetings: [
-            greeting(config.server_password.as_deref(), false),
-            greeting(config.server_password.as_deref(), true),
-        ],
-        password: config.server_password.as_deref().map(Arc::from),
-        authenticated: config.password.is_none(),
-        resp3: false,
-    };
-    loop {
-        // A batch's work is a future of its own, on the heap while it runs: an idle connection's
-        // task holds only its client and its read.
-        if !Box::pin(batch(&mut c, &shared, &config, &mut session, &mut pending)).await {
-            return;
-        }
-        // More whole commands than one batch are served before reading.
-        let more = matches!(codec::request(&c.input, config.max_item_bytes), Ok(Some(_)));
-        if !more && !c.read().await {
-            return;
+impl Redis {
+    /// A new client of a listener with these passwords and limit.
+    pub(crate) fn new(max_item: usize, password: Option<&str>, server_password: Option<&str>) -> Redis {
+        Redis {
+            max_item,
+            password: password.map(Arc::from),
+            greetings: [greeting(server_password, false), greeting(server_password, true)],
+            server_password: server_password.map(Arc::from),
+            authenticated: password.is_none(),
+            resp3: false,
+            switched: false,
         }
     }
 }
 
-/// One batch: the whole commands buffered (up to 1024) served and answered; `false` when the
-/// connection is to close.
-async fn batch(
-    c: &mut Client,
-    shared: &Shared,
-    config: &CacheListener,
-    session: &mut Session,
-    pending: &mut Vec<Pending>,
-) -> bool {
-    let Some(pool) = pool_of(shared, config) else { return false };
-    let snap = pool.snapshot();
-    let mut settings = Settings::of(&pool, &snap);
-    settings.greeting = session.greetings[usize::from(session.resp3)].clone();
-    settings.password = session.password.clone();
-    settings.greeting_whole = |b| matches!(codec::reply_len(b), Ok(Some(_)));
-    let now = Instant::now();
-    let mut close = false;
-    let mut switched = false;
-    while pending.len() < 1024 {
-        let (n, parsed) = match codec::request(&c.input, config.max_item_bytes) {
+impl Protocol for Redis {
+    type Pending = Pending;
+
+    fn whole(&self, input: &[u8]) -> bool {
+        matches!(codec::request(input, self.max_item), Ok(Some(_)))
+    }
+
+    fn greeting(&self) -> Option<Arc<[u8]>> {
+        self.greetings[usize::from(self.resp3)].clone()
+    }
+
+    fn greeting_whole(answer: &[u8]) -> bool {
+        matches!(codec::reply_len(answer), Ok(Some(_)))
+    }
+
+    async fn plan(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
+        let (n, parsed) = match codec::request(input, self.max_item) {
             Ok(Some(r)) => r,
-            Ok(None) => break,
+            Ok(None) => return Planned::Wait,
             Err(codec::Unframed(why)) => {
                 // Nothing of it is sent: the client is answered Redis's error and closed, as
                 // Redis would close it, and the shared server connections are untouched.
-                pending.push(Pending::Ready(format!("-{why}\r\n").into_bytes()));
-                close = true;
-                break;
+                b.pending.push(Pending::Ready(format!("-{why}\r\n").into_bytes()));
+                return Planned::Close;
             }
         };
         // What a server is sent: an array as the client framed it (validated as Redis reads
@@ -220,7 +203,7 @@ async fn batch(
         // arguments the proxy placed (a quoted key is placed by what Redis stores).
         let inline_raw;
         let (args, raw): (Vec<&[u8]>, &[u8]) = match &parsed {
-            codec::Args::Bulk(ranges) => (ranges.iter().map(|r| &c.input[r.clone()]).collect(), &c.input[..n]),
+            codec::Args::Bulk(ranges) => (ranges.iter().map(|r| &input[r.clone()]).collect(), &input[..n]),
             codec::Args::Inline(words) => {
                 let mut encoded = Vec::new();
                 codec::command(&mut encoded, words.iter().map(Vec::as_slice));
@@ -229,8 +212,7 @@ async fn batch(
             }
         };
         if args.is_empty() {
-            c.input.advance(n);
-            continue;
+            return Planned::Next(n);
         }
         let mut upper = [0u8; 32];
         let name = match args[0] {
@@ -242,75 +224,114 @@ async fn batch(
             _ => "?",
         };
         if name == "QUIT" {
-            pending.push(Pending::Ready(b"+OK\r\n".to_vec()));
-            close = true;
-            break;
+            b.pending.push(Pending::Ready(b"+OK\r\n".to_vec()));
+            return Planned::Close;
         }
-        if name == "AUTH" && config.password.is_some() {
+        if name == "AUTH"
+            && let Some(password) = &self.password
+        {
             // AUTH PASSWORD, or AUTH default PASSWORD (Redis 6's form).
             let given = match args.len() {
                 2 => Some(args[1]),
                 3 if args[1] == b"default" => Some(args[2]),
                 _ => None,
             };
-            session.authenticated =
-                given.is_some_and(|g| matches_password(g, config.password.as_deref().unwrap_or("")));
-            let answer: &[u8] = match (given, session.authenticated) {
+            self.authenticated = given.is_some_and(|g| matches_password(g, password));
+            let answer: &[u8] = match (given, self.authenticated) {
                 (None, _) => b"-ERR wrong number of arguments for 'auth' command\r\n",
                 (_, true) => b"+OK\r\n",
                 (_, false) => b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
             };
-            pending.push(Pending::Ready(answer.to_vec()));
-            c.input.advance(n);
-            continue;
+            b.pending.push(Pending::Ready(answer.to_vec()));
+            return Planned::Next(n);
         }
         if name == "HELLO" {
-            let (answer, proto) = hello(&args, config.password.as_deref(), &mut session.authenticated, session.resp3);
-            pending.push(Pending::Ready(answer));
-            c.input.advance(n);
-            if let Some(p) = proto.filter(|&p| p != session.resp3) {
+            let (answer, proto) = hello(&args, self.password.as_deref(), &mut self.authenticated, self.resp3);
+            b.pending.push(Pending::Ready(answer));
+            if let Some(p) = proto.filter(|&p| p != self.resp3) {
                 // The client's server connections speak its protocol: they are opened anew,
                 // after this batch.
-                session.resp3 = p;
-                switched = true;
-                break;
+                self.resp3 = p;
+                self.switched = true;
+                return Planned::End(n);
             }
-            continue;
+            return Planned::Next(n);
         }
-        if !session.authenticated {
-            pending.push(Pending::Ready(b"-NOAUTH Authentication required.\r\n".to_vec()));
-            c.input.advance(n);
-            continue;
+        if !self.authenticated {
+            b.pending.push(Pending::Ready(b"-NOAUTH Authentication required.\r\n".to_vec()));
+            return Planned::Next(n);
         }
-        let mut to = To {
-            snap: &snap,
-            pool: &pool,
-            servers: &mut c.servers,
-            side: &mut c.side,
-            s: &settings,
-            now,
-            turn: &mut c.turn,
-            extra: Vec::new(),
-        };
-        let p = serve_command(&mut to, name, &args, raw).await;
-        let extra = std::mem::take(&mut to.extra);
-        pending.push(p);
-        pending.extend(extra);
-        c.input.advance(n);
+        let p = serve_command(b, self.server_password.as_deref(), name, &args, raw).await;
+        b.pending.push(p);
+        Planned::Next(n)
     }
-    backend::flush(&mut c.servers, &settings).await;
-    finish(&snap, &pool, pending, &mut c.servers, &mut c.side, &settings, now, &mut c.out).await;
-    if !c.reply().await || close {
-        return false;
+
+    async fn answer(&mut self, b: &mut Batch<'_, Self>, p: Pending, slot: &[Slot], arena: &[u8]) {
+        match p {
+            Pending::Ready(bytes) => b.out.extend_from_slice(&bytes),
+            Pending::One { node, written, .. } => {
+                match &slot[0] {
+                    Ok(range) => {
+                        b.succeeded(node);
+                        b.out.extend_from_slice(&arena[range.clone()]);
+                    }
+                    Err(why) => server_error(b, node, why),
+                }
+                // Answered or not, the write may have been applied.
+                if let Some((hash, key)) = written {
+                    delete_copies(b, hash, node, &key).await;
+                }
+            }
+            Pending::HotGet { node, owner, hash, key, .. } => match &slot[0] {
+                Ok(range) => {
+                    b.succeeded(node);
+                    let reply = &arena[range.clone()];
+                    if matches!(reply, b"$-1\r\n" | b"_\r\n") {
+                        if !hot_fill(b, (hash, &key), owner, node).await {
+                            b.out.extend_from_slice(b"-ERR keyroute: server connection lost\r\n");
+                        }
+                    } else {
+                        b.out.extend_from_slice(reply);
+                    }
+                }
+                Err(why) => server_error(b, node, why),
+            },
+            Pending::Discard { .. } => {}
+            Pending::Split { how, parts, n, written } => {
+                let mut replies = Vec::with_capacity(parts.len());
+                let mut failure = None;
+                for ((_, node, positions), result) in parts.into_iter().zip(slot) {
+                    match result {
+                        Ok(range) => {
+                            b.succeeded(node);
+                            replies.push((&arena[range.clone()], positions));
+                        }
+                        Err(why) => {
+                            b.failed(node);
+                            failure = Some(*why);
+                        }
+                    }
+                }
+                merge(how, &replies, n, failure, b.out);
+                for ((hash, key), writer) in written {
+                    delete_copies(b, hash, writer, &key).await;
+                }
+            }
+        }
     }
-    if switched {
-        c.servers = Servers::shared();
-        c.side = Servers::default();
+
+    fn after(&mut self, servers: &mut Servers, side: &mut Servers) {
+        if std::mem::take(&mut self.switched) {
+            *servers = Servers::shared();
+            *side = Servers::default();
+        }
     }
-    if pending.capacity() > 64 {
-        *pending = Vec::new();
-    }
-    true
+}
+
+/// A server's failure to answer: counted, and told the client.
+fn server_error(b: &mut Batch<'_, Redis>, node: usize, why: &str) {
+    b.failed(node);
+    b.out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
 }
 
 /// What the proxy sends first on each server connection: `HELLO 3` for a client that speaks
@@ -407,24 +428,8 @@ fn matches_password(given: &[u8], password: &str) -> bool {
     bool::from(given.ct_eq(password.as_bytes()))
 }
 
-/// Where a batch's commands go: its snapshot of the pool, the client's connections to the
-/// servers (the batch's, and the side ones of the read-through), the settings and the time.
-struct To<'a> {
-    snap: &'a Snapshot,
-    pool: &'a Pool,
-    servers: &'a mut Servers,
-    side: &'a mut Servers,
-    s: &'a Settings,
-    now: Instant,
-    /// Which replica of a hot key the next `GET` takes.
-    turn: &'a mut usize,
-    /// Requests sent besides the command's own (a hot key's copies deleted), whose replies are
-    /// read and dropped: they follow the command in the batch.
-    extra: Vec<Pending>,
-}
-
 /// One command: answered here, refused, or sent (whole, or split by server).
-async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) -> Pending {
+async fn serve_command(b: &mut Batch<'_, Redis>, pw: Option<&str>, name: &str, args: &[&[u8]], raw: &[u8]) -> Pending {
     let mut scratch = Vec::new();
     let arity = |min: usize| args.len() >= min;
     match name {
@@ -455,15 +460,15 @@ async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) 
         "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" if arity(2) => {
             let how = if name == "MGET" { Merge::Values } else { Merge::Sum };
             let keys: Vec<&[u8]> = args[1..].to_vec();
-            return split(to, how, args[0], &keys, 1).await;
+            return split(b, pw, how, args[0], &keys, 1).await;
         }
         "MSET" if arity(3) && args.len() % 2 == 1 => {
             let pairs: Vec<&[u8]> = args[1..].to_vec();
-            return split(to, Merge::Ok, args[0], &pairs, 2).await;
+            return split(b, pw, Merge::Ok, args[0], &pairs, 2).await;
         }
         "MSETNX" if arity(3) && args.len() % 2 == 1 => {
             let keys: Vec<&[u8]> = args[1..].iter().step_by(2).copied().collect();
-            return together(to, name, &keys, raw).await;
+            return together(b, pw, name, &keys, raw).await;
         }
         "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" if arity(3) => {
             let numkeys = std::str::from_utf8(args[2]).ok().and_then(|n| n.parse::<usize>().ok());
@@ -474,7 +479,7 @@ async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) 
             if numkeys == 0 {
                 return Pending::Ready(error(&mut scratch, &format!("{name} without keys has no server to go to")));
             }
-            return together(to, name, &args[3..3 + numkeys], raw).await;
+            return together(b, pw, name, &args[3..3 + numkeys], raw).await;
         }
         _ => {}
     }
@@ -485,7 +490,7 @@ async fn serve_command(to: &mut To<'_>, name: &str, args: &[&[u8]], raw: &[u8]) 
                 format!("-ERR wrong number of arguments for '{}' command\r\n", name.to_ascii_lowercase()).into_bytes(),
             );
         }
-        return one(to, access, name, args[1], raw).await;
+        return one(b, pw, access, name, args[1], raw).await;
     }
     let message = match commands::refusal(name) {
         Some(why) => format!("{name} {why}: not proxied"),
@@ -511,12 +516,12 @@ pub(crate) fn placed_part(strategy: keyroute::Strategy, key: &[u8]) -> &[u8] {
 
 /// The node a key goes to: its owner in a store's handoff (the key moved there first: see
 /// [`read_through`]), or its placement on the batch's table; `None` when no server is available.
-async fn node_for(to: &mut To<'_>, key: &[u8]) -> Option<usize> {
-    let hash = placed(to.pool, to.snap, key);
-    if let Some(node) = read_through(to, hash, key).await {
+async fn node_for(b: &mut Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<usize> {
+    let hash = placed(b.pool, b.snap, key);
+    if let Some(node) = read_through(b, pw, hash, key).await {
         return Some(node);
     }
-    pick(to.pool, to.snap, hash, &[], to.now)
+    b.pick(hash, &[], false).map(|d| d.node)
 }
 
 /// A key whose owner joined the pool within its handoff window, and was another member's before:
@@ -524,73 +529,87 @@ async fn node_for(to: &mut To<'_>, key: &[u8]) -> Option<usize> {
 /// new owner has), and the new owner is returned. A command then never starts from nothing on a
 /// key that has not moved yet. `keyroute move` moves the keys no command touched, with the same
 /// `MIGRATE`, so whichever comes first moves a key and the other finds nothing.
-async fn read_through(to: &mut To<'_>, hash: Placed, key: &[u8]) -> Option<usize> {
-    let (node, previous) = to.snap.store_handoff(hash.0?, to.now)?;
-    let target = to.snap.workers()[node].address;
-    let source = &to.snap.workers()[previous];
-    if let Some(i) = connect(to.side, source, to.s).await {
+async fn read_through(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: &[u8]) -> Option<usize> {
+    let (node, previous) = b.snap.store_handoff(hash.0?, b.now)?;
+    let target = b.snap.workers()[node].address;
+    let source = b.snap.workers()[previous].address;
+    if let Some(i) = b.side(previous).await {
         let (host, port) = (target.ip().to_string(), target.port().to_string());
-        let timeout = to.s.answer.as_millis().to_string();
+        let timeout = b.s.answer.as_millis().to_string();
         let mut args: Vec<&[u8]> = vec![b"MIGRATE", host.as_bytes(), port.as_bytes(), b"", b"0", timeout.as_bytes()];
-        if let Some(p) = &to.s.password {
+        if let Some(p) = pw {
             args.extend([&b"AUTH"[..], p.as_bytes()]);
         }
         args.extend([&b"KEYS"[..], key]);
-        let server = &mut to.side.0[i];
+        let server = &mut b.side.0[i];
         codec::command(&mut server.out, args.into_iter());
         let mut reply = Vec::new();
-        let answered = match server.send_now(to.s.answer).await {
-            true => reply_into(server, to.s, &mut reply).await,
+        let answered = match server.send_now(b.s.answer).await {
+            true => reply_into(server, b.s.answer, &mut reply).await,
             false => Err("server connection lost"),
         };
         match answered {
             Ok(()) if reply.starts_with(b"+OK") => {
-                to.pool.metrics.warm_fills.fetch_add(1, Relaxed);
+                b.pool.metrics.warm_fills.fetch_add(1, Relaxed);
             }
             // NOKEY: nothing there (or moved already); BUSYKEY: the new owner's is newer.
             Ok(()) if reply.starts_with(b"+NOKEY") || reply.starts_with(b"-BUSYKEY") => {}
             Ok(()) => {
-                tracing::warn!(server = %source.address, to = %target, error = %String::from_utf8_lossy(&reply).trim_end(), "a key could not be read through from its previous owner");
+                tracing::warn!(server = %source, to = %target, error = %String::from_utf8_lossy(&reply).trim_end(), "a key could not be read through from its previous owner");
             }
-            Err(_) => failed(source, to.s),
+            Err(_) => b.failed(previous),
         }
-        to.side.sweep();
+        b.side.sweep();
     }
     Some(node)
 }
 
 /// A command of one key, sent whole to the key's server (past servers that cannot be reached).
-/// A hot key's `GET` takes its replicas in turn; its writes go to its owner and delete the
-/// replicas' copies.
-async fn one(to: &mut To<'_>, access: Access, name: &str, key: &[u8], raw: &[u8]) -> Pending {
-    let hash = placed(to.pool, to.snap, key);
+/// A hot key's `GET` goes where the steering rule sends it (the least loaded of its replicas), and
+/// a miss on a replica is filled from the owner; every other command of the key goes to its
+/// owner, and a write deletes the replicas' copies.
+async fn one(
+    b: &mut Batch<'_, Redis>,
+    pw: Option<&str>,
+    access: Access,
+    name: &str,
+    key: &[u8],
+    raw: &[u8],
+) -> Pending {
+    let hash = placed(b.pool, b.snap, key);
     let mut written = None;
+    let mut replicas = false;
     if let Some(h) = hash.0
-        && let Some(hot) = to.snap.hot()
+        && let Some(hot) = b.snap.hot()
     {
         let r = hot.replicas(h);
         if name == "GET" && r > 1 {
-            if let Some(p) = hot_get(to, h, r, key, raw).await {
-                return p;
-            }
+            replicas = true;
         } else if access == Access::Write {
-            invalidate_copies(to, h, r, key).await;
+            invalidate_copies(b, h, r, key).await;
             written = Some((h, key.to_vec()));
         }
     }
-    let placed = match read_through(to, hash, key).await {
-        Some(node) => match connect(to.servers, &to.snap.workers()[node], to.s).await {
-            Some(server) => Some((server, node)),
-            None => backend::place(to.pool, to.snap, to.servers, to.s, hash, to.now).await,
+    let placed = match read_through(b, pw, hash, key).await {
+        Some(node) => match b.connect(node).await {
+            Some(server) => {
+                b.sent(node);
+                Some((server, node))
+            }
+            None => b.place(hash, false).await,
         },
-        None => backend::place(to.pool, to.snap, to.servers, to.s, hash, to.now).await,
+        None => b.place(hash, replicas).await,
     };
-    match placed {
-        Some((server, node)) => {
-            to.servers.0[server].out.extend_from_slice(raw);
-            Pending::One { server, node, written }
+    let Some((server, node)) = placed else {
+        return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
+    };
+    b.servers.0[server].out.extend_from_slice(raw);
+    match hash.0.zip(b.snap.policy().owner(hash.0.unwrap_or_default())) {
+        // A replica other than the owner: its miss is read from the owner and copied to it.
+        Some((h, owner)) if replicas && owner != node => {
+            Pending::HotGet { server, node, owner, hash: h, key: key.to_vec() }
         }
-        None => Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec()),
+        _ => Pending::One { server, node, written },
     }
 }
 
@@ -598,41 +617,17 @@ async fn one(to: &mut To<'_>, access: Access, name: &str, key: &[u8], raw: &[u8]
 /// which servers may hold one, and how stale a copy made by another gateway can be.
 const HOT_COPY_MS: i64 = crate::copies::COPY_LIFETIME.as_millis() as i64;
 
-/// A hot key's `GET` (`r` replicas): sent to the healthy replica whose turn it is. `None` when
-/// that is the owner, or it cannot be reached (the command is then placed as usual).
-async fn hot_get(to: &mut To<'_>, h: u64, r: usize, key: &[u8], raw: &[u8]) -> Option<Pending> {
-    let owner = to.snap.policy().owner(h)?;
-    let healthy: Vec<usize> = to
-        .snap
-        .policy()
-        .ranked(h)
-        .take(r)
-        .filter(|&i| to.snap.state(i, to.now) == crate::pool::State::Healthy)
-        .collect();
-    if healthy.is_empty() {
-        return None;
-    }
-    *to.turn = to.turn.wrapping_add(1);
-    let node = healthy[*to.turn % healthy.len()];
-    if node == owner {
-        return None;
-    }
-    let server = connect(to.servers, &to.snap.workers()[node], to.s).await?;
-    to.servers.0[server].out.extend_from_slice(raw);
-    Some(Pending::HotGet { server, node, owner, hash: h, key: key.to_vec() })
-}
-
 /// A write of a key in a pool with hot keys: the copies on its replicas other than the owner (the
 /// first `r` of its ranking while it is hot, and any server that may still hold a copy, hot or
 /// not) are deleted in the same batch, before any later read of them on the same connections;
 /// after the owner's answer they are deleted again, past any fill that raced the write (see the
 /// `pool::copies` module).
-async fn invalidate_copies(to: &mut To<'_>, h: u64, r: usize, key: &[u8]) {
-    let Some(owner) = to.snap.policy().owner(h) else { return };
-    let holders = if to.snap.hot().is_some() { to.s.copies.holders(h, to.now) } else { Vec::new() };
-    let mut others: Vec<usize> = to.snap.policy().ranked(h).take(r.max(1)).filter(|&i| i != owner).collect();
+async fn invalidate_copies(b: &mut Batch<'_, Redis>, h: u64, r: usize, key: &[u8]) {
+    let Some(owner) = b.snap.policy().owner(h) else { return };
+    let holders = if b.snap.hot().is_some() { b.s.copies.holders(h, b.now) } else { Vec::new() };
+    let mut others: Vec<usize> = b.snap.policy().ranked(h).take(r.max(1)).filter(|&i| i != owner).collect();
     for a in holders {
-        if let Some(i) = to.snap.workers().iter().position(|w| w.address == a)
+        if let Some(i) = b.snap.workers().iter().position(|w| w.address == a)
             && i != owner
             && !others.contains(&i)
         {
@@ -640,41 +635,32 @@ async fn invalidate_copies(to: &mut To<'_>, h: u64, r: usize, key: &[u8]) {
         }
     }
     for node in others {
-        let Some(server) = connect(to.servers, &to.snap.workers()[node], to.s).await else { continue };
-        codec::command(&mut to.servers.0[server].out, [&b"DEL"[..], key].into_iter());
-        to.extra.push(Pending::Discard { server });
+        let Some(server) = b.connect(node).await else { continue };
+        codec::command(&mut b.servers.0[server].out, [&b"DEL"[..], key].into_iter());
+        b.pending.push(Pending::Discard { server });
     }
 }
 
 /// A hot key's miss on a replica: `GET` and `PTTL` on the owner (a side connection), the value
 /// answered, and copied to the replica (`SET ... PX`, at most [`HOT_COPY_MS`]).
-#[allow(clippy::too_many_arguments)]
-async fn hot_fill(
-    snap: &Snapshot,
-    pool: &Pool,
-    side: &mut Servers,
-    s: &Settings,
-    (hash, key): (u64, &[u8]),
-    owner: usize,
-    replica: usize,
-    out: &mut Vec<u8>,
-) -> bool {
+async fn hot_fill(b: &mut Batch<'_, Redis>, (hash, key): (u64, &[u8]), owner: usize, replica: usize) -> bool {
     // Recorded before the owner is read: a write acknowledged from now on deletes this copy, or
     // makes the fill drop it.
-    let fill = snap.hot().map(|_| s.copies.begin_fill(hash, snap.workers()[replica].address, Instant::now()));
-    let Some(j) = connect(side, &snap.workers()[owner], s).await else { return false };
-    codec::command(&mut side.0[j].out, [&b"GET"[..], key].into_iter());
-    codec::command(&mut side.0[j].out, [&b"PTTL"[..], key].into_iter());
-    backend::flush(side, s).await;
+    let holder = b.snap.workers()[replica].address;
+    let fill = b.snap.hot().map(|_| b.s.copies.begin_fill(hash, holder, Instant::now()));
+    let Some(j) = b.side(owner).await else { return false };
+    codec::command(&mut b.side.0[j].out, [&b"GET"[..], key].into_iter());
+    codec::command(&mut b.side.0[j].out, [&b"PTTL"[..], key].into_iter());
+    flush(b.side, b.s.answer).await;
     let (mut value, mut ttl) = (Vec::new(), Vec::new());
-    let ok = reply_into(&mut side.0[j], s, &mut value).await.is_ok()
-        && reply_into(&mut side.0[j], s, &mut ttl).await.is_ok();
-    side.sweep();
+    let ok = reply_into(&mut b.side.0[j], b.s.answer, &mut value).await.is_ok()
+        && reply_into(&mut b.side.0[j], b.s.answer, &mut ttl).await.is_ok();
+    b.side.sweep();
     if !ok {
-        failed(&snap.workers()[owner], s);
+        b.failed(owner);
         return false;
     }
-    out.extend_from_slice(&value);
+    b.out.extend_from_slice(&value);
     let Some(bytes) = bulk_payload(&value) else { return true };
     let ms = std::str::from_utf8(ttl.strip_prefix(b":").unwrap_or_default())
         .ok()
@@ -684,29 +670,29 @@ async fn hot_fill(
     // The copy lands only if no write was acknowledged since the owner was read, and no write's
     // deletes are sent until it has landed.
     let Some(fill) = fill else { return true };
-    let Some(landing) = s.copies.landing(fill).await else { return true };
+    let Some(landing) = b.s.copies.landing(fill).await else { return true };
     // On a side connection too: the replica's batch connection still has this batch's replies
     // to give.
-    if let Some(k) = connect(side, &snap.workers()[replica], s).await {
-        let server = &mut side.0[k];
+    if let Some(k) = b.side(replica).await {
+        let server = &mut b.side.0[k];
         codec::command(&mut server.out, [&b"SET"[..], key, bytes, b"PX", px.as_bytes()].into_iter());
         let mut dropped = Vec::new();
-        if server.send_now(s.answer).await && reply_into(server, s, &mut dropped).await.is_ok() {
-            pool.metrics.warm_fills.fetch_add(1, Relaxed);
+        if server.send_now(b.s.answer).await && reply_into(server, b.s.answer, &mut dropped).await.is_ok() {
+            b.pool.metrics.warm_fills.fetch_add(1, Relaxed);
         } else {
             server.broken = true;
         }
-        side.sweep();
+        b.side.sweep();
     }
-    s.copies.landed(landing, Instant::now());
+    b.s.copies.landed(landing, Instant::now());
     true
 }
 
 /// Deletes the copies of a key that `writer` acknowledged a write of (`DEL`).
-async fn delete_copies(snap: &Snapshot, side: &mut Servers, s: &Settings, hash: u64, writer: usize, key: &[u8]) {
+async fn delete_copies(b: &mut Batch<'_, Redis>, hash: u64, writer: usize, key: &[u8]) {
     let mut del = Vec::new();
     codec::command(&mut del, [&b"DEL"[..], key].into_iter());
-    backend::delete_copies(snap, side, s, hash, writer, &del, &Reply).await;
+    crate::driver::delete_copies(b, hash, writer, &del, &Reply).await;
 }
 
 /// The payload of a bulk string reply (`None` for a null, or another type).
@@ -718,10 +704,10 @@ fn bulk_payload(reply: &[u8]) -> Option<&[u8]> {
 }
 
 /// A command whose keys must share a server (it is atomic there): sent whole to it, or refused.
-async fn together(to: &mut To<'_>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pending {
+async fn together(b: &mut Batch<'_, Redis>, pw: Option<&str>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pending {
     let mut nodes = Vec::with_capacity(keys.len());
     for k in keys {
-        nodes.push(node_for(to, k).await);
+        nodes.push(node_for(b, pw, k).await);
     }
     if nodes.windows(2).any(|w| w[0] != w[1]) {
         let mut scratch = Vec::new();
@@ -730,12 +716,19 @@ async fn together(to: &mut To<'_>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pe
             &format!("the keys of {name} are on different servers (give them one {{hash tag}})"),
         ));
     }
-    one(to, Access::Write, name, keys[0], raw).await
+    one(b, pw, Access::Write, name, keys[0], raw).await
 }
 
 /// A command split by server: each server gets the same command over its keys (`stride` 2: key
 /// and value pairs).
-async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride: usize) -> Pending {
+async fn split(
+    b: &mut Batch<'_, Redis>,
+    pw: Option<&str>,
+    how: Merge,
+    verb: &[u8],
+    items: &[&[u8]],
+    stride: usize,
+) -> Pending {
     // node -> the client's positions of its keys
     let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
     let n = items.len() / stride;
@@ -745,14 +738,14 @@ async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride
         let key = items[i * stride];
         let mut hot_hash = None;
         if writes
-            && let Some(h) = placed(to.pool, to.snap, key).0
-            && let Some(r) = to.snap.hot().map(|hot| hot.replicas(h))
+            && let Some(h) = placed(b.pool, b.snap, key).0
+            && let Some(r) = b.snap.hot().map(|hot| hot.replicas(h))
         {
-            invalidate_copies(to, h, r, key).await;
+            invalidate_copies(b, h, r, key).await;
             hot_hash = Some(h);
         }
-        let Some(node) = node_for(to, key).await else {
-            to.pool.metrics.no_worker.fetch_add(1, Relaxed);
+        let Some(node) = node_for(b, pw, key).await else {
+            b.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
         };
         if let Some(h) = hot_hash {
@@ -763,104 +756,25 @@ async fn split(to: &mut To<'_>, how: Merge, verb: &[u8], items: &[&[u8]], stride
             None => by_node.push((node, vec![i])),
         }
     }
+    // Every server's connection first: a part sent is a reply owed, so nothing is sent unless
+    // every part can be.
+    let mut conns = Vec::with_capacity(by_node.len());
+    for (node, _) in &by_node {
+        match b.connect(*node).await {
+            Some(server) => conns.push(server),
+            None => return Pending::Ready(b"-ERR keyroute: a server of these keys cannot be reached\r\n".to_vec()),
+        }
+    }
     let mut parts = Vec::with_capacity(by_node.len());
-    for (node, positions) in by_node {
-        let Some(server) = connect(to.servers, &to.snap.workers()[node], to.s).await else {
-            return Pending::Ready(b"-ERR keyroute: a server of these keys cannot be reached\r\n".to_vec());
-        };
+    for ((node, positions), server) in by_node.into_iter().zip(conns) {
+        b.sent(node);
         let words = std::iter::once(verb)
             .chain(positions.iter().flat_map(|&i| items[i * stride..(i + 1) * stride].iter().copied()));
         let words: Vec<&[u8]> = words.collect();
-        codec::command(&mut to.servers.0[server].out, words.into_iter());
+        codec::command(&mut b.servers.0[server].out, words.into_iter());
         parts.push((server, node, positions));
     }
     Pending::Split { how, parts, n, written }
-}
-
-/// Reads every reply of the batch, in order, into `out`.
-#[allow(clippy::too_many_arguments)]
-async fn finish(
-    snap: &Snapshot,
-    pool: &Pool,
-    pending: &mut Vec<Pending>,
-    servers: &mut Servers,
-    side: &mut Servers,
-    s: &Settings,
-    started: Instant,
-    out: &mut Vec<u8>,
-) {
-    let mut reads: Vec<Read<Reply>> = Vec::with_capacity(pending.len());
-    for p in pending.iter() {
-        p.reads(&mut reads);
-    }
-    let mut arena = Vec::new();
-    let slots = backend::read_all(snap, servers, s, &reads, &mut arena).await;
-    let mut at = 0;
-    let error = |out: &mut Vec<u8>, w: &crate::pool::WorkerState, why: &str| {
-        failed(w, s);
-        out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
-    };
-    for p in pending.drain(..) {
-        let slot = &slots[at..at + p.parts()];
-        at += p.parts();
-        match p {
-            Pending::Ready(bytes) => out.extend_from_slice(&bytes),
-            Pending::One { node, written, .. } => {
-                let w = &snap.workers()[node];
-                match &slot[0] {
-                    Ok(range) => {
-                        succeeded(w, started);
-                        out.extend_from_slice(&arena[range.clone()]);
-                    }
-                    Err(why) => error(out, w, why),
-                }
-                // Answered or not, the write may have been applied.
-                if let Some((hash, key)) = written {
-                    delete_copies(snap, side, s, hash, node, &key).await;
-                }
-            }
-            Pending::HotGet { node, owner, hash, key, .. } => {
-                let w = &snap.workers()[node];
-                match &slot[0] {
-                    Ok(range) => {
-                        succeeded(w, started);
-                        let reply = &arena[range.clone()];
-                        if matches!(reply, b"$-1\r\n" | b"_\r\n") {
-                            if !hot_fill(snap, pool, side, s, (hash, &key), owner, node, out).await {
-                                out.extend_from_slice(b"-ERR keyroute: server connection lost\r\n");
-                            }
-                        } else {
-                            out.extend_from_slice(reply);
-                        }
-                    }
-                    Err(why) => error(out, w, why),
-                }
-            }
-            Pending::Discard { .. } => {}
-            Pending::Split { how, parts, n, written } => {
-                let mut replies = Vec::with_capacity(parts.len());
-                let mut failure = None;
-                for ((_, node, positions), result) in parts.into_iter().zip(slot) {
-                    let w = &snap.workers()[node];
-                    match result {
-                        Ok(range) => {
-                            succeeded(w, started);
-                            replies.push((&arena[range.clone()], positions));
-                        }
-                        Err(why) => {
-                            failed(w, s);
-                            failure = Some(*why);
-                        }
-                    }
-                }
-                merge(how, &replies, n, failure, out);
-                for ((hash, key), writer) in written {
-                    delete_copies(snap, side, s, hash, writer, &key).await;
-                }
-            }
-        }
-    }
-    servers.sweep();
 }
 
 /// A split command's reply from its servers' replies.
@@ -900,13 +814,50 @@ fn merge(how: Merge, replies: &[(&[u8], Vec<usize>)], n: usize, failure: Option<
 }
 
 /// Appends the server's next reply to `out`.
-async fn reply_into(server: &mut Server, s: &Settings, out: &mut Vec<u8>) -> Result<(), &'static str> {
-    let frame = |buf: &[u8]| codec::reply_len(buf).map_err(|_| backend::Garbled);
-    backend::answer_into(server, s.answer, out, async |server: &mut Server, out: &mut Vec<u8>| {
-        let n = backend::frame(server, &frame).await?;
+async fn reply_into(server: &mut Server, timeout: Duration, out: &mut Vec<u8>) -> Result<(), Lost> {
+    let framing = |buf: &[u8]| codec::reply_len(buf).map_err(|_| crate::conn::Garbled);
+    answer_into(server, timeout, out, async |server: &mut Server, out: &mut Vec<u8>| {
+        let n = frame(server, &framing).await?;
         out.extend_from_slice(&server.buffered()[..n]);
         server.consume(n);
         Ok(())
     })
     .await
+}
+
+/// The check of a Redis server: `PING` on a fresh connection, after `AUTH` with the servers'
+/// password when the proxy has one.
+#[derive(Debug)]
+pub(crate) struct Check {
+    /// The time to connect.
+    pub(crate) connect: Duration,
+    /// The servers' password.
+    pub(crate) password: Option<String>,
+}
+
+impl keyroute_fleet::pool::Check for Check {
+    fn check<'a>(
+        &'a self,
+        worker: &'a Arc<keyroute_fleet::pool::WorkerState>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            let Ok(mut conn) = crate::conn::ServerConn::open(worker.address, self.connect).await else { return false };
+            let mut request = Vec::new();
+            if let Some(p) = &self.password {
+                codec::command(&mut request, [&b"AUTH"[..], p.as_bytes()].into_iter());
+            }
+            codec::command(&mut request, [&b"PING"[..]].into_iter());
+            if conn.write(&request).await.is_err() {
+                return false;
+            }
+            let framing = |buf: &[u8]| codec::reply_len(buf).map_err(|_| crate::conn::Garbled);
+            if self.password.is_some() {
+                match conn.frame(framing).await {
+                    Ok(n) if conn.buffered().starts_with(b"+OK") => conn.consume(n),
+                    _ => return false,
+                }
+            }
+            conn.frame(framing).await.is_ok() && conn.buffered().starts_with(b"+PONG")
+        })
+    }
 }

@@ -5,49 +5,43 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{Buf as _, BytesMut};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
-
 use super::{Found, MoveError, Options, Outcome, server_error};
+use crate::conn::ServerConn;
 use keyroute_cache_proto::memcache::valid_key;
 
 /// memcached reads a TTL above this many seconds as a Unix time.
 const RELATIVE_TTL_MAX: i64 = 60 * 60 * 24 * 30;
 
-/// One connection to a memcached server, used one pipeline at a time.
+/// One connection to a memcached server, used one pipeline at a time: the cache proxy's
+/// [`ServerConn`], each exchange bounded by the move's timeout.
 struct Conn {
-    addr: SocketAddr,
-    stream: TcpStream,
-    buf: BytesMut,
+    conn: ServerConn,
     timeout: Duration,
 }
 
 impl Conn {
     async fn open(addr: SocketAddr, timeout: Duration) -> Result<Conn, MoveError> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| server_error(addr, "connect timed out"))?
-            .map_err(|e| server_error(addr, format!("cannot connect: {e}")))?;
-        let _ = stream.set_nodelay(true);
-        Ok(Conn { addr, stream, buf: BytesMut::with_capacity(64 * 1024), timeout })
+        let conn = ServerConn::open(addr, timeout).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut => server_error(addr, "connect timed out"),
+            _ => server_error(addr, format!("cannot connect: {e}")),
+        })?;
+        Ok(Conn { conn, timeout })
     }
 
     async fn write(&mut self, out: &[u8]) -> Result<(), MoveError> {
-        let addr = self.addr;
-        match tokio::time::timeout(self.timeout, self.stream.write_all(out)).await {
+        let addr = self.conn.addr();
+        match tokio::time::timeout(self.timeout, self.conn.write(out)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(server_error(addr, format!("write: {e}"))),
             Err(_) => Err(server_error(addr, "timed out")),
         }
     }
 
-    /// Reads until `buf` holds `n` bytes.
+    /// Reads until `n` bytes are buffered.
     async fn fill(&mut self, n: usize) -> Result<(), MoveError> {
-        let addr = self.addr;
-        while self.buf.len() < n {
-            self.buf.reserve(64 * 1024);
-            match tokio::time::timeout(self.timeout, self.stream.read_buf(&mut self.buf)).await {
+        let addr = self.conn.addr();
+        while self.conn.buffered().len() < n {
+            match tokio::time::timeout(self.timeout, self.conn.fill()).await {
                 Ok(Ok(0)) => return Err(server_error(addr, "closed the connection")),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(server_error(addr, format!("read: {e}"))),
@@ -60,15 +54,15 @@ impl Conn {
     /// One line, without its CRLF.
     async fn line(&mut self) -> Result<Vec<u8>, MoveError> {
         loop {
-            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
-                let mut line = self.buf.split_to(nl + 1).to_vec();
+            if let Some(nl) = self.conn.buffered().iter().position(|&b| b == b'\n') {
+                let mut line = self.conn.take(nl + 1).to_vec();
                 line.truncate(line.len().saturating_sub(if line.ends_with(b"\r\n") { 2 } else { 1 }));
                 return Ok(line);
             }
-            if self.buf.len() > 1 << 20 {
-                return Err(server_error(self.addr, "sent a line longer than 1 MiB"));
+            if self.conn.buffered().len() > 1 << 20 {
+                return Err(server_error(self.conn.addr(), "sent a line longer than 1 MiB"));
             }
-            let want = self.buf.len() + 1;
+            let want = self.conn.buffered().len() + 1;
             self.fill(want).await?;
         }
     }
@@ -209,7 +203,7 @@ impl Copy {
         for _ in keys {
             items.push(self.read_item().await?);
         }
-        let at = match self.owners.iter().position(|c| c.addr == to) {
+        let at = match self.owners.iter().position(|c| c.conn.addr() == to) {
             Some(i) => i,
             None => {
                 self.owners.push(Conn::open(to, self.timeout).await?);
@@ -257,7 +251,7 @@ impl Copy {
                     gone.push(k);
                 }
                 other => {
-                    tracing::warn!(from = %self.source.addr, %to, key = %String::from_utf8_lossy(k), answer = %String::from_utf8_lossy(other), "a key could not be added on its new owner");
+                    tracing::warn!(from = %self.source.conn.addr(), %to, key = %String::from_utf8_lossy(k), answer = %String::from_utf8_lossy(other), "a key could not be added on its new owner");
                     outcome.failed += 1;
                 }
             }
@@ -277,7 +271,7 @@ impl Copy {
 
     /// An `mg KEY v f t` answer: `VA <len> f<flags> t<ttl>` and the data, or `EN`.
     async fn read_item(&mut self) -> Result<Option<Item>, MoveError> {
-        let addr = self.source.addr;
+        let addr = self.source.conn.addr();
         let line = self.source.line().await?;
         if line == b"EN" {
             return Ok(None);
@@ -300,8 +294,8 @@ impl Copy {
         }
         let total = len.checked_add(2).ok_or_else(garbled)?;
         self.source.fill(total).await?;
-        let data = self.source.buf[..len].to_vec();
-        self.source.buf.advance(total);
+        let data = self.source.conn.buffered()[..len].to_vec();
+        self.source.conn.consume(total);
         Ok(Some(Item { flags, ttl, data }))
     }
 }

@@ -4,18 +4,17 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use bytes::Bytes;
 
 use super::{Found, MoveError, Options, Outcome, server_error};
+use crate::conn::ServerConn;
 use keyroute_cache_proto::resp::{command, elements, reply_len};
 
-/// One connection to a Redis server, used one pipeline at a time.
+/// One connection to a Redis server, used one pipeline at a time: the cache proxy's
+/// [`ServerConn`], each exchange bounded by the move's timeout.
 pub(super) struct Conn {
     addr: SocketAddr,
-    stream: TcpStream,
-    buf: BytesMut,
+    conn: ServerConn,
     timeout: Duration,
 }
 
@@ -48,12 +47,11 @@ fn bulk(reply: &[u8]) -> Option<&[u8]> {
 
 impl Conn {
     pub(super) async fn open(addr: SocketAddr, password: Option<&str>, timeout: Duration) -> Result<Conn, MoveError> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| server_error(addr, "connect timed out"))?
-            .map_err(|e| server_error(addr, format!("cannot connect: {e}")))?;
-        let _ = stream.set_nodelay(true);
-        let mut conn = Conn { addr, stream, buf: BytesMut::with_capacity(64 * 1024), timeout };
+        let conn = ServerConn::open(addr, timeout).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut => server_error(addr, "connect timed out"),
+            _ => server_error(addr, format!("cannot connect: {e}")),
+        })?;
+        let mut conn = Conn { addr, conn, timeout };
         if let Some(password) = password {
             let mut out = Vec::new();
             command(&mut out, [&b"AUTH"[..], password.as_bytes()].into_iter());
@@ -69,19 +67,16 @@ impl Conn {
     async fn call(&mut self, out: &[u8], n: usize) -> Result<Vec<Reply>, MoveError> {
         let addr = self.addr;
         let exchange = async {
-            self.stream.write_all(out).await.map_err(|e| server_error(addr, format!("write: {e}")))?;
+            self.conn.write(out).await.map_err(|e| server_error(addr, format!("write: {e}")))?;
             let mut replies = Vec::with_capacity(n);
             while replies.len() < n {
-                match reply_len(&self.buf) {
-                    Ok(Some(len)) => replies.push(Reply(self.buf.split_to(len).freeze())),
-                    Ok(None) => {
-                        self.buf.reserve(64 * 1024);
-                        match self.stream.read_buf(&mut self.buf).await {
-                            Ok(0) => return Err(server_error(addr, "closed the connection")),
-                            Ok(_) => {}
-                            Err(e) => return Err(server_error(addr, format!("read: {e}"))),
-                        }
-                    }
+                match reply_len(self.conn.buffered()) {
+                    Ok(Some(len)) => replies.push(Reply(self.conn.take(len))),
+                    Ok(None) => match self.conn.fill().await {
+                        Ok(0) => return Err(server_error(addr, "closed the connection")),
+                        Ok(_) => {}
+                        Err(e) => return Err(server_error(addr, format!("read: {e}"))),
+                    },
                     Err(_) => return Err(server_error(addr, "answered something that is not RESP2")),
                 }
             }
@@ -91,7 +86,8 @@ impl Conn {
             Ok(r) => r,
             Err(_) => {
                 // The connection is out of step now: nothing more is read from it.
-                self.buf.clear();
+                let n = self.conn.buffered().len();
+                self.conn.consume(n);
                 Err(server_error(addr, "timed out"))
             }
         }

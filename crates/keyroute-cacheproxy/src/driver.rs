@@ -1,0 +1,540 @@
+//! The one driver of a cache listener's client connections, whatever their protocol (twemproxy's
+//! request and response path, `nc_request.c` and `nc_response.c`, over per-protocol functions):
+//!
+//! 1. **Read** what the client pipelined ([`Client::read`]).
+//! 2. **Plan** each whole command buffered, up to [`BATCH`]: the protocol parses it, answers it
+//!    itself, or places it (by the pool's one steering rule) and queues its request, split by
+//!    server for a command of several keys ([`Protocol::plan`]).
+//! 3. **Send** every server's requests of the batch at once ([`crate::servers::flush`]): on the
+//!    thread's shared connections, one ticket per server.
+//! 4. **Frame** every answer, server by server ([`crate::servers::read_all`]), with the
+//!    protocol's framing.
+//! 5. **Merge** each command's answers into the client's, in its order ([`Protocol::answer`]),
+//!    and write them back at once.
+//!
+//! What is the same for both protocols is here: the batch, its snapshot of the pool (every
+//! command of a batch is placed on one table), the load each request puts on its server while it
+//! is in flight (the steering rule reads it: bounded loads and hot-key replicas), placement and
+//! its accounting, failures and ejection, the side connections, and the stop.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use bytes::{Buf as _, BytesMut};
+use keyroute_fleet::metrics::Outcome;
+use keyroute_fleet::pool::{InFlightBatch, Pool, Snapshot, WorkerState};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::Context;
+use crate::copies::Copies;
+use crate::servers::{Framing, Greeting, Read, Servers, Slot, flush, read_all};
+
+/// The most commands served in one batch.
+pub(crate) const BATCH: usize = 1024;
+
+/// A protocol over the driver: how a client's commands are planned and their answers merged.
+pub(crate) trait Protocol: Send + Sized {
+    /// A command of the batch once planned: where its answer comes from.
+    type Pending: Pending;
+
+    /// Whether `input` begins with a whole command (the next batch starts without a read).
+    fn whole(&self, input: &[u8]) -> bool;
+
+    /// What a new server connection is sent first, for this client now.
+    fn greeting(&self) -> Option<Arc<[u8]>> {
+        None
+    }
+
+    /// Whether a greeting's answer has all come.
+    fn greeting_whole(_answer: &[u8]) -> bool {
+        true
+    }
+
+    /// Plans the first command of `input` (what the client sent, not yet served): parses it, and
+    /// queues its requests and its pending answer in `b` (or answers it itself).
+    fn plan<'a>(&'a mut self, input: &'a [u8], b: &'a mut Batch<'_, Self>)
+    -> impl Future<Output = Planned> + Send + 'a;
+
+    /// Writes a planned command's answer to the client's output, from the answers it read
+    /// (`slots`, in the order of its reads, into `arena`).
+    fn answer<'a>(
+        &'a mut self,
+        b: &'a mut Batch<'_, Self>,
+        p: Self::Pending,
+        slots: &'a [Slot],
+        arena: &'a [u8],
+    ) -> impl Future<Output = ()> + Send + 'a;
+
+    /// After the batch's answers were written (Redis: a client that switched protocols gets new
+    /// server connections).
+    fn after(&mut self, _servers: &mut Servers, _side: &mut Servers) {}
+}
+
+/// A planned command: the answers it reads.
+pub(crate) trait Pending: Send {
+    /// How its protocol frames an answer.
+    type Framing: Framing + Send + Sync;
+
+    /// Appends the answers it reads, in order.
+    fn reads(&self, out: &mut Vec<Read<Self::Framing>>);
+}
+
+/// What planning one command did, and how many bytes of the input it took.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Planned {
+    /// Planned (or answered), taking `n` bytes; the next command may follow in this batch.
+    Next(usize),
+    /// No whole command is buffered: the batch is sent as it is.
+    Wait,
+    /// The connection closes once what is planned is answered (`quit`, or a request that cannot
+    /// be framed, which nothing after can be either).
+    Close,
+    /// A command of `n` bytes was refused, and its `skip` bytes of data after it are dropped,
+    /// never read as commands (as they arrive, once what is planned is answered).
+    Skip { n: usize, skip: usize },
+    /// Planned, taking `n` bytes; the batch ends here (what follows needs what this command
+    /// changes).
+    End(usize),
+}
+
+/// A pool's settings that a batch uses.
+pub(crate) struct Settings {
+    /// The time a server has to answer.
+    pub(crate) answer: Duration,
+    /// The time to connect to a server.
+    pub(crate) connect: Duration,
+    /// Servers a command may try: the key's, and past those that cannot be reached, the next of
+    /// its ranking.
+    pub(crate) attempts: usize,
+    /// Whether passive ejection may take out one more server (see
+    /// [`Snapshot::may_eject`]).
+    pub(crate) may_eject: bool,
+    /// What a new server connection is sent first.
+    pub(crate) greeting: Greeting,
+    /// Where the pool's hot keys have copies (the pool's, across its snapshots).
+    pub(crate) copies: Arc<Copies>,
+}
+
+/// What planning and answering a batch share: the pool and the one snapshot the batch is placed
+/// on, its settings, the time it started, the client's connections to the servers and its output,
+/// and the load its requests put on their servers.
+pub(crate) struct Batch<'a, P: Protocol> {
+    pub(crate) pool: &'a Arc<Pool>,
+    pub(crate) snap: &'a Snapshot,
+    pub(crate) s: &'a Settings,
+    pub(crate) now: Instant,
+    /// The batch's connections (the thread's shared ones).
+    pub(crate) servers: &'a mut Servers,
+    /// Connections used one exchange at a time, outside the batch (the warm-up and fill routes).
+    pub(crate) side: &'a mut Servers,
+    /// The answers for the client, in its order.
+    pub(crate) out: &'a mut Vec<u8>,
+    pub(crate) pending: Vec<P::Pending>,
+    /// The requests of the batch in flight on each server, until its answers are read.
+    pub(crate) loads: InFlightBatch,
+}
+
+impl<P: Protocol> Batch<'_, P> {
+    /// The worker of node `i` of the batch's snapshot.
+    pub(crate) fn worker(&self, i: usize) -> &Arc<WorkerState> {
+        &self.snap.workers()[i]
+    }
+
+    /// The batch connection to node `node` (its index among the client's), made if needed; a
+    /// connect that fails is counted against the server.
+    pub(crate) async fn connect(&mut self, node: usize) -> Option<usize> {
+        connect(self.servers, &self.snap.workers()[node], self.s).await
+    }
+
+    /// A side connection to node `node`, for an exchange made now, outside the batch.
+    pub(crate) async fn side(&mut self, node: usize) -> Option<usize> {
+        connect(self.side, &self.snap.workers()[node], self.s).await
+    }
+
+    /// Counts a request sent to `node` as in flight until the batch's answers are read.
+    pub(crate) fn sent(&mut self, node: usize) {
+        if let Some(w) = self.snap.workers().get(node) {
+            self.loads.add(w);
+        }
+    }
+
+    /// Where a key goes (its placement on the batch's table by the pool's one steering rule,
+    /// skipping `tried`), counted by how it was placed. `replicas`: the key may be read from a
+    /// hot key's replica; otherwise it goes to its owner (or, past it, the handoff, slow start
+    /// and failover).
+    pub(crate) fn pick(&self, hash: Placed, tried: &[usize], replicas: bool) -> Option<keyroute::Decision> {
+        pick(self.pool, self.snap, hash, tried, self.now, replicas)
+    }
+
+    /// The server for a key: its placement, walking its ranking past servers that cannot be
+    /// reached (nothing was sent to them), up to the pool's attempts; the request counted in
+    /// flight there. Returns the connection's index and the node; `None` (counted as no worker)
+    /// when none could be reached.
+    pub(crate) async fn place(&mut self, hash: Placed, replicas: bool) -> Option<(usize, usize)> {
+        let mut tried = Vec::new();
+        while tried.len() < self.s.attempts {
+            let Some(d) = self.pick(hash, &tried, replicas) else { break };
+            match self.connect(d.node).await {
+                Some(server) => {
+                    self.sent(d.node);
+                    return Some((server, d.node));
+                }
+                None => {
+                    self.worker(d.node).metrics.retries.fetch_add(1, Relaxed);
+                    tried.push(d.node);
+                }
+            }
+        }
+        self.pool.metrics.no_worker.fetch_add(1, Relaxed);
+        None
+    }
+
+    /// Counts a server's failure (passive ejection).
+    pub(crate) fn failed(&self, node: usize) {
+        failed(self.worker(node), self.s);
+    }
+
+    /// Counts a server's answer.
+    pub(crate) fn succeeded(&self, node: usize) {
+        let w = self.worker(node);
+        w.metrics.record_latency(self.now.elapsed());
+        w.metrics.record_class(Some(200));
+        w.observe_success();
+    }
+}
+
+/// Serves one client connection of a cache listener to its end: batch after batch, as long as
+/// the client sends and the server runs (see [`Client::read`] for the stop).
+pub(crate) async fn serve<P: Protocol, H: Send>(stream: TcpStream, ctx: Arc<Context>, mut proto: P, _held: H) {
+    let mut c = Client::new(stream, ctx.stop.clone());
+    let mut pending = Vec::new();
+    loop {
+        // A batch's work is a future of its own, on the heap while it runs: an idle connection's
+        // task holds only its client and its read.
+        if !Box::pin(batch(&mut c, &ctx, &mut proto, &mut pending)).await {
+            return;
+        }
+        // More whole commands than one batch are served before reading.
+        if !proto.whole(&c.input) && !c.read().await {
+            return;
+        }
+    }
+}
+
+/// One batch: the whole commands buffered (up to [`BATCH`]) planned, sent, answered and written
+/// back; `false` when the connection is to close.
+async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P, spare: &mut Vec<P::Pending>) -> bool {
+    let Some(pool) = ctx.fleet.pool(&ctx.pool) else { return false };
+    // One snapshot for the batch: its commands are placed on one table.
+    let snap = pool.snapshot();
+    let config = snap.config();
+    let s = Settings {
+        answer: config.retry.per_try_timeout,
+        connect: config.connect_timeout,
+        attempts: config.retry.attempts.max(1) as usize,
+        may_eject: snap.may_eject(),
+        greeting: Greeting {
+            bytes: proto.greeting(),
+            whole: P::greeting_whole,
+            write_timeout: config.retry.per_try_timeout,
+        },
+        copies: crate::copies::of(&pool),
+    };
+    let Client { io, input, out, servers, side } = c;
+    let mut b = Batch {
+        pool: &pool,
+        snap: &snap,
+        s: &s,
+        now: Instant::now(),
+        servers,
+        side,
+        out,
+        pending: std::mem::take(spare),
+        loads: InFlightBatch::default(),
+    };
+    let mut close = false;
+    loop {
+        match proto.plan(input, &mut b).await {
+            Planned::Next(n) => {
+                input.advance(n);
+                if b.pending.len() >= BATCH {
+                    break;
+                }
+            }
+            Planned::Wait => break,
+            Planned::End(n) => {
+                input.advance(n);
+                break;
+            }
+            Planned::Close => {
+                close = true;
+                break;
+            }
+            Planned::Skip { n, skip } => {
+                input.advance(n);
+                if skip <= input.len() {
+                    input.advance(skip);
+                    continue;
+                }
+                // The block is skipped as it arrives: the answers so far go out first.
+                finish(proto, &mut b).await;
+                if !io.reply(b.out).await || !io.discard(input, skip).await {
+                    return false;
+                }
+            }
+        }
+    }
+    finish(proto, &mut b).await;
+    let open = io.reply(b.out).await && !close;
+    proto.after(b.servers, b.side);
+    // The list's room is kept for the next batch, unless a long pipeline grew it.
+    if b.pending.capacity() <= 64 {
+        *spare = std::mem::take(&mut b.pending);
+    }
+    open
+}
+
+/// Sends the batch's requests (one write per server), reads every answer, server by server, and
+/// writes each command's answer, in the client's order.
+async fn finish<P: Protocol>(proto: &mut P, b: &mut Batch<'_, P>) {
+    flush(b.servers, b.s.answer).await;
+    let mut pending = std::mem::take(&mut b.pending);
+    let mut reads = Vec::with_capacity(pending.len());
+    let mut counts = Vec::with_capacity(pending.len());
+    for p in &pending {
+        let before = reads.len();
+        p.reads(&mut reads);
+        counts.push(reads.len() - before);
+    }
+    let mut arena = Vec::new();
+    let slots = read_all(b.snap, b.servers, b.s.answer, &reads, &mut arena).await;
+    drop(reads);
+    let mut at = 0;
+    for (p, n) in pending.drain(..).zip(counts) {
+        proto.answer(b, p, &slots[at..at + n], &arena).await;
+        at += n;
+    }
+    b.pending = pending;
+    b.servers.sweep();
+    b.loads.release();
+}
+
+/// A key's hash on the batch's table (recorded in the pool's recent keys, for the dashboard and
+/// the remapped share, and offered to hot-key detection), or `None` when the strategy does not
+/// place this key by hash.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placed(pub(crate) Option<u64>);
+
+impl Placed {
+    pub(crate) fn of(pool: &Pool, snap: &Snapshot, key: &[u8]) -> Placed {
+        let policy = snap.policy();
+        if !policy.strategy().hashes_key(key) {
+            return Placed(None);
+        }
+        let hash = policy.key_hash(key);
+        pool.record_key(hash);
+        if let Some(hot) = snap.hot() {
+            hot.observe(hash, &String::from_utf8_lossy(key));
+        }
+        Placed(Some(hash))
+    }
+}
+
+/// Where a key goes on `snap`, skipping `tried`, counted in the pool's placements by how it was
+/// placed: the steering rule's own decision, as the HTTP gateway counts it (the owner, a
+/// replica, a warming owner passed over, an overloaded one, or one unavailable).
+pub(crate) fn pick(
+    pool: &Pool,
+    snap: &Snapshot,
+    hash: Placed,
+    tried: &[usize],
+    now: Instant,
+    replicas: bool,
+) -> Option<keyroute::Decision> {
+    let d = if replicas { snap.decide(hash.0, tried, now) } else { snap.decide_owner(hash.0, tried, now) }?;
+    let attempt = u32::from(!tried.is_empty());
+    pool.metrics.outcome(Outcome::of(attempt, hash.0.is_some() && d.owner.is_some(), d.spill));
+    Some(d)
+}
+
+/// The connection of `servers` to `w` (its index), made now if needed; a connect that fails is
+/// counted against the server.
+async fn connect(servers: &mut Servers, w: &Arc<WorkerState>, s: &Settings) -> Option<usize> {
+    let got = servers.connect(w, &s.greeting, s.connect).await;
+    if got.is_none() {
+        w.metrics.connect_errors.fetch_add(1, Relaxed);
+        failed(w, s);
+    }
+    got
+}
+
+/// Counts a failure of `w` (passive ejection). An ejection it causes is counted by the worker's
+/// own machine ([`WorkerState::observe_failure`]), once: never again here.
+pub(crate) fn failed(w: &WorkerState, s: &Settings) {
+    w.metrics.record_class(None);
+    if let Some(ejection) = w.observe_failure(s.may_eject, Instant::now()) {
+        tracing::warn!(server = %w.address, ejection_ms = ejection.as_millis() as u64, "cache server ejected after consecutive failures");
+    }
+}
+
+/// A write of `hash`'s key was acknowledged by the server of node `writer`: once no fill of a copy
+/// of it is landing, the copies on the other servers that may hold one are deleted (`delete`: the
+/// protocol's command for it), over the client's side connections, each deletion acknowledged
+/// before the client is answered. See the [`crate::copies`] module: a fill that read the key
+/// before this write either drops its copy or lands before these deletes.
+pub(crate) async fn delete_copies<P: Protocol, F: Framing>(
+    b: &mut Batch<'_, P>,
+    hash: u64,
+    writer: usize,
+    delete: &[u8],
+    how: &F,
+) {
+    if b.snap.hot().is_none() {
+        return;
+    }
+    let holders = b.s.copies.written(hash, Instant::now()).await;
+    let writer = b.snap.workers().get(writer).map(|w| w.address);
+    for addr in holders.into_iter().filter(|a| Some(*a) != writer) {
+        let Some(node) = b.snap.workers().iter().position(|w| w.address == addr) else { continue };
+        let Some(i) = b.side(node).await else { continue };
+        let server = &mut b.side.0[i];
+        server.out.extend_from_slice(delete);
+        let mut dropped = Vec::new();
+        if !server.send_now(b.s.answer).await || how.read(server, b.s.answer, &mut dropped).await.is_err() {
+            server.broken = true;
+        }
+    }
+    b.side.sweep();
+}
+
+/// A client connection of a cache listener: its socket, what it sent not yet served, the answers
+/// not yet written, and its connections to the servers.
+pub(crate) struct Client {
+    io: ClientIo,
+    input: BytesMut,
+    out: Vec<u8>,
+    servers: Servers,
+    side: Servers,
+}
+
+/// A client connection's socket, and the server's stop.
+struct ClientIo {
+    stream: TcpStream,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Client {
+    fn new(stream: TcpStream, stop: tokio::sync::watch::Receiver<bool>) -> Client {
+        let _ = stream.set_nodelay(true);
+        Client {
+            io: ClientIo { stream, stop },
+            input: BytesMut::new(),
+            out: Vec::new(),
+            servers: Servers::shared(),
+            side: Servers::default(),
+        }
+    }
+
+    /// Reads more of the client's; `false` when it closed, or the server stops. A client with
+    /// nothing unread holds no buffer while it waits (an idle client costs its socket and this
+    /// task, not buffers).
+    ///
+    /// Once the server stops, what the client had already sent is still read and served (its
+    /// commands are answered, then the connection closes when nothing more is there): a stop
+    /// never drops a command that reached the socket, and never resets a connection that has
+    /// unread bytes.
+    async fn read(&mut self) -> bool {
+        if *self.io.stop.borrow() {
+            return self.io.read_now(&mut self.input);
+        }
+        if self.input.is_empty() {
+            self.input = BytesMut::new();
+            self.out = Vec::new();
+            self.servers.idle();
+            match self.io.wait().await {
+                Wake::Readable => {}
+                Wake::Stopped => return self.io.read_now(&mut self.input),
+                Wake::Failed => return false,
+            }
+        }
+        self.input.reserve(4096);
+        loop {
+            match crate::conn::read_draining(&self.io.stream, &mut self.input) {
+                Ok(0) => return false,
+                Ok(_) => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return false,
+            }
+            match self.io.wait().await {
+                Wake::Readable => {}
+                Wake::Stopped => return self.io.read_now(&mut self.input),
+                Wake::Failed => return false,
+            }
+        }
+    }
+}
+
+impl ClientIo {
+    /// Writes the answers gathered in `out`; `false` when the client is gone.
+    async fn reply(&mut self, out: &mut Vec<u8>) -> bool {
+        if out.is_empty() {
+            return true;
+        }
+        let ok = self.stream.write_all(out).await.is_ok();
+        out.clear();
+        ok
+    }
+
+    /// Waits until the socket is readable, the server stops, or the socket fails.
+    async fn wait(&mut self) -> Wake {
+        tokio::select! {
+            biased;
+            r = self.stream.readable() => if r.is_ok() { Wake::Readable } else { Wake::Failed },
+            _ = self.stop.wait_for(|s| *s) => Wake::Stopped,
+        }
+    }
+
+    /// After the stop: what the kernel holds for the socket now, into `input`, without waiting;
+    /// `false` when it holds nothing (the connection then closes). Read from the socket itself,
+    /// not through the runtime's readiness, which can lag bytes that have already arrived: a
+    /// command the client finished sending is never taken for one still on its way.
+    fn read_now(&self, input: &mut BytesMut) -> bool {
+        use std::io::Read as _;
+        let mut chunk = [0u8; 4096];
+        match (&*socket2::SockRef::from(&self.stream)).read(&mut chunk) {
+            Ok(n) if n > 0 => {
+                input.extend_from_slice(&chunk[..n]);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Reads and drops `n` bytes of the client's (a refused data block; what `input` holds first),
+    /// without holding them.
+    async fn discard(&mut self, input: &mut BytesMut, mut n: usize) -> bool {
+        let here = n.min(input.len());
+        input.advance(here);
+        n -= here;
+        // On the heap: an array here would make every connection's task this much larger.
+        let mut scratch = vec![0u8; n.min(8192)];
+        while n > 0 {
+            let want = n.min(scratch.len());
+            match self.stream.read(&mut scratch[..want]).await {
+                Ok(0) | Err(_) => return false,
+                Ok(got) => n -= got,
+            }
+        }
+        true
+    }
+}
+
+/// What ended a client's wait.
+enum Wake {
+    Readable,
+    Stopped,
+    Failed,
+}

@@ -1,0 +1,90 @@
+//! # keyroute-cacheproxy: memcached and Redis in front of a pool, placed by keyroute
+//!
+//! A listener of a cache protocol places each key of each command on the pool's servers by the
+//! same steering rule the HTTP gateway uses ([`keyroute_fleet`]), and answers as the server
+//! would: twemproxy's request path, with keyroute's placement, hot keys, warm-up and moves.
+//!
+//! - [`driver`]: the one driver of a client connection, whatever its protocol: read, plan, send,
+//!   frame, merge (twemproxy's parse, fragment and coalesce), in pipelined batches.
+//! - `memcached`, `redis`: each protocol over the driver (the codecs are
+//!   [`keyroute_cache_proto`]'s), with its active check.
+//! - [`pipe`]: server connections shared by a thread's clients (tickets and turns).
+//! - [`conn`]: the one connection type, for side exchanges, checks and moves.
+//! - [`copies`]: where hot keys have copies, so that none is served older than the last write.
+//! - [`relocate`]: `keyroute move`, a store's keys moved after a membership change, on the same
+//!   codecs and connections.
+//!
+//! Layout: each module imports only those listed after it above... except that the protocols
+//! are below the driver: `driver` is used by `memcached` and `redis`, and uses `servers`,
+//! `pipe`, `conn` and `copies`, none of which use it.
+
+pub mod config;
+pub mod conn;
+pub mod copies;
+mod driver;
+mod memcached;
+mod pipe;
+mod redis;
+pub mod relocate;
+mod servers;
+
+use std::sync::Arc;
+
+use keyroute_fleet::Fleet;
+use keyroute_fleet::pool::{Check, Pool};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+pub use crate::config::{CacheListener, CacheProtocol};
+
+/// What a cache listener's connections share with the server: the fleet (its pools), the pool the
+/// listener serves, and the server's stop.
+#[derive(Debug)]
+pub struct Context {
+    /// The server's pools.
+    pub fleet: Arc<Fleet>,
+    /// The name of the pool the listener serves.
+    pub pool: String,
+    /// Set when the server stops accepting: a client is served what it had sent, then closed.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// Serves one client connection of a cache listener to its end (it closes, sends `quit` or
+/// `QUIT`, or the server stops: what it had sent is answered first). `held` is released when it
+/// ends (the server's connection count and limit).
+pub async fn serve<H: Send>(stream: TcpStream, ctx: Arc<Context>, listener: &CacheListener, held: H) {
+    match listener.protocol {
+        CacheProtocol::Memcached => {
+            let proto = memcached::Memcached { max_item: listener.max_item_bytes };
+            driver::serve(stream, ctx, proto, held).await;
+        }
+        CacheProtocol::Redis => {
+            let proto = redis::Redis::new(
+                listener.max_item_bytes,
+                listener.password.as_deref(),
+                listener.server_password.as_deref(),
+            );
+            driver::serve(stream, ctx, proto, held).await;
+        }
+    }
+}
+
+/// The active check of a pool `listener` serves: memcached's `version`, or Redis's `PING` (after
+/// `AUTH` with the servers' password), each on a fresh connection made within the pool's
+/// connect timeout.
+pub fn check(listener: &CacheListener, pool: &Pool) -> Arc<dyn Check> {
+    let connect = pool.snapshot().config().connect_timeout;
+    match listener.protocol {
+        CacheProtocol::Memcached => Arc::new(memcached::Check { connect }),
+        CacheProtocol::Redis => Arc::new(redis::Check { connect, password: listener.server_password.clone() }),
+    }
+}
+
+/// Ends what expired in every pool's copies registry (the server's ticker, every second or so).
+pub fn tick(fleet: &Fleet, now: tokio::time::Instant) {
+    for pool in fleet.pools().iter() {
+        if let Some(copies) = pool.protocol::<Arc<copies::Copies>>() {
+            copies.sweep(now);
+        }
+    }
+}
