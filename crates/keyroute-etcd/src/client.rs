@@ -1,6 +1,6 @@
 //! A small etcd v3 client over etcd's HTTP/JSON gateway (`/v3/...`, served by every etcd since 3.4
-//! on its client port), on the hyper the gateway already has: no gRPC, no generated code, no
-//! `protoc`.
+//! on its client port), on keyroute's own HTTP/1.1 engine ([`keyroute_http1`]): no gRPC, no
+//! generated code, no `protoc`, and no HTTP client stack of its own.
 //!
 //! Only what membership needs: range over a prefix, put (with a lease, or only if unchanged),
 //! delete, leases (grant, keep alive, revoke) and a streaming watch. The gateway's JSON encodes
@@ -16,10 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use keyroute_http1::{ClientConn, ExchangeError, Limits, Outgoing, ResponseBody};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
@@ -100,12 +99,12 @@ pub enum Transport {
     /// The TCP connection failed.
     #[error("connect: {0}")]
     Connect(std::io::ErrorKind),
-    /// HTTP on the connection failed (the handshake, the request, or reading the answer).
+    /// HTTP on the connection failed (the request, or reading the answer).
     #[error("{0}")]
-    Http(std::sync::Arc<hyper::Error>),
-    /// The request could not be written (an endpoint that is no valid `Host`).
-    #[error("{0}")]
-    Request(std::sync::Arc<http::Error>),
+    Http(std::sync::Arc<ExchangeError>),
+    /// The request could not be written.
+    #[error("write: {0}")]
+    Write(std::io::ErrorKind),
     /// The stream ended before its message did.
     #[error("the stream ended")]
     Ended,
@@ -236,7 +235,7 @@ impl Client {
 
     /// Sends one request to the endpoints in turn; returns the status and the body of the first
     /// that answered.
-    async fn send(&self, path: &'static str, body: &Value) -> Result<(StatusCode, Incoming), EtcdError> {
+    async fn send(&self, path: &'static str, body: &Value) -> Result<(StatusCode, ResponseBody), EtcdError> {
         let payload = Bytes::from(body.to_string());
         let start = self.next.load(Relaxed);
         let mut last = Unreachable::Timeout { path };
@@ -495,7 +494,7 @@ impl Client {
 /// An open watch stream: newline-delimited JSON messages, `{"result": WatchResponse}` each.
 #[derive(Debug)]
 pub struct Watch {
-    body: Incoming,
+    body: ResponseBody,
     buf: Vec<u8>,
 }
 
@@ -575,32 +574,36 @@ fn parse_watch_line(line: &[u8]) -> Result<WatchMessage, EtcdError> {
     }
 }
 
-/// One POST on a fresh connection; the status and the body stream.
-async fn post(authority: &str, path: &str, payload: Bytes) -> Result<(StatusCode, Incoming), Transport> {
+/// One POST on a fresh connection; the status and the body stream (which owns the connection).
+async fn post(authority: &str, path: &str, payload: Bytes) -> Result<(StatusCode, ResponseBody), Transport> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority))
         .await
         .map_err(|_| Transport::ConnectTimeout)?
         .map_err(|e| Transport::Connect(e.kind()))?;
-    let _ = stream.set_nodelay(true);
-    let http = |e: hyper::Error| Transport::Http(std::sync::Arc::new(e));
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(http)?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let req = Request::post(path)
-        .header(http::header::HOST, authority)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(payload))
-        .map_err(|e| Transport::Request(std::sync::Arc::new(e)))?;
-    let resp = send.send_request(req).await.map_err(http)?;
-    Ok((resp.status(), resp.into_body()))
+    // The endpoint was validated as `host:port` ([`parse_endpoint`]): a Host of visible text.
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        payload.len()
+    );
+    let outgoing = Outgoing::Length(payload.len() as u64);
+    let body = Full::new(payload).map_err(|never| match never {}).boxed_unsync();
+    match keyroute_http1::send(ClientConn::new(stream), head.as_bytes(), body, outgoing, false, &Limits::default())
+        .await
+    {
+        Ok(resp) => {
+            let status = StatusCode::from_u16(resp.head.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+            Ok((status, resp.body))
+        }
+        Err(keyroute_http1::SendError::NotSent(e, _)) => Err(Transport::Write(e.kind())),
+        Err(keyroute_http1::SendError::Failed(e)) => Err(Transport::Http(std::sync::Arc::new(e))),
+    }
 }
 
-fn broken(e: hyper::Error) -> EtcdError {
+fn broken(e: ExchangeError) -> EtcdError {
     EtcdError::Unreachable(Unreachable::Broken(Transport::Http(std::sync::Arc::new(e))))
 }
 
-async fn read_limited(mut body: Incoming) -> Result<Vec<u8>, EtcdError> {
+async fn read_limited(mut body: ResponseBody) -> Result<Vec<u8>, EtcdError> {
     let mut out = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(broken)?;

@@ -1042,3 +1042,137 @@ async fn read_to_close(c: &mut TcpStream) -> (String, bool) {
         }
     }
 }
+
+/// A server's `STAT name` value, asked directly.
+async fn stat(addr: SocketAddr, name: &str) -> u64 {
+    let mut d = TcpStream::connect(addr).await.expect("direct");
+    let stats = ask(&mut d, b"stats\r\n", "END\r\n").await;
+    let prefix = format!("STAT {name} ");
+    stats.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Issue 32 (drift): a cache server's ejection is counted once in `ejections`, as an HTTP
+/// worker's is (the cache path counted it again after the worker's own machine had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_servers_ejection_is_counted_once() {
+    let (mut procs, addrs) = memcacheds(3).await;
+    let extra = "[pool.passive]\nconsecutive_failures = 2\nbase_ejection_ms = 60000\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", extra)).await;
+    drop(procs.remove(0));
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..60 {
+        let r = ask(&mut c, format!("get e{i}\r\n").as_bytes(), "\r\n").await;
+        assert!(r == "END\r\n" || r.starts_with("SERVER_ERROR"), "{r}");
+    }
+    let dead = worker_info(&gw, &addrs[0].to_string()).await;
+    assert_eq!(dead["state"], "ejected", "{dead}");
+    assert_eq!(dead["ejections"], 1, "one ejection, counted once: {dead}");
+}
+
+/// Issue 32 (drift): a cache listener's placements are counted by the steering rule's own reason,
+/// as the HTTP gateway counts them: keys held back from a warming server are `warming`, not
+/// `unavailable` (no server is down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_placements_are_counted_by_why_they_spilled() {
+    let (_procs, addrs) = memcacheds(4).await;
+    let extra = "[pool.slow_start]\nwindow_ms = 600000\nmin_share = 0.0\n";
+    let gw = start_gateway(&config(&addrs[..3], "rendezvous", extra)).await;
+    let add = format!(r#"{{"name":"{a}","address":"{a}"}}"#, a = addrs[3]);
+    let (status, v) = admin(&gw, "POST", "/workers", &add, None).await;
+    assert_eq!(status, http::StatusCode::CREATED, "{v}");
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..400 {
+        assert_eq!(ask(&mut c, format!("get w{i}\r\n").as_bytes(), "END\r\n").await, "END\r\n");
+    }
+    let p = gw.handle.placements("cache").expect("pool");
+    assert!(p.warming > 50, "keys of the warming server are counted as warming: {p:?}");
+    assert_eq!(p.unavailable, 0, "no server is unavailable: {p:?}");
+    assert_eq!(p.owner + p.warming, 400, "{p:?}");
+}
+
+/// Issue 32 (drift): a hot key's reads are placed by the one steering rule that places an HTTP
+/// request for it, on the load of the commands in flight: read one at a time, they find the owner
+/// idle and go there (round robin sent two in three to the replicas); pipelined, they spread
+/// over the replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_key_reads_follow_the_steering_rule() {
+    let (_procs, addrs) = memcacheds(3).await;
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 3\nwindow_ms = 100\nhold_ms = 60000\nsample_every = 1\nconfidence = 1\nshow_keys = true\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut c, b"set steer 0 0 2\r\nv1\r\n", "\r\n").await, "STORED\r\n");
+    async fn pipelined(c: &mut TcpStream) {
+        let burst: String = (0..50).map(|_| "get steer\r\n").collect();
+        c.write_all(burst.as_bytes()).await.expect("write");
+        let mut answers = String::new();
+        while answers.matches("END\r\n").count() < 50 {
+            answers.push_str(&read_until(c, "END\r\n").await);
+        }
+        assert_eq!(answers.matches("VALUE steer 0 2\r\nv1\r\n").count(), 50);
+    }
+    let mut replicas = 0;
+    for _ in 0..60 {
+        pipelined(&mut c).await;
+        let (_, v) = admin(&gw, "GET", "/hotkeys", "", None).await;
+        replicas = v["pools"][0]["keys"]
+            .as_array()
+            .and_then(|ks| ks.iter().find(|k| k["key"] == "steer"))
+            .and_then(|k| k["replicas"].as_u64())
+            .unwrap_or(0);
+        if replicas == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(replicas, 3, "the key became hot on every server");
+    let gets = |addrs: Vec<SocketAddr>| async move {
+        let mut v = Vec::new();
+        for a in addrs {
+            v.push(stat(a, "cmd_get").await);
+        }
+        v
+    };
+    let before = gets(addrs.clone()).await;
+    for _ in 0..30 {
+        assert_eq!(ask(&mut c, b"get steer\r\n", "END\r\n").await, "VALUE steer 0 2\r\nv1\r\nEND\r\n");
+    }
+    let after = gets(addrs.clone()).await;
+    let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(
+        delta.iter().filter(|&&d| d > 0).count(),
+        1,
+        "one at a time, every read goes to the idle owner: {delta:?}"
+    );
+    assert_eq!(delta.iter().sum::<u64>(), 30, "{delta:?}");
+    pipelined(&mut c).await;
+    let spread = gets(addrs.clone()).await;
+    let delta: Vec<u64> = spread.iter().zip(&after).map(|(a, b)| a - b).collect();
+    assert!(delta.iter().filter(|&&d| d > 0).count() > 1, "pipelined reads spread over the replicas: {delta:?}");
+}
+
+/// Issue 32: a cache pool has active health checks (memcached `version`), with the states and
+/// metrics of HTTP probes: a paused server goes unhealthy with no traffic at all, and comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_pool_is_probed_in_its_protocol() {
+    let (procs, addrs) = memcacheds(2).await;
+    let health = "[pool.health]\ninterval_ms = 100\ntimeout_ms = 100\nrise = 1\nfall = 1\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", health)).await;
+    let name = addrs[0].to_string();
+    eventually(Duration::from_secs(5), "healthy", || async { worker_info(&gw, &name).await["state"] == "healthy" })
+        .await;
+    let pid = procs[0].0.id().to_string();
+    let signal = |s: &str| assert!(Command::new("kill").args([s, &pid]).status().expect("kill").success());
+    signal("-STOP");
+    eventually(Duration::from_secs(10), "the paused server is found unhealthy by its probes", || async {
+        worker_info(&gw, &name).await["state"] == "unhealthy"
+    })
+    .await;
+    signal("-CONT");
+    eventually(Duration::from_secs(10), "back once it answers `version`", || async {
+        worker_info(&gw, &name).await["state"] == "healthy"
+    })
+    .await;
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().unwrap_or("");
+    assert!(text.contains("keyroute_worker_healthy{"), "{text}");
+}
