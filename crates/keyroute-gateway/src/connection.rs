@@ -38,10 +38,49 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::access::{self, Pending};
 use crate::body::ProxyBody;
-use crate::listener::OpenConn;
 use crate::metrics::ListenerMetrics;
-use crate::proxy::{self, Peer, tunnel};
-use crate::state::{Shared, stopped};
+use crate::proxy::{self, Front, Peer, tunnel};
+
+/// What a listener's HTTP connections serve, chosen once per listener: the proxy's request path,
+/// or another service on the same engine (the admin API).
+#[derive(Clone)]
+pub enum App {
+    /// The request path of client listener `listener`.
+    Proxy {
+        /// What the request path reads.
+        front: Arc<Front>,
+        /// The listener's index.
+        listener: usize,
+    },
+    /// Another service (HTTP/1.1 only).
+    Service(Arc<dyn Service>),
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            App::Proxy { listener, .. } => f.debug_struct("Proxy").field("listener", listener).finish_non_exhaustive(),
+            App::Service(_) => f.write_str("Service"),
+        }
+    }
+}
+
+/// An HTTP service served by this engine that is not the proxy (the admin API): one request, its
+/// response. Its body is boxed (a service reads it as it needs, within its own limits).
+pub trait Service: Send + Sync + 'static {
+    /// Answers one request from `remote`.
+    fn call(
+        &self,
+        req: Request<keyroute_http1::RequestBody>,
+        remote: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>>;
+}
+
+/// Until `rx` says stop (the guard `wait_for` returns is dropped here, not held in a `select!`
+/// across awaits, which would make the future not `Send`).
+async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
 
 /// How long an idle HTTP/2 connection's GOAWAY may take to be written before the connection is
 /// closed anyway.
@@ -52,31 +91,35 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// How a listener's connections are served.
 #[derive(Clone)]
-pub(crate) struct Settings {
-    /// The client listener's index, or `None` for the admin API.
-    pub(crate) index: Option<usize>,
-    pub(crate) header_timeout: Duration,
-    pub(crate) send_timeout: Duration,
-    pub(crate) max_buf: usize,
-    pub(crate) max_headers: usize,
-    pub(crate) tls: Option<TlsAcceptor>,
-    pub(crate) h2c: bool,
-    pub(crate) max_streams: u32,
-    pub(crate) metrics: Arc<ListenerMetrics>,
-    /// An admin connection of the listener's reserve, taken when its other places are held: one
-    /// request, and only the probes are answered ([`crate::admin::admit`]).
-    pub(crate) probes_only: bool,
+pub struct Settings {
+    /// What they serve.
+    pub app: App,
+    /// The time a request head (and, first, the TLS handshake or the HTTP/2 preface) has.
+    pub header_timeout: Duration,
+    /// The time a client has to take each part of a response.
+    pub send_timeout: Duration,
+    /// The longest request head.
+    pub max_buf: usize,
+    /// The most header fields.
+    pub max_headers: usize,
+    /// TLS, if the listener has certificates.
+    pub tls: Option<TlsAcceptor>,
+    /// HTTP/2 with prior knowledge on a plain listener.
+    pub h2c: bool,
+    /// Concurrent streams per HTTP/2 connection.
+    pub max_streams: u32,
+    /// The listener's counters.
+    pub metrics: Arc<ListenerMetrics>,
+    /// One request per connection, then close (the admin API's reserve).
+    pub one_request: bool,
+    /// Set when the listeners stop accepting: idle connections close, busy ones after their
+    /// request.
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Serves one accepted connection to its end. `held` (the open-connection count and the
 /// connection limit's permit) is released when it ends.
-pub(crate) async fn serve<H: Send + 'static>(
-    stream: TcpStream,
-    remote: SocketAddr,
-    shared: Arc<Shared>,
-    settings: Arc<Settings>,
-    held: (OpenConn, H),
-) {
+pub async fn serve<H: Send + 'static>(stream: TcpStream, remote: SocketAddr, settings: Arc<Settings>, held: H) {
     let _ = stream.set_nodelay(true);
     // One budget for everything before the first request head: the TLS handshake, the h2c
     // preface check, and the head itself (or an HTTP/2 client's preface).
@@ -84,11 +127,11 @@ pub(crate) async fn serve<H: Send + 'static>(
     // A task's future is as large as its largest variant, for as long as the connection lives:
     // the TLS and HTTP/2 paths are boxed, so that a plain HTTP/1.1 connection carries neither.
     match &settings.tls {
-        Some(acceptor) => Box::pin(serve_tls(acceptor.clone(), stream, remote, shared, settings, held, first)).await,
+        Some(acceptor) => Box::pin(serve_tls(acceptor.clone(), stream, remote, settings, held, first)).await,
         None if settings.h2c && opens_with_preface(&stream, first).await => {
-            Box::pin(serve_h2(stream, Peer::with(remote, false, true), shared, settings, held, first)).await;
+            Box::pin(serve_h2(stream, Peer::with(remote, false, true), settings, held, first)).await;
         }
-        None => serve_h1(stream, Peer::with(remote, false, false), shared, settings, held, first).await,
+        None => serve_h1(stream, Peer::with(remote, false, false), settings, held, first).await,
     }
 }
 
@@ -96,9 +139,8 @@ async fn serve_tls<H: Send + 'static>(
     acceptor: TlsAcceptor,
     stream: TcpStream,
     remote: SocketAddr,
-    shared: Arc<Shared>,
     settings: Arc<Settings>,
-    held: (OpenConn, H),
+    held: H,
     first: tokio::time::Instant,
 ) {
     let tls = match tokio::time::timeout_at(first, acceptor.accept(stream)).await {
@@ -116,9 +158,9 @@ async fn serve_tls<H: Send + 'static>(
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
     if h2 {
-        serve_h2(tls, Peer::with(remote, true, true), shared, settings, held, first).await;
+        serve_h2(tls, Peer::with(remote, true, true), settings, held, first).await;
     } else {
-        serve_h1(Tls(tls), Peer::with(remote, true, false), shared, settings, held, first).await;
+        serve_h1(Tls(tls), Peer::with(remote, true, false), settings, held, first).await;
     }
 }
 
@@ -484,13 +526,7 @@ enum Next {
 }
 
 /// One request on an HTTP/1.1 connection, from its parsed head to the end of its response.
-async fn exchange<S: Transport>(
-    conn: &ServerConn<S>,
-    head: RequestHead,
-    peer: &Peer,
-    shared: &Arc<Shared>,
-    settings: &Settings,
-) -> Next {
+async fn exchange<S: Transport>(conn: &ServerConn<S>, head: RequestHead, peer: &Peer, settings: &Settings) -> Next {
     let respond =
         Respond { head_request: head.method() == "HEAD", version: head.version(), keep_alive: head.keep_alive() };
     let Some(req) = to_request(&head, conn.body(&head)) else {
@@ -498,20 +534,20 @@ async fn exchange<S: Transport>(
         return Next::Drop;
     };
     drop(head);
-    let resp: Response<ProxyBody> = match settings.index {
-        Some(i) => {
-            let req = req.map(|b| b.map_err(crate::body::BoxError::from).boxed_unsync());
-            let log = shared.front.access_logs.get(i).and_then(Option::as_ref);
+    let req = req.map(|b| b.map_err(crate::body::BoxError::from).boxed_unsync());
+    let resp: Response<ProxyBody> = match &settings.app {
+        App::Proxy { front, listener } => {
+            let log = front.access_logs.get(*listener).and_then(Option::as_ref);
             let pending = log.map(|_| Pending::new(&req, access_conn(peer)));
             let fut: std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> =
-                Box::pin(proxy::handle(&shared.front, i, req, peer));
+                Box::pin(proxy::handle(front, *listener, req, peer));
             let resp = fut.await;
             match (log, pending) {
                 (Some(log), Some(p)) => access::logged(log, p, resp),
                 _ => resp,
             }
         }
-        None => crate::admin::seal(admin_exchange(req, peer, shared, settings).await),
+        App::Service(service) => service.call(req, peer.addr).await,
     };
     let (mut parts, body) = resp.into_parts();
     let tunnel = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
@@ -525,7 +561,7 @@ async fn exchange<S: Transport>(
         // A body left unread (the response came first) is not drained: the connection closes,
         // lingering so that the close does not reset it under the response.
         Ok(_) if !conn.body_done() => Next::Close { linger: true },
-        Ok(true) if !settings.probes_only => Next::KeepAlive,
+        Ok(true) if !settings.one_request => Next::KeepAlive,
         Ok(_) => Next::Close { linger: false },
         Err(RespondError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
             settings.metrics.send_timeouts.fetch_add(1, Relaxed);
@@ -538,60 +574,18 @@ async fn exchange<S: Transport>(
     }
 }
 
-/// One admin request: its head admitted first ([`crate::admin::admit`]: a request without the
-/// token is answered before a byte of its body is read), then the body read whole within
-/// [`crate::admin::BODY_TIMEOUT`] (the admin API's bodies are small: a larger one is refused).
-async fn admin_exchange<B>(
-    req: Request<B>,
-    peer: &Peer,
-    shared: &Arc<Shared>,
-    settings: &Settings,
-) -> Response<ProxyBody>
-where
-    B: hyper::body::Body<Data = bytes::Bytes>,
-    B::Error: Into<crate::body::BoxError>,
-{
-    let (parts, body) = req.into_parts();
-    let admitted = match crate::admin::admit(shared, &parts, peer.addr, settings.probes_only) {
-        Ok(a) => a,
-        Err(answer) => return answer,
-    };
-    let read = http_body_util::Limited::new(body, crate::admin::MAX_BODY).collect();
-    match tokio::time::timeout(crate::admin::BODY_TIMEOUT, read).await {
-        Ok(Ok(b)) => {
-            let req = Request::from_parts(parts, http_body_util::Full::new(b.to_bytes()));
-            crate::admin::handle_boxed(Arc::clone(shared), admitted, req, peer.addr).await
-        }
-        Ok(Err(_)) => crate::body::error(
-            StatusCode::BAD_REQUEST,
-            "the body could not be read (at most 1024 KiB)",
-            "bad_request_body",
-            "-",
-        ),
-        Err(_) => {
-            crate::body::error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive within 10 s", "body_timeout", "-")
-        }
-    }
-}
-
 /// Serves HTTP/1.1 on keyroute's own engine ([`keyroute_http1`]): a head (within the head
 /// timeout: 408 when bytes of one came, or on a connection's first; a silent close for an idle
 /// keep-alive connection), the request path, the response (each wait for the client within the
 /// send timeout), and again; after a 101, the connection becomes the tunnel.
-async fn serve_h1<S, H>(
-    io: S,
-    peer: Peer,
-    shared: Arc<Shared>,
-    settings: Arc<Settings>,
-    held: (OpenConn, H),
-    first: tokio::time::Instant,
-) where
+async fn serve_h1<S, H>(io: S, peer: Peer, settings: Arc<Settings>, held: H, first: tokio::time::Instant)
+where
     S: Transport,
     H: Send + 'static,
 {
     let conn = ServerConn::new(io);
     let limits = Limits { max_head_bytes: settings.max_buf.max(8192), max_headers: settings.max_headers };
-    let mut stop = shared.stop_accepting.subscribe();
+    let mut stop = settings.stop.clone();
     // One timer for the connection's life, moved on after each response.
     let head_timer = tokio::time::sleep_until(first);
     tokio::pin!(head_timer);
@@ -624,7 +618,7 @@ async fn serve_h1<S, H>(
         };
         first_request = false;
         // Boxed: between requests the connection's task is only as large as its wait for a head.
-        match Box::pin(exchange(&conn, head, &peer, &shared, &settings)).await {
+        match Box::pin(exchange(&conn, head, &peer, &settings)).await {
             Next::KeepAlive if !*stop.borrow() => {}
             Next::KeepAlive | Next::Close { linger: false } => {
                 conn.shutdown().await;
@@ -648,19 +642,14 @@ async fn serve_h1<S, H>(
     drop(held);
 }
 
-async fn serve_h2<S, H>(
-    io: S,
-    peer: Peer,
-    shared: Arc<Shared>,
-    settings: Arc<Settings>,
-    held: (OpenConn, H),
-    first: tokio::time::Instant,
-) where
+async fn serve_h2<S, H>(io: S, peer: Peer, settings: Arc<Settings>, held: H, first: tokio::time::Instant)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Send + 'static,
 {
-    let Some(index) = settings.index else { return };
-    let stop_rx = shared.stop_accepting.subscribe();
+    // HTTP/2 is the proxy's only.
+    let App::Proxy { front, listener: index } = settings.app.clone() else { return };
+    let stop_rx = settings.stop.clone();
     settings.metrics.h2_connections.fetch_add(1, Relaxed);
     // The client's first bytes (its preface) must arrive within the head timeout, as an HTTP/1.1
     // head must: a TLS client that chose h2 and then sends nothing does not hold the connection.
@@ -678,13 +667,13 @@ async fn serve_h2<S, H>(
     let idle = Arc::new(Streams::default());
     let streams = Arc::clone(&idle);
     let svc = service_fn(move |req: Request<Incoming>| {
-        let shared = Arc::clone(&shared);
+        let front = Arc::clone(&front);
         let peer = Arc::clone(&peer);
         let open = Streams::open(&streams);
         async move {
-            let log = shared.front.access_logs.get(index).and_then(Option::as_ref);
+            let log = front.access_logs.get(index).and_then(Option::as_ref);
             let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
-            let resp = proxy::handle(&shared.front, index, req, &peer).await;
+            let resp = proxy::handle(&front, index, req, &peer).await;
             let resp = match (log, pending) {
                 (Some(log), Some(p)) => access::logged(log, p, resp),
                 _ => resp,

@@ -83,7 +83,7 @@ mod admin;
 mod body;
 pub(crate) mod cache;
 pub mod config;
-mod connection;
+pub mod connection;
 mod error;
 mod exposition;
 mod feed;

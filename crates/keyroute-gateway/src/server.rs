@@ -15,7 +15,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::config::{Config, WorkerConfig};
-use crate::connection::{self, Settings};
+use crate::connection::{self, App, Settings};
 use crate::error::{GatewayError, ReloadError};
 use crate::listener::{self, Backoff, OpenConn};
 use crate::metrics::ListenerMetrics;
@@ -479,46 +479,63 @@ async fn accept_loop(
     thread: usize,
 ) {
     let mut rx = shared.stop_accepting.subscribe();
-    let (settings, permits, name) = match index {
+    let http = |app: App, metrics: &Arc<ListenerMetrics>| Settings {
+        app,
+        header_timeout: Duration::from_secs(10),
+        send_timeout: Duration::from_secs(60),
+        max_buf: 64 * 1024,
+        max_headers: 100,
+        tls: None,
+        h2c: false,
+        max_streams: 1,
+        metrics: Arc::clone(metrics),
+        one_request: false,
+        stop: shared.stop_accepting.subscribe(),
+    };
+    // What the listener serves, chosen once: each accepted connection is served as it says.
+    let (listener, permits, name, metrics) = match index {
         Some(i) => {
             let l = &shared.listeners[i];
-            let settings = Settings {
-                index,
-                header_timeout: l.header_timeout,
-                send_timeout: l.send_timeout,
-                max_buf: l.max_header_bytes,
-                max_headers: l.max_headers,
-                tls: tls.map(tokio_rustls::TlsAcceptor::from),
-                h2c: l.h2c,
-                max_streams: l.max_concurrent_streams,
-                metrics: Arc::clone(&shared.listener_metrics[i]),
-                probes_only: false,
+            let metrics = Arc::clone(&shared.listener_metrics[i]);
+            let listener = match &l.cache {
+                Some(cache) => Listener::Cache(
+                    Arc::new(keyroute_cacheproxy::Context {
+                        fleet: Arc::clone(&shared.fleet),
+                        pool: cache.pool_name.clone(),
+                        stop: shared.stop_accepting.subscribe(),
+                    }),
+                    Arc::new(cache.clone()),
+                ),
+                None => Listener::Http(Arc::new(Settings {
+                    header_timeout: l.header_timeout,
+                    send_timeout: l.send_timeout,
+                    max_buf: l.max_header_bytes,
+                    max_headers: l.max_headers,
+                    tls: tls.map(tokio_rustls::TlsAcceptor::from),
+                    h2c: l.h2c,
+                    max_streams: l.max_concurrent_streams,
+                    ..http(App::Proxy { front: Arc::clone(&shared.front), listener: i }, &metrics)
+                })),
             };
-            (settings, Arc::clone(&shared.connection_permits[i]), l.name.clone())
+            (listener, Arc::clone(&shared.connection_permits[i]), l.name.clone(), metrics)
         }
         None => {
-            let settings = Settings {
-                index,
-                header_timeout: Duration::from_secs(10),
-                send_timeout: Duration::from_secs(60),
-                max_buf: 64 * 1024,
-                max_headers: 100,
-                tls: None,
-                h2c: false,
-                max_streams: 1,
-                metrics: Arc::clone(&shared.admin_metrics),
-                probes_only: false,
-            };
-            (settings, Arc::new(Semaphore::new(ADMIN_CONNECTIONS)), "admin".to_owned())
+            let metrics = Arc::clone(&shared.admin_metrics);
+            let admin = crate::admin::AdminService { shared: Arc::clone(&shared), probes_only: false };
+            let listener = Listener::Http(Arc::new(http(App::Service(Arc::new(admin)), &metrics)));
+            (listener, Arc::new(Semaphore::new(ADMIN_CONNECTIONS)), "admin".to_owned(), metrics)
         }
     };
-    // The admin listener's reserve (none for a client listener).
+    // The admin listener's reserve (none for a client listener): one request each, probes only.
     let reserve = index.is_none().then(|| {
-        let probes = Settings { header_timeout: ADMIN_PROBE_HEAD_TIMEOUT, probes_only: true, ..settings.clone() };
-        (Arc::new(probes), Arc::new(Semaphore::new(ADMIN_PROBE_CONNECTIONS)))
+        let admin = crate::admin::AdminService { shared: Arc::clone(&shared), probes_only: true };
+        let probes = Settings {
+            header_timeout: ADMIN_PROBE_HEAD_TIMEOUT,
+            one_request: true,
+            ..http(App::Service(Arc::new(admin)), &metrics)
+        };
+        (Listener::Http(Arc::new(probes)), Arc::new(Semaphore::new(ADMIN_PROBE_CONNECTIONS)))
     });
-    let settings = Arc::new(settings);
-    let metrics = Arc::clone(&settings.metrics);
     let thread_accepted = index.map(|_| shared.thread_accepted(thread));
     let limit = index.map_or(ADMIN_CONNECTIONS, |i| shared.connection_limits[i]);
     let mut backoff = Backoff::default();
@@ -559,7 +576,7 @@ async fn accept_loop(
                 continue;
             }
         };
-        let mut served = &settings;
+        let mut served = &listener;
         let taken: Result<_, tokio::sync::TryAcquireError> = Arc::clone(&permits).try_acquire_owned().or_else(|full| {
             let (probes, spare) = reserve.as_ref().ok_or(full)?;
             let p = Arc::clone(spare).try_acquire_owned()?;
@@ -603,18 +620,25 @@ async fn accept_loop(
             }
         };
         let held = (OpenConn::new(&metrics, &shared.closed), permit);
-        if let Some(listener) = index.and_then(|i| shared.listeners[i].cache.as_ref()) {
-            let ctx = Arc::new(keyroute_cacheproxy::Context {
-                fleet: Arc::clone(&shared.fleet),
-                pool: listener.pool_name.clone(),
-                stop: shared.stop_accepting.subscribe(),
-            });
-            let listener = listener.clone();
-            tokio::spawn(async move { keyroute_cacheproxy::serve(stream, ctx, &listener, held).await });
-            continue;
+        match served {
+            Listener::Http(settings) => {
+                tokio::spawn(connection::serve(stream, remote, Arc::clone(settings), held));
+            }
+            Listener::Cache(ctx, config) => {
+                let (ctx, config) = (Arc::clone(ctx), Arc::clone(config));
+                tokio::spawn(async move { keyroute_cacheproxy::serve(stream, ctx, &config, held).await });
+            }
         }
-        tokio::spawn(connection::serve(stream, remote, Arc::clone(&shared), Arc::clone(served), held));
     }
+}
+
+/// What a listener's accepted connections are served as, chosen once when its loop starts.
+enum Listener {
+    /// HTTP on the gateway's engine: a client listener's request path (HTTP/1.1, HTTP/2, TLS), or
+    /// the admin API.
+    Http(Arc<Settings>),
+    /// memcached or Redis, on the cache proxy's driver.
+    Cache(Arc<keyroute_cacheproxy::Context>, Arc<keyroute_cacheproxy::CacheListener>),
 }
 
 impl GatewayHandle {

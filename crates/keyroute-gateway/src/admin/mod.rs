@@ -214,18 +214,65 @@ pub(crate) fn seal(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
     resp
 }
 
-/// Handles one admitted admin request: the endpoint's function.
-/// [`handle`] as a boxed future made here, where its type is concrete (so that a caller generic
-/// over its connection's transport need not prove it `Send` itself).
-pub(crate) fn handle_boxed(
-    shared: Arc<Shared>,
-    admitted: Admitted,
-    req: Request<AdminBody>,
-    remote: SocketAddr,
-) -> std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send>> {
-    Box::pin(async move { handle(&shared, admitted, req, remote).await })
+/// The admin API as an HTTP service on the gateway's engine: a request's head is admitted first
+/// ([`admit`]: one without the token is answered before a byte of its body is read), then its
+/// body read whole within [`BODY_TIMEOUT`] (the admin API's bodies are small: a larger one is
+/// refused), then the endpoint's answer, marked `nosniff`. `probes_only`: a connection of the
+/// listener's reserve, which answers only the probes.
+pub(crate) struct AdminService {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) probes_only: bool,
 }
 
+impl crate::connection::Service for AdminService {
+    fn call(
+        &self,
+        req: Request<keyroute_http1::RequestBody>,
+        remote: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> {
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let admitted = match admit(&self.shared, &parts, remote, self.probes_only) {
+                Ok(a) => a,
+                Err(answer) => return seal(answer),
+            };
+            let resp = match tokio::time::timeout(BODY_TIMEOUT, read_body(body)).await {
+                Ok(Ok(b)) => {
+                    let req = Request::from_parts(parts, http_body_util::Full::new(b));
+                    handle(&self.shared, admitted, req, remote).await
+                }
+                Ok(Err(_)) => crate::body::error(
+                    StatusCode::BAD_REQUEST,
+                    "the body could not be read (at most 1024 KiB)",
+                    "bad_request_body",
+                    "-",
+                ),
+                Err(_) => crate::body::error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the body did not arrive within 10 s",
+                    "body_timeout",
+                    "-",
+                ),
+            };
+            seal(resp)
+        })
+    }
+}
+
+/// A request body read whole, at most [`MAX_BODY`] bytes.
+async fn read_body(mut body: keyroute_http1::RequestBody) -> Result<bytes::Bytes, ()> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(drop)?.into_data() else { continue };
+        if out.len() + data.len() > MAX_BODY {
+            return Err(());
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out.freeze())
+}
+
+/// Handles one admitted admin request: the endpoint's function.
 pub(crate) async fn handle(
     shared: &Arc<Shared>,
     Admitted(endpoint): Admitted,
