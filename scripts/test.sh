@@ -2,17 +2,17 @@
 # The test command (README, .ci/run): installs the Debian packages the tests use when they are
 # missing, then runs every test of the workspace. Extra arguments go to `cargo test`.
 #
-#   curl: keyroute-gateway/tests/protocols.rs checks h2c with `curl --http2-prior-knowledge`.
+#   curl: keyroute-server/tests/protocols.rs checks h2c with `curl --http2-prior-knowledge`.
 #   promtool (package prometheus): the gateway's /metrics is checked with `promtool check metrics`.
 #   etcd (package etcd-server): membership tests run a real etcd (started by the tests themselves
 #   on free loopback ports, in a temporary directory, and killed by pid when they end).
 #   nginx, haproxy, redis-server (and its redis-tools, for redis-cli): the live differential tests
-#   of the compatibility modes (keyroute-gateway/tests/compat_live.rs) run the real programs the
+#   of the compatibility modes (keyroute-server/tests/compat_live.rs) run the real programs the
 #   same way, and compare their placements with keyroute's.
-#   memcached, nutcracker: the memcached listener's tests (keyroute-gateway/tests/memcache.rs)
+#   memcached, nutcracker: the memcached listener's tests (keyroute-server/tests/memcache.rs)
 #   start real memcached servers, and real twemproxy beside keyroute on the same servers.
 #   chromium, chromium-driver (and a font): the dashboard's browser test
-#   (keyroute-gateway/tests/dashboard.rs) drives headless Chromium through ChromeDriver on
+#   (keyroute-server/tests/dashboard.rs) drives headless Chromium through ChromeDriver on
 #   127.0.0.1, both started by the test and stopped by pid.
 #
 # Nothing is started: packages are installed with services disabled (policy-rc.d), and the tests

@@ -1,6 +1,6 @@
 //! The admin API's JSON bodies: `POST /workers` (`add_worker`, validated against the gateway's
 //! own addresses, host names not resolved) and `PATCH /workers/NAME` (`patch_worker`), on
-//! arbitrary bytes, through `keyroute_gateway::fuzzing` (re-exported from `admin::fuzzing`).
+//! arbitrary bytes, through `keyroute_admin::fuzzing`.
 //!
 //! Checks: never a panic; what is accepted is cross-checked against a plain `serde_json::Value`
 //! parse of the same bytes: an accepted worker has a valid name (1..=256 bytes, no spaces or
@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 
-use keyroute_gateway::fuzzing::{add_worker, patch_worker};
+use keyroute_admin::fuzzing::{add_worker, patch_worker};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
     if would_resolve(&text) {
         return;
     }
-    let parsed = keyroute_gateway::Config::parse(&text, "fuzz.toml");
+    let parsed = keyroute_server::Config::parse(&text, "fuzz.toml");
     if print() {
         match &parsed {
             Ok(c) => eprintln!("ok: {} pool(s), {} warning(s)", c.pools.len(), c.warnings.len()),

@@ -46,7 +46,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use keyroute_fuzz::{Decoded, body, decode};
-use keyroute_gateway::{Config, Gateway, ProxyService};
+use keyroute_server::{Config, Gateway, ProxyService};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -34,7 +34,7 @@ use hyper_util::rt::TokioExecutor;
 use indicatif::{ProgressBar, ProgressStyle};
 use keyroute::Strategy;
 use keyroute::hash::SplitMix64;
-use keyroute_gateway::{Config, Gateway};
+use keyroute_server::{Config, Gateway};
 use keyroute_sim::report::{Section, page};
 use keyroute_sim::{Histogram, Zipf};
 use keyroute_worker::{Worker, WorkerConfig};
@@ -654,14 +654,14 @@ async fn warm_owners(client: &Client<HttpConnector, Empty<Bytes>>, front: Socket
 
 /// Adds workers to the demo pool through the gateway's handle; returns the share of `keys` whose
 /// owner changed.
-async fn join(handle: &keyroute_gateway::GatewayHandle, joining: &[RunningWorker], keys: &[String]) -> Result<f64> {
+async fn join(handle: &keyroute_server::GatewayHandle, joining: &[RunningWorker], keys: &[String]) -> Result<f64> {
     let owners = || -> Result<Vec<Option<String>>> {
         keys.iter().map(|k| handle.owner("thumbs", k).context("the demo pool")).collect()
     };
     let before = owners()?;
     for w in joining {
         let w =
-            keyroute_gateway::WorkerConfig { name: w.name.clone(), address: w.addr, weight: 1, zone: None, id: None };
+            keyroute_server::WorkerConfig { name: w.name.clone(), address: w.addr, weight: 1, zone: None, id: None };
         handle.add_worker("thumbs", w).await.context("adding a worker")?;
     }
     let after = owners()?;
@@ -689,8 +689,8 @@ async fn fetch(client: Client<HttpConnector, Empty<Bytes>>, url: hyper::Uri, sta
 
 /// The share of the run's placements served by the key's owner (what came `before` it not
 /// counted).
-fn owner_share(before: &keyroute_gateway::Placements, placed: &keyroute_gateway::Placements) -> f64 {
-    let total = |p: &keyroute_gateway::Placements| {
+fn owner_share(before: &keyroute_server::Placements, placed: &keyroute_server::Placements) -> f64 {
+    let total = |p: &keyroute_server::Placements| {
         p.owner + p.unavailable + p.overloaded + p.retry + p.unkeyed + p.replica + p.warming
     };
     let all = total(placed).saturating_sub(total(before));

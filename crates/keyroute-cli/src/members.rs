@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Empty};
 use keyroute_etcd::record::{RecordState, WorkerRecord};
 use keyroute_etcd::register::Registrar;
 use keyroute_etcd::registry::{ChangeError, Registry};
-use keyroute_gateway::membership::members_of;
+use keyroute_server::membership::members_of;
 
 use crate::Usage;
 use crate::cli::{MembersAction, MembersArgs, RegisterArgs, RegistrationArgs};

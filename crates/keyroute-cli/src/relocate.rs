@@ -1,5 +1,5 @@
 //! `keyroute move`: the plan, the proxies' check, and the move (see
-//! `keyroute_gateway::relocate` for the order of operations and what it guarantees).
+//! `keyroute_server::relocate` for the order of operations and what it guarantees).
 
 use std::time::Duration;
 
@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use keyroute_gateway::Config;
-use keyroute_gateway::relocate::{self, Layout, Options, Plan, Report, Store};
+use keyroute_server::Config;
+use keyroute_server::relocate::{self, Layout, Options, Plan, Report, Store};
 
 use crate::Usage;
 use crate::cli::MoveArgs;

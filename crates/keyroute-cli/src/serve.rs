@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use keyroute_gateway::{Config, Gateway, GatewayHandle};
+use keyroute_server::{Config, Gateway, GatewayHandle};
 
 use crate::Usage;
 use crate::cli::{ServeArgs, WorkerArgs};
@@ -165,7 +165,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
 /// `keyroute from-nutcracker`: a nutcracker YAML file as keyroute's configuration, on stdout.
 pub fn from_nutcracker(args: &crate::cli::FromNutcrackerArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file).map_err(|e| Usage(format!("{}: {e}", args.file.display())))?;
-    let toml = keyroute_gateway::config::from_nutcracker(&text, &args.file.display().to_string(), args.admin)
+    let toml = keyroute_server::config::from_nutcracker(&text, &args.file.display().to_string(), args.admin)
         .map_err(|errors| Usage(errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))?;
     use std::io::Write as _;
     std::io::stdout().lock().write_all(toml.as_bytes())?;

@@ -17,7 +17,7 @@
 //!
 //! Unknown fields are ignored (a newer keyroute may add some). How a gateway turns a prefix's
 //! records into members (and which records it rejects, each alone) is
-//! `keyroute_gateway::membership::members_of`.
+//! `keyroute_fleet::membership::members_of`.
 
 use serde::{Deserialize, Serialize};
 

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use crate::body::{BoxError, ProxyBody};
 use crate::config::{AccessLogConfig, AccessLogFormat};
-use crate::metrics::ListenerMetrics;
+use keyroute_fleet::metrics::ListenerMetrics;
 
 /// What the request path learnt about a request: put in the response's extensions by the proxy,
 /// read when the line is written.
@@ -104,7 +104,7 @@ enum Msg {
 
 /// A listener's access log: the queue to its writer thread.
 #[derive(Debug)]
-pub(crate) struct AccessLog {
+pub struct AccessLog {
     tx: mpsc::Sender<Msg>,
     key: bool,
     metrics: Arc<ListenerMetrics>,
@@ -118,7 +118,7 @@ impl AccessLog {
     /// # Errors
     ///
     /// The file cannot be opened.
-    pub(crate) fn open(config: &AccessLogConfig, metrics: Arc<ListenerMetrics>) -> std::io::Result<Arc<AccessLog>> {
+    pub fn open(config: &AccessLogConfig, metrics: Arc<ListenerMetrics>) -> std::io::Result<Arc<AccessLog>> {
         let out = Output::open(&config.path)?;
         let (tx, rx) = mpsc::channel(config.buffer);
         let format = config.format;
@@ -135,7 +135,7 @@ impl AccessLog {
     /// Reopens the file at its path, as NGINX does on `SIGUSR1`: after logrotate has moved the
     /// file away (or deleted it), lines go to a new file at the configured path. Lines already
     /// queued go to the new file; none is lost. Standard output is left as it is.
-    pub(crate) fn reopen(&self) {
+    pub fn reopen(&self) {
         self.reopen.store(true, Relaxed);
         // Wakes an idle writer; a full queue means it is busy and will see the flag anyway.
         let _ = self.tx.try_send(Msg::Reopen);

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Empty, Full};
 
 /// The request id header: kept from the client or made by the gateway, passed to the worker,
 /// and put in every error the gateway makes.
-pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Any error a body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -23,17 +23,17 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// An empty body.
-pub(crate) fn empty() -> ProxyBody {
+pub fn empty() -> ProxyBody {
     Empty::<Bytes>::new().map_err(|never: Infallible| match never {}).boxed_unsync()
 }
 
 /// A body of these bytes.
-pub(crate) fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into()).map_err(|never: Infallible| match never {}).boxed_unsync()
 }
 
 /// A response with a body and a content type.
-pub(crate) fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ProxyBody> {
+pub fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ProxyBody> {
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -41,7 +41,7 @@ pub(crate) fn text(status: StatusCode, content_type: &'static str, body: impl In
 }
 
 /// A JSON response (the admin API's, and errors).
-pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
+pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
     let mut resp = text(status, "application/json", value.to_string() + "\n");
     resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
@@ -50,12 +50,7 @@ pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<Pr
 /// A public error response: `{"error": message, "reason": class, "status", "request_id"}`.
 ///
 /// `message` and `reason` are fixed text chosen by the gateway, never input-derived.
-pub(crate) fn error(
-    status: StatusCode,
-    message: &'static str,
-    reason: &'static str,
-    request_id: &str,
-) -> Response<ProxyBody> {
+pub fn error(status: StatusCode, message: &'static str, reason: &'static str, request_id: &str) -> Response<ProxyBody> {
     let mut resp = json(
         status,
         &serde_json::json!({ "error": message, "reason": reason, "status": status.as_u16(), "request_id": request_id }),

@@ -123,7 +123,7 @@ use tokio::sync::watch;
 
 /// What bounds the cache and which responses it may store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CacheConfig {
+pub struct CacheConfig {
     /// The bound on the total estimated size of the entries (bodies, headers, keys), in bytes.
     pub max_bytes: u64,
     /// The largest body stored, in bytes (by `Content-Length`, and by the body itself).
@@ -478,31 +478,31 @@ impl Inner {
 /// its counters. It lives as long as the pool's cache settings do: a reload that keeps them keeps
 /// it, one that changes them starts over.
 #[derive(Debug)]
-pub(crate) struct HotCache {
+pub struct HotCache {
     /// The entries.
-    pub(crate) store: HttpCache,
+    pub store: HttpCache,
     /// The settings it was made with.
-    pub(crate) settings: crate::config::CacheSettings,
+    pub settings: crate::config::CacheSettings,
     /// Counters.
-    pub(crate) metrics: HotCacheMetrics,
+    pub metrics: HotCacheMetrics,
 }
 
 /// Counters of a pool's response cache.
 #[derive(Debug, Default)]
-pub(crate) struct HotCacheMetrics {
+pub struct HotCacheMetrics {
     /// Responses served from the cache.
-    pub(crate) hits: std::sync::atomic::AtomicU64,
+    pub hits: std::sync::atomic::AtomicU64,
     /// Cacheable requests for hot keys that went upstream.
-    pub(crate) misses: std::sync::atomic::AtomicU64,
+    pub misses: std::sync::atomic::AtomicU64,
     /// Responses stored.
-    pub(crate) stores: std::sync::atomic::AtomicU64,
+    pub stores: std::sync::atomic::AtomicU64,
     /// Requests that waited for a concurrent miss of the same key instead of going upstream.
-    pub(crate) coalesced: std::sync::atomic::AtomicU64,
+    pub coalesced: std::sync::atomic::AtomicU64,
 }
 
 impl HotCache {
     /// An empty cache with these settings.
-    pub(crate) fn new(settings: crate::config::CacheSettings) -> Self {
+    pub fn new(settings: crate::config::CacheSettings) -> Self {
         let store = HttpCache::new(CacheConfig {
             max_bytes: settings.max_bytes,
             max_object_bytes: settings.max_object_bytes,
@@ -514,7 +514,7 @@ impl HotCache {
 }
 
 /// The cache. `Sync`: share it in an `Arc`. See the [module documentation](self).
-pub(crate) struct HttpCache {
+pub struct HttpCache {
     config: CacheConfig,
     inner: Mutex<Inner>,
     flights: Arc<Mutex<Flights>>,
@@ -532,12 +532,12 @@ impl fmt::Debug for HttpCache {
 
 impl HttpCache {
     /// An empty cache.
-    pub(crate) fn new(config: CacheConfig) -> Self {
+    pub fn new(config: CacheConfig) -> Self {
         Self { config, inner: Mutex::new(Inner::default()), flights: Arc::new(Mutex::new(Flights::default())) }
     }
 
     /// The configuration the cache was made with.
-    pub(crate) fn config(&self) -> &CacheConfig {
+    pub fn config(&self) -> &CacheConfig {
         &self.config
     }
 
@@ -728,25 +728,25 @@ impl HttpCache {
 
     /// Removes every entry that is stale at `now`; returns how many. Optional (lookups remove the
     /// stale entries they meet, and eviction the rest): for a periodic sweep.
-    pub(crate) fn purge_expired(&self, now: SystemTime) -> usize {
+    pub fn purge_expired(&self, now: SystemTime) -> usize {
         let mut inner = self.inner.lock();
         let keys: Vec<CacheKey> = inner.map.keys().cloned().collect();
         keys.iter().map(|key| inner.remove_where(key, |v| !v.fresh(now))).sum()
     }
 
     /// The total estimated size of the entries, in bytes.
-    pub(crate) fn bytes(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         self.inner.lock().bytes
     }
 
     /// The number of stored responses (variants, over all keys).
-    pub(crate) fn entries(&self) -> usize {
+    pub fn entries(&self) -> usize {
         self.inner.lock().entries
     }
 
     /// The number of flights (keys with a leader upstream).
     #[cfg(test)]
-    pub(crate) fn in_flight(&self) -> usize {
+    pub fn in_flight(&self) -> usize {
         self.flights.lock().map.len()
     }
 

@@ -38,8 +38,8 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::access::{self, Pending};
 use crate::body::ProxyBody;
-use crate::metrics::ListenerMetrics;
 use crate::proxy::{self, Front, Peer, tunnel};
+use keyroute_fleet::metrics::ListenerMetrics;
 
 /// What a listener's HTTP connections serve, chosen once per listener: the proxy's request path,
 /// or another service on the same engine (the admin API).
@@ -115,6 +115,19 @@ pub struct Settings {
     /// Set when the listeners stop accepting: idle connections close, busy ones after their
     /// request.
     pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("app", &self.app)
+            .field("header_timeout", &self.header_timeout)
+            .field("send_timeout", &self.send_timeout)
+            .field("tls", &self.tls.is_some())
+            .field("h2c", &self.h2c)
+            .field("one_request", &self.one_request)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Serves one accepted connection to its end. `held` (the open-connection count and the

@@ -1,9 +1,7 @@
-//! Each pool's active check, which the fleet's prober runs on its schedule
-//! ([`keyroute_fleet::prober`]), as Envoy keeps a health checker per protocol: a pool a memcached
-//! or Redis listener serves is checked in its protocol ([`keyroute_cacheproxy::check`]), any
-//! other by [`HttpCheck`]: `GET` of the pool's health path on a fresh connection (as HAProxy
-//! checks: a worker that stops accepting connections fails while pooled ones still work); a 2xx is
-//! healthy.
+//! The HTTP active check, which the fleet's prober runs on its schedule
+//! ([`keyroute_fleet::prober`]), as Envoy keeps a health checker per protocol: `GET` of the pool's
+//! health path on a fresh connection (as HAProxy checks: a worker that stops accepting connections
+//! fails while pooled ones still work); a 2xx is healthy.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,34 +10,14 @@ use std::time::Duration;
 
 use http::Request;
 use http_body_util::BodyExt;
-use keyroute_fleet::pool::{Pool, WorkerState};
+use keyroute_fleet::pool::WorkerState;
 use keyroute_fleet::prober::Check;
-
-use crate::config::Config;
-
-/// The check for each pool of `config`, by the protocol that serves it: a pool a memcached or
-/// Redis listener serves is checked in that protocol, any other over HTTP.
-pub(crate) fn set_checks(config: &Config, pools: &[Arc<Pool>]) {
-    for pool in pools {
-        let cache = config.listeners.iter().filter_map(|l| l.cache.as_ref()).find(|c| c.pool_name == pool.name);
-        let check: Arc<dyn Check> = match cache {
-            Some(c) => keyroute_cacheproxy::check(c, pool),
-            None => {
-                let Some(http) = config.pools.iter().position(|p| p.name == pool.name).and_then(|j| config.http.get(j))
-                else {
-                    continue;
-                };
-                Arc::new(HttpCheck { path: http.health_path.clone() })
-            }
-        };
-        pool.set_check(Some(check));
-    }
-}
 
 /// `GET` of a path on a fresh connection; a 2xx is healthy.
 #[derive(Debug)]
-pub(crate) struct HttpCheck {
-    path: String,
+pub struct HttpCheck {
+    /// The path (`[pool.health] path`).
+    pub path: String,
 }
 
 impl Check for HttpCheck {

@@ -6,30 +6,32 @@ use std::sync::Arc;
 
 use crate::cache::HotCache;
 use crate::config::{HttpPoolConfig, RouteConfig};
-use crate::pool::Pool;
+use keyroute_fleet::pool::Pool;
 
 /// A pool as the HTTP listeners see it.
 #[derive(Debug)]
-pub(crate) struct HttpPool {
+pub struct HttpPool {
     /// The fleet's pool: members, placement, health.
-    pub(crate) pool: Arc<Pool>,
+    pub pool: Arc<Pool>,
     /// Its HTTP settings: the key template, the worker header, the read timeout.
-    pub(crate) http: Arc<HttpPoolConfig>,
+    pub http: Arc<HttpPoolConfig>,
     /// Its response cache for hot keys, if on.
-    pub(crate) cache: Option<Arc<HotCache>>,
+    pub cache: Option<Arc<HotCache>>,
 }
 
 /// The pools and each listener's routes, swapped whole on reload.
 #[derive(Debug)]
-pub(crate) struct Routing {
-    pub(crate) pools: Vec<HttpPool>,
-    pub(crate) routes: Vec<Vec<RouteConfig>>,
+pub struct Routing {
+    /// Every pool with its HTTP side, in the fleet's order.
+    pub pools: Vec<HttpPool>,
+    /// Each HTTP listener's routes, in its order: the first that matches wins.
+    pub routes: Vec<Vec<RouteConfig>>,
 }
 
 impl Routing {
     /// The pools with their HTTP settings (in the same order), keeping `old`'s response cache of a
     /// pool whose cache settings are the same.
-    pub(crate) fn new(
+    pub fn new(
         pools: &[Arc<Pool>],
         http: &[HttpPoolConfig],
         routes: Vec<Vec<RouteConfig>>,
@@ -56,7 +58,7 @@ impl Routing {
 
     /// The route and its pool for a request on `listener` with this host (without port) and
     /// normalised path.
-    pub(crate) fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &HttpPool)> {
+    pub fn route(&self, listener: usize, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &HttpPool)> {
         self.routes.get(listener)?.iter().find_map(|r| {
             let host_ok = r.host.as_deref().is_none_or(|want| host.is_some_and(|h| h.eq_ignore_ascii_case(want)));
             (host_ok && path.starts_with(&r.path_prefix)).then(|| (r, &self.pools[r.pool]))
@@ -64,12 +66,12 @@ impl Routing {
     }
 
     /// The HTTP side of the pool named `name`.
-    pub(crate) fn http_pool(&self, name: &str) -> Option<&HttpPool> {
+    pub fn http_pool(&self, name: &str) -> Option<&HttpPool> {
         self.pools.iter().find(|p| p.pool.name == name)
     }
 
     /// Ends what expired in every pool's response cache (the server's ticker).
-    pub(crate) fn tick(&self) {
+    pub fn tick(&self) {
         let now = std::time::SystemTime::now();
         for c in self.pools.iter().filter_map(|p| p.cache.as_ref()) {
             c.store.purge_expired(now);

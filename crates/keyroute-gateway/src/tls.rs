@@ -250,7 +250,7 @@ fn der_time(tag: u8, text: &[u8]) -> Option<SystemTime> {
 /// # Errors
 ///
 /// None in practice: the provider supports the default protocol versions.
-pub(crate) fn server_config(
+pub fn server_config(
     certs: Vec<Certificate>,
     http2: bool,
 ) -> Result<(Arc<ServerConfig>, Arc<Certificates>), rustls::Error> {

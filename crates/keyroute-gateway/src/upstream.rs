@@ -41,6 +41,20 @@ const MAX_IDLE: usize = 256;
 /// request written just as the server closes is lost in flight.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// Whether a socket error means the process is out of a resource (descriptors, buffers, memory):
+/// nobody's fault but its own (an accept backs off; a connect is not the worker's failure).
+pub fn is_resource_exhaustion(e: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = e;
+        false
+    }
+}
+
 /// Why a request could not be sent.
 #[derive(Debug)]
 pub(crate) enum SendError {
@@ -117,7 +131,7 @@ thread_local! {
 }
 
 /// Sets the calling thread's idle list (each runtime thread of the gateway has its own).
-pub(crate) fn set_thread_slot(i: usize) {
+pub fn set_thread_slot(i: usize) {
     SLOT.with(|s| s.set(i % SLOTS));
 }
 
@@ -149,9 +163,7 @@ impl Upstream {
     async fn connect(&self, timeout: Duration) -> Result<ClientConn, SendError> {
         match tokio::time::timeout(timeout, TcpStream::connect(self.addr)).await {
             Ok(Ok(s)) => Ok(ClientConn::new(s)),
-            Ok(Err(e)) if crate::listener::is_resource_exhaustion(&e) => {
-                Err(SendError::Local { addr: self.addr, error: e })
-            }
+            Ok(Err(e)) if is_resource_exhaustion(&e) => Err(SendError::Local { addr: self.addr, error: e }),
             Ok(Err(e)) => Err(SendError::Connect { addr: self.addr, cause: ConnectError::Io(e) }),
             Err(_) => Err(SendError::Connect { addr: self.addr, cause: ConnectError::TimedOut(timeout) }),
         }

@@ -1,7 +1,7 @@
 //! The attempt stage: one try of a request on one worker, and whose failure it was.
 //!
 //! A try is bounded by the per-try timeout and the deadline, and abandoned early when its worker
-//! has stalled (see [`crate::pool::WorkerState::stalled`]) and another can take the request. A
+//! has stalled (see [`keyroute_fleet::pool::WorkerState::stalled`]) and another can take the request. A
 //! pooled connection that fails under a replayable, idempotent request is tried once more on a
 //! fresh one. Then the result is classified: a client's broken or slow upload is the client's
 //! (400/408, never counted against the worker, never retried); the gateway running out of
@@ -23,8 +23,8 @@ use super::guarded::{Guarded, Upload};
 use super::headers::worker_head;
 use crate::body::{self, ProxyBody};
 use crate::config::HttpPoolConfig;
-use crate::pool::{InFlight, Snapshot, WorkerState};
 use crate::upstream::{SendError, Upgraded, UpstreamBody};
+use keyroute_fleet::pool::{InFlight, Snapshot, WorkerState};
 
 pub(super) fn idempotent(m: &Method) -> bool {
     matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)

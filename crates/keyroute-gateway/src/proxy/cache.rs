@@ -17,7 +17,7 @@ use super::headers::{Peer, REQUEST_ID};
 use crate::body::{self, ProxyBody};
 use crate::cache::HotCache;
 use crate::config::HttpPoolConfig;
-use crate::pool::Snapshot;
+use keyroute_fleet::pool::Snapshot;
 
 /// What the cache stage found for a request.
 pub(super) enum Looked {

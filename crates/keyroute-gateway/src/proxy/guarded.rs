@@ -20,8 +20,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use crate::body::BoxError;
-use crate::pool::{InFlight, Snapshot, WorkerState};
 use crate::upstream::UpstreamBody;
+use keyroute_fleet::pool::{InFlight, Snapshot, WorkerState};
 
 /// What the proxy learns of the client's upload.
 #[derive(Debug, Default)]

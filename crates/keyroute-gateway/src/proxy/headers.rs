@@ -492,7 +492,7 @@ pub(crate) fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> Str
 pub(super) fn worker_head(
     head: &mut http::response::Parts,
     http: &crate::config::HttpPoolConfig,
-    worker: &crate::pool::WorkerState,
+    worker: &keyroute_fleet::pool::WorkerState,
 ) {
     strip_hop_by_hop(&mut head.headers);
     if let Some(h) = &http.worker_header

@@ -7,7 +7,7 @@ use http::request::Parts;
 
 use super::headers::Peer;
 use crate::config::{HttpPoolConfig, MissingKey};
-use crate::pool::{Pool, Snapshot};
+use keyroute_fleet::pool::{Pool, Snapshot};
 
 /// The key's hash, `None` when the strategy does not place by key or the key is missing
 /// and the pool falls back to p2c.

@@ -46,21 +46,41 @@ use crate::access::{AccessLog, Placed};
 use crate::body::{BoxError, ProxyBody};
 use crate::routing::{HttpPool, Routing};
 
-/// What the request path shares with the rest of the gateway.
+/// What the request path shares with the rest of the server.
 #[derive(Debug)]
-pub(crate) struct Front {
+pub struct Front {
     /// Pools and routes, swapped whole by a reload.
-    pub(crate) routing: ArcSwap<Routing>,
+    pub routing: ArcSwap<Routing>,
     /// This gateway's `Via` entry.
     pub(crate) via: headers::Via,
     /// Request ids are made from this counter.
     pub(crate) next_request: AtomicU64,
     /// The listeners have closed: responses say `Connection: close`.
-    pub(crate) draining: AtomicBool,
+    pub draining: AtomicBool,
     /// Each listener's access log, if it has one.
-    pub(crate) access_logs: Vec<Option<Arc<AccessLog>>>,
+    pub access_logs: Vec<Option<Arc<AccessLog>>>,
     /// Each listener's tunnel idle timeout and counters.
-    pub(crate) tunnels: Vec<(Duration, Arc<crate::metrics::ListenerMetrics>)>,
+    pub(crate) tunnels: Vec<(Duration, Arc<keyroute_fleet::metrics::ListenerMetrics>)>,
+}
+
+impl Front {
+    /// The request path of a server's client listeners: `routing` (pools and routes), each
+    /// listener's access log and its tunnels' idle timeout and counters (none for a listener of
+    /// another protocol).
+    pub fn new(
+        routing: Routing,
+        access_logs: Vec<Option<Arc<AccessLog>>>,
+        tunnels: Vec<(Duration, Arc<keyroute_fleet::metrics::ListenerMetrics>)>,
+    ) -> Front {
+        Front {
+            routing: ArcSwap::from_pointee(routing),
+            via: headers::Via::random(),
+            next_request: AtomicU64::new(headers::random_u64()),
+            draining: AtomicBool::new(false),
+            access_logs,
+            tunnels,
+        }
+    }
 }
 
 /// What a route gives the request path beyond its pool.
@@ -68,7 +88,7 @@ pub(super) struct Route<'a> {
     /// The upgrades it tunnels.
     pub(super) upgrades: &'a [String],
     /// The listener's tunnel idle timeout and counters.
-    pub(super) tunnel: Option<&'a (Duration, Arc<crate::metrics::ListenerMetrics>)>,
+    pub(super) tunnel: Option<&'a (Duration, Arc<keyroute_fleet::metrics::ListenerMetrics>)>,
 }
 
 /// The gateway's request path for one listener, callable without a socket.
@@ -79,6 +99,12 @@ pub struct ProxyService {
 }
 
 impl ProxyService {
+    /// The request path of client listener `listener` (its index among the HTTP listeners
+    /// `front` was built with).
+    pub fn new(front: Arc<Front>, listener: usize) -> ProxyService {
+        ProxyService { front, listener }
+    }
+
     /// Handles one request from `remote` as the listener would. Never fails: every error is a
     /// response.
     pub async fn call<B>(&self, req: Request<B>, remote: SocketAddr) -> Response<ProxyBody>

@@ -17,7 +17,7 @@ use super::cache::{Caching, X_CACHE};
 use super::{Route, tunnel};
 use crate::body::{self, ProxyBody};
 use crate::cache::HotCache;
-use crate::pool::{InFlight, Pool, Snapshot, WorkerState};
+use keyroute_fleet::pool::{InFlight, Pool, Snapshot, WorkerState};
 
 /// The request lacks a part of its key, and the pool rejects such requests.
 pub(super) fn missing_key(pool: &Pool, missing: &crate::key::MissingPart, id: &str) -> Response<ProxyBody> {

@@ -1,5 +1,5 @@
 //! The steer stage: the worker for one try, by the core's one steering rule
-//! ([`keyroute::steer`], through [`crate::pool::Snapshot::decide`]: hot replicas, handoff, slow
+//! ([`keyroute::steer`], through [`keyroute_fleet::pool::Snapshot::decide`]: hot replicas, handoff, slow
 //! start, the strategy), skipping the workers already tried; and how the try was placed, for the
 //! pool's metrics and the access log.
 
@@ -9,8 +9,8 @@ use keyroute::Decision;
 use tokio::time::Instant;
 
 use crate::access::Placed;
-use crate::metrics::{OUTCOMES, Outcome};
-use crate::pool::{Pool, Snapshot};
+use keyroute_fleet::metrics::{OUTCOMES, Outcome};
+use keyroute_fleet::pool::{Pool, Snapshot};
 
 /// The decision for try `attempt` (0 is the first) of a request for `hash`, counted in the
 /// pool's outcomes and noted in `placed`; `None` when no worker is left to try.

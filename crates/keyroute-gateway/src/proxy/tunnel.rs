@@ -16,8 +16,8 @@ use keyroute_http1::Transport;
 use keyroute_http1::tunnel::{Closed, join};
 
 use crate::access::TunnelEnd;
-use crate::metrics::ListenerMetrics;
-use crate::pool::InFlight;
+use keyroute_fleet::metrics::ListenerMetrics;
+use keyroute_fleet::pool::InFlight;
 
 /// What a tunnel needs beyond its two sides.
 pub(crate) struct Tunnel {

@@ -9,20 +9,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::config::{Config, WorkerConfig};
-use crate::connection::{self, App, Settings};
 use crate::error::{GatewayError, ReloadError};
 use crate::listener::{self, Backoff, OpenConn};
-use crate::metrics::ListenerMetrics;
-use crate::pool::Pool;
-use crate::proxy::{Front, ProxyService, headers::Via};
-use crate::routing::Routing;
-use crate::state::{AuthThrottle, Shared};
+use crate::state::Shared;
+use keyroute_fleet::metrics::ListenerMetrics;
+use keyroute_fleet::pool::Pool;
+use keyroute_gateway::connection::{self, App, Settings};
+use keyroute_gateway::proxy::{Front, ProxyService};
+use keyroute_gateway::routing::Routing;
 
 /// Placements of a pool's requests by outcome (the `keyroute_pool_requests_total` metric).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -109,11 +108,11 @@ impl Gateway {
             bound.push(l);
             listeners.push(sock);
         }
-        let admin = TcpListener::bind(config.admin.listen)
+        let admin_socket = TcpListener::bind(config.admin.listen)
             .await
             .map_err(|source| GatewayError::Bind { addr: config.admin.listen, source })?;
         let admin_listen =
-            admin.local_addr().map_err(|source| GatewayError::Bind { addr: config.admin.listen, source })?;
+            admin_socket.local_addr().map_err(|source| GatewayError::Bind { addr: config.admin.listen, source })?;
         let own: Vec<SocketAddr> = bound.iter().map(|l| l.listen).chain([admin_listen]).collect();
         check_no_self_workers(&config, &own)?;
         let pools = config
@@ -123,7 +122,7 @@ impl Gateway {
             .collect::<Result<Vec<_>, _>>()
             .map_err(GatewayError::Membership)?;
         for p in &pools {
-            crate::membership::source::start_from_saved(p, &own);
+            keyroute_fleet::membership::source::start_from_saved(p, &own);
         }
         crate::probe::set_checks(&config, &pools);
         let routes = bound.iter().map(|l| l.routes.clone()).collect();
@@ -156,7 +155,7 @@ impl Gateway {
                 certificates.push(None);
                 continue;
             }
-            let (config, certs) = crate::tls::server_config(l.tls.clone(), l.http2)
+            let (config, certs) = keyroute_gateway::tls::server_config(l.tls.clone(), l.http2)
                 .map_err(|e| GatewayError::Tls { addr: l.listen, message: e.to_string() })?;
             acceptors.push(Some(config));
             certificates.push(Some(certs));
@@ -166,52 +165,73 @@ impl Gateway {
             access_logs.push(match &l.access_log {
                 None => None,
                 Some(a) => Some(
-                    crate::access::AccessLog::open(a, Arc::clone(m))
+                    keyroute_gateway::access::AccessLog::open(a, Arc::clone(m))
                         .map_err(|source| GatewayError::AccessLog { path: a.path.clone(), source })?,
                 ),
             });
         }
+        let tunnels =
+            bound.iter().zip(&listener_metrics).map(|(l, m)| (l.tunnel_idle_timeout, Arc::clone(m))).collect();
+        let front = Arc::new(Front::new(routing, access_logs, tunnels));
+        let thread_accepted: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
+        let not_ready = Arc::new(AtomicBool::new(false));
+        let admin_metrics: Arc<ListenerMetrics> = Arc::default();
+        let view = keyroute_admin::ServerView {
+            listeners: bound
+                .iter()
+                .zip(&listener_metrics)
+                .zip(&connection_limits)
+                .map(|((l, m), limit)| keyroute_admin::ListenerView {
+                    name: l.name.clone(),
+                    listen: l.listen,
+                    tls: !l.tls.is_empty(),
+                    metrics: Arc::clone(m),
+                    limit: *limit,
+                })
+                .collect(),
+            threads: Arc::clone(&thread_accepted),
+            certificates: bound
+                .iter()
+                .zip(&certificates)
+                .filter_map(|(l, c)| Some((l.name.clone(), Arc::clone(c.as_ref()?))))
+                .collect(),
+            not_ready: Arc::clone(&not_ready),
+        };
+        let admin = keyroute_admin::Admin::new(
+            &config.admin,
+            admin_listen,
+            Arc::clone(&fleet),
+            Arc::clone(&front),
+            view,
+            Arc::clone(&admin_metrics),
+            shutdown.subscribe(),
+        );
         Ok(Gateway {
             shared: Arc::new(Shared {
                 fleet,
-                front: Arc::new(Front {
-                    routing: ArcSwap::from_pointee(routing),
-                    via: Via::random(),
-                    next_request: AtomicU64::new(crate::proxy::headers::random_u64()),
-                    draining: AtomicBool::new(false),
-                    access_logs,
-                    tunnels: bound
-                        .iter()
-                        .zip(&listener_metrics)
-                        .map(|(l, m)| (l.tunnel_idle_timeout, Arc::clone(m)))
-                        .collect(),
-                }),
-                admin_token: config.admin.token.clone(),
-                admin_hosts: config.admin.hosts.clone(),
+                front,
+                admin,
                 epoch,
                 listener_metrics,
-                admin_metrics: Arc::default(),
-                thread_accepted: Mutex::new(Vec::new()),
+                admin_metrics,
+                thread_accepted,
                 certificates,
                 listeners: bound,
                 connection_limits,
                 connection_permits,
                 admin_listen,
-                not_ready: AtomicBool::new(false),
+                not_ready,
                 shutdown,
                 stop_accepting,
                 finished: watch::channel(false).0,
                 closed: Arc::new(tokio::sync::Notify::new()),
                 delay_ms: AtomicU64::new(config.shutdown_delay.as_millis() as u64),
                 grace_ms: AtomicU64::new(config.shutdown_grace.as_millis() as u64),
-                auth: AuthThrottle::default(),
                 reload: Mutex::new(()),
-                dashboard: Default::default(),
-                what_ifs: Arc::new(tokio::sync::Semaphore::new(crate::admin::MAX_WHAT_IFS)),
             }),
             listeners,
             acceptors,
-            admin,
+            admin: admin_socket,
         })
     }
 
@@ -250,7 +270,7 @@ impl Gateway {
         let runtime = |i: usize| {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .on_thread_start(move || crate::upstream::set_thread_slot(i))
+                .on_thread_start(move || keyroute_gateway::upstream::set_thread_slot(i))
                 .build()
         };
         let addrs: Vec<SocketAddr> = self.shared.listeners.iter().map(|l| l.listen).collect();
@@ -265,7 +285,7 @@ impl Gateway {
             let handle = std::thread::Builder::new()
                 .name(format!("keyroute-{i}"))
                 .spawn(move || {
-                    crate::upstream::set_thread_slot(i);
+                    keyroute_gateway::upstream::set_thread_slot(i);
                     rt.block_on(async move {
                         let mut tasks = Vec::new();
                         for (j, (addr, tls)) in addrs.iter().zip(acceptors).enumerate() {
@@ -299,7 +319,7 @@ impl Gateway {
             extra.push(handle);
         }
         let rt = runtime(0).map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
-        crate::upstream::set_thread_slot(0);
+        keyroute_gateway::upstream::set_thread_slot(0);
         let shared = Arc::clone(&self.shared);
         // The listeners were bound on the caller's runtime; move them to this one.
         let listeners: Vec<std::net::TcpListener> = std::mem::take(&mut self.listeners)
@@ -342,7 +362,7 @@ impl Gateway {
             sender.send_replace(true);
         });
         shared.fleet.start();
-        crate::membership::source::announce(&shared.fleet);
+        keyroute_fleet::membership::source::announce(&shared.fleet);
         tokio::spawn(hot_key_ticks(Arc::downgrade(&shared)));
         let mut tasks = Vec::new();
         for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {
@@ -437,7 +457,7 @@ const HOT_KEY_TICK: Duration = Duration::from_millis(50);
 /// How often the ticker also ends what expired in the response caches and the copies registries.
 const EXPIRY_TICK: Duration = Duration::from_secs(1);
 
-/// Ends every pool's hot-key window when it is due ([`crate::pool::hot::HotKeysState::tick`]),
+/// Ends every pool's hot-key window when it is due ([`keyroute_fleet::pool::hot::HotKeysState::tick`]),
 /// and, every [`EXPIRY_TICK`], what expired in each pool's response cache and copies registry,
 /// until the gateway goes away.
 async fn hot_key_ticks(shared: std::sync::Weak<Shared>) {
@@ -521,14 +541,14 @@ async fn accept_loop(
         }
         None => {
             let metrics = Arc::clone(&shared.admin_metrics);
-            let admin = crate::admin::AdminService { shared: Arc::clone(&shared), probes_only: false };
+            let admin = keyroute_admin::AdminService { admin: Arc::clone(&shared.admin), probes_only: false };
             let listener = Listener::Http(Arc::new(http(App::Service(Arc::new(admin)), &metrics)));
             (listener, Arc::new(Semaphore::new(ADMIN_CONNECTIONS)), "admin".to_owned(), metrics)
         }
     };
     // The admin listener's reserve (none for a client listener): one request each, probes only.
     let reserve = index.is_none().then(|| {
-        let admin = crate::admin::AdminService { shared: Arc::clone(&shared), probes_only: true };
+        let admin = keyroute_admin::AdminService { admin: Arc::clone(&shared.admin), probes_only: true };
         let probes = Settings {
             header_timeout: ADMIN_PROBE_HEAD_TIMEOUT,
             one_request: true,
@@ -707,7 +727,7 @@ impl GatewayHandle {
     /// # Errors
     ///
     /// No such pool.
-    pub fn hot_keys(&self, pool: &str) -> Result<Vec<crate::pool::hot::HotKeyInfo>, GatewayError> {
+    pub fn hot_keys(&self, pool: &str) -> Result<Vec<keyroute_fleet::pool::hot::HotKeyInfo>, GatewayError> {
         let p = self.pool(pool)?;
         let snap = p.snapshot();
         Ok(snap.hot().as_ref().map_or_else(Vec::new, |hot| hot.report(&snap)))
@@ -735,8 +755,7 @@ impl GatewayHandle {
     /// The request path of client listener `index` (in configuration order), as a service that
     /// takes requests without a socket.
     pub fn service(&self, index: usize) -> Option<ProxyService> {
-        (index < self.shared.listeners.len())
-            .then(|| ProxyService { front: Arc::clone(&self.shared.front), listener: index })
+        (index < self.shared.listeners.len()).then(|| ProxyService::new(Arc::clone(&self.shared.front), index))
     }
 
     /// Applies a new configuration: pools (strategy, key, workers, health, retries) and routes.
@@ -773,7 +792,9 @@ impl GatewayHandle {
         if !same {
             return Err(GatewayError::Reload(ReloadError::Listeners));
         }
-        if !same_addr(config.admin.listen, self.shared.admin_listen) || config.admin.token != self.shared.admin_token {
+        if !same_addr(config.admin.listen, self.shared.admin_listen)
+            || config.admin.token.as_deref() != self.shared.admin.token()
+        {
             return Err(GatewayError::Reload(ReloadError::Admin));
         }
         check_no_self_workers(&config, &self.shared.own_addrs())?;
@@ -782,7 +803,7 @@ impl GatewayHandle {
         let _one = self.shared.reload.lock();
         let old = self.shared.fleet.pools();
         enum Next<'a> {
-            Kept(&'a Arc<Pool>, Box<crate::pool::Prepared<'a>>),
+            Kept(&'a Arc<Pool>, Box<keyroute_fleet::pool::Prepared<'a>>),
             New(Arc<Pool>),
         }
         let mut next = Vec::new();

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use http::StatusCode;
-use keyroute_gateway::Config;
+use keyroute_server::Config;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,7 +87,7 @@ async fn a_reload_that_changes_the_admin_token_is_refused() {
         "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"a-brand-new-token-1\"",
     );
     let err = gw.handle.reload(Config::parse(&text, "t.toml").expect("valid")).expect_err("refused");
-    assert!(matches!(err, keyroute_gateway::GatewayError::Reload(keyroute_gateway::ReloadError::Admin)), "{err}");
+    assert!(matches!(err, keyroute_server::GatewayError::Reload(keyroute_server::ReloadError::Admin)), "{err}");
     gw.task.abort();
 }
 

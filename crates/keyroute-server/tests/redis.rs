@@ -343,7 +343,7 @@ async fn dbsizes(addrs: &[SocketAddr]) -> Vec<u64> {
 /// value, type and TTL, nothing is lost and nothing is left on a server that does not own it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyroute_move_moves_exactly_its_plan_and_resumes() {
-    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    use keyroute_server::relocate::{self, Layout, Options, Store};
     let (_procs, addrs) = redis_servers(4).await;
     let old_text = config(&addrs[..3], "ring");
     let new_text = config(&addrs, "ring");
@@ -373,8 +373,8 @@ async fn keyroute_move_moves_exactly_its_plan_and_resumes() {
         d.push(0);
         d
     });
-    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
-    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let old = keyroute_server::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_server::Config::parse(&new_text, "new.toml").expect("new");
     let (from, to) = (Layout::of(&old.pools, "cache").expect("from"), Layout::of(&new.pools, "cache").expect("to"));
     let store = Store::of(new.cache_listeners(), "cache").expect("a redis pool");
     let state = temp_file("move-state.json");
@@ -449,7 +449,7 @@ async fn keyroute_move_moves_exactly_its_plan_and_resumes() {
 /// `keyroute move` all hold, and a deleted key does not come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_move_are_not_lost() {
-    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    use keyroute_server::relocate::{self, Layout, Options, Store};
     let (_procs, addrs) = redis_servers(4).await;
     let old_text =
         config(&addrs[..3], "rendezvous").replace("[pool.retry]", "[pool.handoff]\nwindow_ms = 120000\n[pool.retry]");
@@ -480,8 +480,8 @@ async fn writes_during_a_move_are_not_lost() {
     };
     let (req, replies) = writes(0..n / 3);
     ask(&mut c, &req, replies).await;
-    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
-    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let old = keyroute_server::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_server::Config::parse(&new_text, "new.toml").expect("new");
     let (from, to) = (Layout::of(&old.pools, "cache").expect("from"), Layout::of(&new.pools, "cache").expect("to"));
     let store = Store::of(new.cache_listeners(), "cache").expect("a redis pool");
     let plan = relocate::plan(&store, &from, &to, &Options::default()).await.expect("plan");
@@ -661,13 +661,13 @@ async fn a_twemproxy_redis_user_switches_without_losing_a_key() {
     let dir = std::env::temp_dir().join(format!("keyroute-nutcracker-redis-{}", std::process::id()));
     let _nutcracker = start_nutcracker(&dir, &yml);
     let mut text =
-        keyroute_gateway::config::from_nutcracker(&yml, "nutcracker.yml", "127.0.0.1:0".parse().expect("addr"))
+        keyroute_server::config::from_nutcracker(&yml, "nutcracker.yml", "127.0.0.1:0".parse().expect("addr"))
             .expect("converted");
     for port in [tagged, whole] {
         text = text.replace(&format!("listen = \"127.0.0.1:{port}\""), "listen = \"127.0.0.1:0\"");
     }
-    let config = keyroute_gateway::Config::parse(&text, "converted.toml").expect("valid config");
-    let gateway = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+    let config = keyroute_server::Config::parse(&text, "converted.toml").expect("valid config");
+    let gateway = keyroute_server::Gateway::bind(config).await.expect("bind");
     // The gateway's listeners, in the file's order: tagged, then whole.
     let ours = gateway.local_addrs();
     let handle = gateway.handle();
@@ -949,8 +949,8 @@ async fn a_fill_never_lands_after_a_later_write() {
 async fn a_stop_answers_every_command_already_sent() {
     let (_procs, addrs) = redis_servers(2).await;
     let text = format!("shutdown_grace_ms = 10000\n{}", config(&addrs, "rendezvous"));
-    let config = keyroute_gateway::Config::parse(&text, "t.toml").expect("valid");
-    let gw = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+    let config = keyroute_server::Config::parse(&text, "t.toml").expect("valid");
+    let gw = keyroute_server::Gateway::bind(config).await.expect("bind");
     let (addr, handle) = (gw.local_addrs()[0], gw.handle());
     let run = tokio::spawn(gw.run(std::future::pending()));
     let mut c = TcpStream::connect(addr).await.expect("connect");

@@ -19,7 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use keyroute_gateway::{Config, Gateway, GatewayHandle};
+use keyroute_server::{Config, Gateway, GatewayHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -227,7 +227,7 @@ pub async fn start_gateway(text: &str) -> Gw {
         let config = Config::parse(text, "test.toml").expect("valid config");
         match Gateway::bind(config).await {
             Ok(gw) => break gw,
-            Err(keyroute_gateway::GatewayError::Bind { source, .. })
+            Err(keyroute_server::GatewayError::Bind { source, .. })
                 if source.kind() == std::io::ErrorKind::AddrInUse && attempt < 5 =>
             {
                 attempt += 1;

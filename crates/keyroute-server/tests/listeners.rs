@@ -7,7 +7,7 @@ mod support;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use keyroute_gateway::{Config, Gateway, GatewayError};
+use keyroute_server::{Config, Gateway, GatewayError};
 use support::*;
 use tokio::task::JoinSet;
 

@@ -63,16 +63,16 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::body::{BoxError, ProxyBody};
+use crate::Admin;
 use crate::feed::{Full, Limits};
-use crate::metrics::{LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
-use crate::pool::{Pool, State};
-use crate::state::Shared;
+use keyroute_fleet::metrics::{LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
+use keyroute_fleet::pool::{Pool, State};
+use keyroute_gateway::body::{BoxError, ProxyBody};
 
 /// Subscribers at once.
 pub(crate) const MAX_VIEWERS: usize = 64;
 
-/// Subscribers at once from one client address ([`crate::state::client_key`]): an operator's few
+/// Subscribers at once from one client address ([`crate::client_key`]): an operator's few
 /// tabs, and room for other addresses whatever one of them holds (issue 31, defect 17).
 pub(crate) const MAX_VIEWERS_PER_CLIENT: usize = 8;
 
@@ -93,7 +93,7 @@ const PAGE: &str = include_str!("dashboard.html");
 pub(crate) fn page() -> Response<ProxyBody> {
     let nonce = nonce();
     let html = PAGE.replace("{{NONCE}}", &nonce);
-    let mut resp = crate::body::text(StatusCode::OK, "text/html; charset=utf-8", html);
+    let mut resp = keyroute_gateway::body::text(StatusCode::OK, "text/html; charset=utf-8", html);
     let csp = format!(
         "default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; connect-src 'self'; \
          img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -121,9 +121,9 @@ fn nonce() -> String {
 }
 
 /// `GET /events`: subscribes, starting the sampler if it is not running.
-pub(crate) fn events(shared: &Arc<Shared>, client: std::net::IpAddr) -> Response<ProxyBody> {
+pub(crate) fn events(shared: &Arc<Admin>, client: std::net::IpAddr) -> Response<ProxyBody> {
     let limits = Limits { total: MAX_VIEWERS, per_client: MAX_VIEWERS_PER_CLIENT };
-    let sub = match shared.dashboard.subscribe(crate::state::client_key(client), limits, QUEUE) {
+    let sub = match shared.dashboard.subscribe(crate::client_key(client), limits, QUEUE) {
         Ok(sub) => sub,
         Err(Full::Total) => return super::fail(StatusCode::SERVICE_UNAVAILABLE, "too many dashboard viewers"),
         Err(Full::Client) => {
@@ -162,16 +162,16 @@ impl http_body::Body for EventBody {
 }
 
 /// The sampler: a snapshot a second while anyone subscribes.
-async fn run(shared: Arc<Shared>) {
+async fn run(shared: Arc<Admin>) {
     let mut sampler = Sampler::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut shutdown = shared.shutdown.subscribe();
+    let mut shutdown = shared.shutdown.clone();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             // The streams end, so their connections can close.
-            () = crate::state::stopped(&mut shutdown) => return shared.dashboard.close(),
+            _ = shutdown.wait_for(|s| *s) => return shared.dashboard.close(),
         }
         let Some(viewers) = shared.dashboard.watched() else { return };
         let (snapshot, affinity) = sampler.sample(&shared, viewers, Instant::now());
@@ -205,7 +205,7 @@ impl Sampler {
     /// One snapshot, and each pool's affinity point for the history.
     fn sample(
         &mut self,
-        shared: &Shared,
+        shared: &Admin,
         viewers: usize,
         now: Instant,
     ) -> (serde_json::Value, Vec<(String, serde_json::Value)>) {
@@ -225,13 +225,12 @@ impl Sampler {
         self.workers.retain(|k, _| seen.contains(k));
         self.outcomes.retain(|k, _| fleet.iter().any(|p| &p.name == k));
         let mut listeners: Vec<serde_json::Value> = shared
+            .server
             .listeners
             .iter()
-            .zip(&shared.listener_metrics)
-            .zip(&shared.connection_limits)
-            .map(|((l, m), limit)| self.listener(&l.name, l.listen, !l.tls.is_empty(), false, m, Some(*limit), elapsed))
+            .map(|l| self.listener(&l.name, l.listen, l.tls, false, &l.metrics, Some(l.limit), elapsed))
             .collect();
-        listeners.push(self.listener("admin", shared.admin_listen, false, true, &shared.admin_metrics, None, elapsed));
+        listeners.push(self.listener("admin", shared.listen, false, true, &shared.metrics, None, elapsed));
         let snapshot = serde_json::json!({
             "version": 1,
             "time": t,
@@ -239,7 +238,7 @@ impl Sampler {
             "gateway": {
                 "version": env!("CARGO_PKG_VERSION"),
                 "uptime_s": now.saturating_duration_since(shared.epoch).as_secs(),
-                "ready": crate::state::ready(shared),
+                "ready": shared.ready(),
                 "viewers": viewers,
             },
             "listeners": listeners,
@@ -285,7 +284,7 @@ impl Sampler {
     fn pool(
         &mut self,
         pool: &Pool,
-        http: Option<&crate::routing::HttpPool>,
+        http: Option<&keyroute_gateway::routing::HttpPool>,
         elapsed: f64,
         t: u64,
         now: Instant,
@@ -379,8 +378,8 @@ impl Sampler {
         }
         let point = serde_json::Value::Object(point);
         let source = match snap.config().membership {
-            crate::config::MembershipConfig::Static => serde_json::json!({ "kind": "static" }),
-            crate::config::MembershipConfig::Etcd(_) => {
+            keyroute_fleet::config::MembershipConfig::Static => serde_json::json!({ "kind": "static" }),
+            keyroute_fleet::config::MembershipConfig::Etcd(_) => {
                 let s = &pool.source;
                 let now_ms = now.saturating_duration_since(pool.epoch()).as_millis() as u64;
                 let current = s.current_at_ms.load(Relaxed);

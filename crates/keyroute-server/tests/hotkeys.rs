@@ -218,7 +218,7 @@ async fn the_gateway_cache_serves_hot_keys_as_an_http_cache_must_and_coalesces_m
 /// Adds `backend` as w4; each key's owner after the join.
 async fn join_w4(gw: &Gw, backend: &Backend, keys: &[String]) -> HashMap<String, String> {
     let w4 =
-        keyroute_gateway::WorkerConfig { name: "w4".into(), address: backend.addr, weight: 1, zone: None, id: None };
+        keyroute_server::WorkerConfig { name: "w4".into(), address: backend.addr, weight: 1, zone: None, id: None };
     gw.handle.add_worker("p", w4).await.expect("added");
     let mut owner = HashMap::new();
     for k in keys {
@@ -341,7 +341,7 @@ async fn a_replaced_worker_is_not_handed_off() {
     // w3 now listens where the fourth backend does.
     let text = config_text(&refs, "[pool.handoff]\nwindow_ms = 60000", "")
         .replace(&bs[2].addr.to_string(), &bs[3].addr.to_string());
-    let config = keyroute_gateway::Config::parse(&text, "test.toml").expect("valid");
+    let config = keyroute_server::Config::parse(&text, "test.toml").expect("valid");
     gw.handle.reload(config).expect("reloaded");
     let after = serve_all(&gw, &ks).await;
     assert_eq!(after, before, "every key stays on its owner, w3's included");

@@ -1,11 +1,11 @@
 //! The errors of each boundary: starting and reloading the gateway (here), a configuration file
-//! ([`crate::ConfigError`]), a membership change ([`crate::pool::MembershipError`]). None is a
+//! ([`crate::ConfigError`]), a membership change ([`keyroute_fleet::pool::MembershipError`]). None is a
 //! bare string, and none is told apart by its message.
 
 use std::net::SocketAddr;
 
 use crate::config::ConfigError;
-use crate::pool::MembershipError;
+use keyroute_fleet::pool::MembershipError;
 
 /// Why the gateway could not start, apply a change or stop cleanly.
 #[derive(Debug, thiserror::Error)]

@@ -599,11 +599,9 @@ async fn a_route_tunnels_only_the_upgrades_it_allows() {
     assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("plain"), "{answer}");
     let head = heads.lock().expect("heads").last().cloned().unwrap_or_default();
     assert!(!head.contains("upgrade:"), "{head}");
-    let err = keyroute_gateway::Config::parse(
-        &text.replace("upgrades = []", "upgrades = [\"websocket\", \"h2c\"]"),
-        "k.toml",
-    )
-    .expect_err("h2c refused");
+    let err =
+        keyroute_server::Config::parse(&text.replace("upgrades = []", "upgrades = [\"websocket\", \"h2c\"]"), "k.toml")
+            .expect_err("h2c refused");
     assert_eq!(err.field, "listener.listener-1.route.upgrades", "{err}");
 
     // A worker that answers 101 to a protocol it was not offered.
@@ -711,7 +709,7 @@ async fn a_valid_certificate_wins_over_an_expired_one_and_expiry_is_warned() {
     let (soon_c, soon_k, _) = write_cert(&dir, "soon", &["soon.test"]);
     let b = Backend::start("w1").await;
     let text = config(&[&b], &tls_section(&[(&old_c, &old_k), (&new_c, &new_k), (&soon_c, &soon_k)]), "");
-    let cfg = keyroute_gateway::Config::parse(&text, "tls.toml").expect("valid");
+    let cfg = keyroute_server::Config::parse(&text, "tls.toml").expect("valid");
     let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
     assert!(
         warned.iter().any(|w| w.contains("tls.certificate.cert") && w.contains("old.pem has expired")),
@@ -762,7 +760,7 @@ fn certificates_that_expire_soon_are_warned_about() {
         ),
         1,
     );
-    let cfg = keyroute_gateway::Config::parse(&text, "tls.toml").expect("valid");
+    let cfg = keyroute_server::Config::parse(&text, "tls.toml").expect("valid");
     let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
     assert!(
         warned.iter().any(|w| w.contains("soon.pem expires in 2.") || w.contains("soon.pem expires in 3.")),
@@ -1014,9 +1012,9 @@ async fn tls_private_keys_never_reach_debug_output() {
     std::fs::write(&key, &key_pem).expect("write key");
     let bs = backends(1).await;
     let text = config(&[&bs[0]], &tls_section(&[(&cert, &key)]), "");
-    let config = keyroute_gateway::Config::parse(&text, "t.toml").expect("valid");
-    let loaded = keyroute_gateway::tls::Certificate::load(&cert, &key).expect("loads");
-    let gw = keyroute_gateway::Gateway::bind(config.clone()).await.expect("bind");
+    let config = keyroute_server::Config::parse(&text, "t.toml").expect("valid");
+    let loaded = keyroute_server::tls::Certificate::load(&cert, &key).expect("loads");
+    let gw = keyroute_server::Gateway::bind(config.clone()).await.expect("bind");
     let handle = gw.handle();
     let printed = [
         format!("{config:?}"),

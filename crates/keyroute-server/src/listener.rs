@@ -20,12 +20,11 @@
 //!   byte of a next request) is closed silently. HTTP/1.1 keeps both clocks in its connection
 //!   loop (`connection::serve_h1`); HTTP/2 keeps them per connection and per stream.
 
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use crate::metrics::ListenerMetrics;
+use keyroute_fleet::metrics::ListenerMetrics;
 
 /// Raises the soft open-file limit to the hard limit; returns (soft before, soft now).
 pub(crate) fn raise_open_file_limit() -> Option<(u64, u64)> {
@@ -43,18 +42,7 @@ pub(crate) fn raise_open_file_limit() -> Option<(u64, u64)> {
     }
 }
 
-/// Whether an accept error means the process is out of a resource (and should back off).
-pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
-    #[cfg(unix)]
-    {
-        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = e;
-        false
-    }
-}
+pub(crate) use keyroute_gateway::upstream::is_resource_exhaustion;
 
 /// The back-off after accept errors: 10 ms, doubling to 1 s; reset by a successful accept.
 #[derive(Debug, Default)]
@@ -126,7 +114,7 @@ mod tests {
 
     #[test]
     fn out_of_descriptors_is_resource_exhaustion() {
-        assert!(is_resource_exhaustion(&io::Error::from_raw_os_error(libc::EMFILE)));
-        assert!(!is_resource_exhaustion(&io::Error::from_raw_os_error(libc::ECONNABORTED)));
+        assert!(is_resource_exhaustion(&std::io::Error::from_raw_os_error(libc::EMFILE)));
+        assert!(!is_resource_exhaustion(&std::io::Error::from_raw_os_error(libc::ECONNABORTED)));
     }
 }

@@ -453,7 +453,7 @@ async fn admin_changes_on_one_gateway_reach_every_gateway_through_etcd() {
     // A reload changes the pool's settings, not its members, and the source goes on.
     let state = etcd.dir().join(format!("gw0-{}.json", prefix.replace('/', "_")));
     let text = etcd_config(&etcd.endpoint(), prefix, "ring", &state);
-    gws[0].handle.reload(keyroute_gateway::Config::parse(&text, "t.toml").expect("valid")).expect("reload");
+    gws[0].handle.reload(keyroute_server::Config::parse(&text, "t.toml").expect("valid")).expect("reload");
     assert_eq!(gws[0].handle.membership("p").expect("pool").workers, ["w2"]);
     let (_, v) = admin(&gws[0], "GET", "/workers", "", None).await;
     assert_eq!(v["pools"][0]["strategy"], "ring");
@@ -604,13 +604,13 @@ async fn a_pool_switched_to_static_and_back_follows_etcd_again() {
     .await;
     // To static: the file's workers.
     let static_text = config_text(&[&backends[1]], "", "");
-    gw.handle.reload(keyroute_gateway::Config::parse(&static_text, "t.toml").expect("valid")).expect("reload");
+    gw.handle.reload(keyroute_server::Config::parse(&static_text, "t.toml").expect("valid")).expect("reload");
     assert_eq!(gw.handle.membership("p").expect("pool").workers, ["w2"]);
     registry.add("e2", &record(backends[2].addr, 1, false), 0).await.expect("add");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(gw.handle.membership("p").expect("pool").workers, ["w2"], "a static pool ignores etcd");
     // And back to etcd: the source runs again and applies what etcd has now.
-    gw.handle.reload(keyroute_gateway::Config::parse(&text, "t.toml").expect("valid")).expect("reload");
+    gw.handle.reload(keyroute_server::Config::parse(&text, "t.toml").expect("valid")).expect("reload");
     eventually(Duration::from_secs(5), "etcd's members again", || async {
         gw.handle.membership("p").expect("pool").workers == ["e1", "e2"]
     })

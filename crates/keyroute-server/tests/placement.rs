@@ -151,7 +151,7 @@ async fn bounded_loads_hold_across_runtime_threads() {
     }
     let refs: Vec<&Backend> = bs.iter().collect();
     let text = config_text(&refs, "strategy = \"bounded-rendezvous\"\nepsilon = 0.25", "");
-    let gw = keyroute_gateway::Gateway::bind(keyroute_gateway::Config::parse(&text, "t.toml").expect("valid"))
+    let gw = keyroute_server::Gateway::bind(keyroute_server::Config::parse(&text, "t.toml").expect("valid"))
         .await
         .expect("bind");
     let addr = gw.local_addrs()[0];

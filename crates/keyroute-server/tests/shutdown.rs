@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use http::StatusCode;
-use keyroute_gateway::{Config, Gateway, GatewayError};
+use keyroute_server::{Config, Gateway, GatewayError};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

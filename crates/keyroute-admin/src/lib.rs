@@ -1,5 +1,10 @@
+//! # keyroute-admin: the admin API, its guard, the dashboard, `/metrics` and the event feed
+//!
 //! The admin API, on its own listener (loopback by default; a bearer token is required when it is
-//! bound elsewhere, and enforced whenever one is configured).
+//! bound elsewhere, and enforced whenever one is configured), served by the HTTP gateway's engine
+//! as a [`keyroute_gateway::connection::Service`] ([`AdminService`]). It inspects and changes the
+//! pools ([`keyroute_fleet`]), reads the HTTP side's key templates and response caches, and reads
+//! the rest of the running server through [`ServerView`]: nothing here owns a listener.
 //!
 //! | method and path | what |
 //! |---|---|
@@ -40,10 +45,15 @@
 // API is not a hot path, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
-pub(crate) mod dashboard;
+pub mod dashboard;
+mod exposition;
+mod feed;
 mod guard;
+mod throttle;
 
 use self::guard::Hosts;
+use self::throttle::client_key;
+use self::throttle::{AUTH_WINDOW, AuthThrottle};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,7 +65,10 @@ use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::body::{self, ProxyBody};
+use keyroute_fleet::Fleet;
+use keyroute_fleet::metrics::ListenerMetrics;
+use keyroute_gateway::body::{self, ProxyBody};
+use keyroute_gateway::proxy::Front;
 
 /// An admin request's body, read whole by the connection before the request is handled (admin
 /// bodies are small: [`MAX_BODY`]).
@@ -63,14 +76,121 @@ pub(crate) type AdminBody = http_body_util::Full<bytes::Bytes>;
 
 /// The largest admin request body (the batch placement's).
 pub(crate) const MAX_BODY: usize = 1 << 20;
-use crate::config::{EtcdConfig, MembershipConfig, validate_worker};
+
+/// What the admin API reads of the running server besides its pools: the client listeners and
+/// their counters, the runtime threads' accept counts, the certificates in use, and whether the
+/// server is shutting down. Each part is the server's own counter or value, shared.
+#[derive(Debug)]
+pub struct ServerView {
+    /// The client listeners, in configuration order.
+    pub listeners: Vec<ListenerView>,
+    /// Client connections accepted by each runtime thread (the index is the thread's).
+    pub threads: Arc<parking_lot::Mutex<Vec<Arc<std::sync::atomic::AtomicU64>>>>,
+    /// Each TLS listener's name and certificates.
+    pub certificates: Vec<(String, Arc<keyroute_gateway::tls::Certificates>)>,
+    /// Set once the server shuts down: `/readyz` says not ready.
+    pub not_ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A client listener as the admin API shows it.
+#[derive(Debug)]
+pub struct ListenerView {
+    /// Its name.
+    pub name: String,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Whether it speaks TLS.
+    pub tls: bool,
+    /// Its counters.
+    pub metrics: Arc<ListenerMetrics>,
+    /// Its connection limit.
+    pub limit: usize,
+}
+
+/// The admin API's settings: where it listens, its token and the host names it answers to.
+#[derive(Clone, Debug)]
+pub struct AdminConfig {
+    /// Where it listens (loopback by default).
+    pub listen: SocketAddr,
+    /// The bearer token; required when `listen` is not a loopback address.
+    pub token: Option<String>,
+    /// Host names the API answers to besides its own address and `localhost` (DNS rebinding:
+    /// any other `Host` gets 421).
+    pub hosts: Vec<String>,
+}
+
+/// The admin API's state, shared by its connections and its feed's sampler.
+#[derive(Debug)]
+pub struct Admin {
+    fleet: Arc<Fleet>,
+    front: Arc<Front>,
+    server: ServerView,
+    token: Option<String>,
+    hosts: Vec<String>,
+    listen: SocketAddr,
+    epoch: Instant,
+    /// The admin listener's connection counts.
+    metrics: Arc<ListenerMetrics>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    auth: AuthThrottle,
+    /// The dashboard's subscribers and sampler.
+    dashboard: feed::Hub,
+    /// The `/placement` what-ifs being built now (at most [`MAX_WHAT_IFS`]).
+    what_ifs: Arc<tokio::sync::Semaphore>,
+}
+
+impl Admin {
+    /// The admin API of a server: its settings (`listen`: the address it is bound to), the pools,
+    /// the HTTP side's view of them (`front`: key templates and response caches), the rest of the
+    /// server, the admin listener's counters, and the server's stop.
+    pub fn new(
+        config: &AdminConfig,
+        listen: SocketAddr,
+        fleet: Arc<Fleet>,
+        front: Arc<Front>,
+        server: ServerView,
+        metrics: Arc<ListenerMetrics>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Arc<Admin> {
+        Arc::new(Admin {
+            epoch: fleet.epoch(),
+            fleet,
+            front,
+            server,
+            token: config.token.clone(),
+            hosts: config.hosts.clone(),
+            listen,
+            metrics,
+            shutdown,
+            auth: AuthThrottle::default(),
+            dashboard: Default::default(),
+            what_ifs: Arc::new(tokio::sync::Semaphore::new(MAX_WHAT_IFS)),
+        })
+    }
+
+    /// The admin API's token.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// Every address the server listens at.
+    fn own_addrs(&self) -> Vec<SocketAddr> {
+        self.fleet.own_addrs().to_vec()
+    }
+
+    /// Whether the server takes traffic: not shutting down, and every pool has an available
+    /// worker (`/readyz`).
+    pub fn ready(&self) -> bool {
+        !self.server.not_ready.load(Relaxed) && self.fleet.ready(Instant::now())
+    }
+}
 use crate::exposition::Scrape;
-use crate::key::{percent_decode, query_value};
-use crate::metrics::CLASSES;
-use crate::pool::{MembershipError, Pool, WhatIf};
-use crate::state::{AUTH_WINDOW, Shared};
 use keyroute_etcd::record::{RecordState, WorkerRecord};
 use keyroute_etcd::registry::{ChangeError, Registry};
+use keyroute_fleet::config::{EtcdConfig, MembershipConfig, validate_worker};
+use keyroute_fleet::metrics::CLASSES;
+use keyroute_fleet::pool::{MembershipError, Pool, WhatIf};
+use keyroute_gateway::key::{percent_decode, query_value};
 
 fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
     body::json(status, &value)
@@ -192,7 +312,7 @@ pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// The answer to send instead (the body is then never read).
 pub(crate) fn admit(
-    shared: &Shared,
+    shared: &Admin,
     head: &http::request::Parts,
     remote: SocketAddr,
     probes_only: bool,
@@ -219,12 +339,15 @@ pub(crate) fn seal(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
 /// body read whole within [`BODY_TIMEOUT`] (the admin API's bodies are small: a larger one is
 /// refused), then the endpoint's answer, marked `nosniff`. `probes_only`: a connection of the
 /// listener's reserve, which answers only the probes.
-pub(crate) struct AdminService {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) probes_only: bool,
+#[derive(Debug)]
+pub struct AdminService {
+    /// The admin API.
+    pub admin: Arc<Admin>,
+    /// Whether only the probes are answered (a connection of the listener's reserve).
+    pub probes_only: bool,
 }
 
-impl crate::connection::Service for AdminService {
+impl keyroute_gateway::connection::Service for AdminService {
     fn call(
         &self,
         req: Request<keyroute_http1::RequestBody>,
@@ -232,27 +355,24 @@ impl crate::connection::Service for AdminService {
     ) -> std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> {
         Box::pin(async move {
             let (parts, body) = req.into_parts();
-            let admitted = match admit(&self.shared, &parts, remote, self.probes_only) {
+            let admitted = match admit(&self.admin, &parts, remote, self.probes_only) {
                 Ok(a) => a,
                 Err(answer) => return seal(answer),
             };
             let resp = match tokio::time::timeout(BODY_TIMEOUT, read_body(body)).await {
                 Ok(Ok(b)) => {
                     let req = Request::from_parts(parts, http_body_util::Full::new(b));
-                    handle(&self.shared, admitted, req, remote).await
+                    handle(&self.admin, admitted, req, remote).await
                 }
-                Ok(Err(_)) => crate::body::error(
+                Ok(Err(_)) => body::error(
                     StatusCode::BAD_REQUEST,
                     "the body could not be read (at most 1024 KiB)",
                     "bad_request_body",
                     "-",
                 ),
-                Err(_) => crate::body::error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "the body did not arrive within 10 s",
-                    "body_timeout",
-                    "-",
-                ),
+                Err(_) => {
+                    body::error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive within 10 s", "body_timeout", "-")
+                }
             };
             seal(resp)
         })
@@ -274,7 +394,7 @@ async fn read_body(mut body: keyroute_http1::RequestBody) -> Result<bytes::Bytes
 
 /// Handles one admitted admin request: the endpoint's function.
 pub(crate) async fn handle(
-    shared: &Arc<Shared>,
+    shared: &Arc<Admin>,
     Admitted(endpoint): Admitted,
     req: Request<AdminBody>,
     remote: SocketAddr,
@@ -337,7 +457,7 @@ pub(crate) async fn handle(
 /// Who may ask what, before any endpoint runs: the path and method (404, 405), the
 /// [`guard`]'s origin and Host rules, the probes that need no token, then the token and its
 /// throttle. `Err` is the answer to send instead.
-fn gate(shared: &Shared, head: &http::request::Parts, remote: SocketAddr) -> Result<Endpoint, Response<ProxyBody>> {
+fn gate(shared: &Admin, head: &http::request::Parts, remote: SocketAddr) -> Result<Endpoint, Response<ProxyBody>> {
     let path = head.uri.path();
     let Some(endpoint) = Endpoint::of(path) else { return Err(fail(StatusCode::NOT_FOUND, "no such admin endpoint")) };
     if !endpoint.allows(&head.method) {
@@ -345,7 +465,7 @@ fn gate(shared: &Shared, head: &http::request::Parts, remote: SocketAddr) -> Res
         resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static(endpoint.allow()));
         return Err(resp);
     }
-    let hosts = Hosts::new(shared.admin_listen, &shared.admin_hosts);
+    let hosts = Hosts::new(shared.listen, &shared.hosts);
     let checked = guard::check(&hosts, &head.method, &head.headers)
         .and_then(|()| if endpoint.is_heavy() { guard::check_heavy(&hosts, &head.headers) } else { Ok(()) });
     if let Err(refused) = checked {
@@ -367,13 +487,13 @@ fn gate(shared: &Shared, head: &http::request::Parts, remote: SocketAddr) -> Res
 /// credentials only when challenged, can start a login from an address someone else has
 /// throttled (issue 31, defect 15).
 fn authorize(
-    shared: &Shared,
+    shared: &Admin,
     headers: &http::HeaderMap,
     endpoint: Endpoint,
     remote: SocketAddr,
     path: &str,
 ) -> Result<(), Response<ProxyBody>> {
-    let Some(token) = &shared.admin_token else { return Ok(()) };
+    let Some(token) = &shared.token else { return Ok(()) };
     let presented = guard::credential(headers);
     if guard::token_matches(presented.as_deref(), token) {
         return Ok(());
@@ -403,11 +523,11 @@ fn authorize(
 }
 
 /// `GET /readyz`.
-fn readyz(shared: &Shared) -> Response<ProxyBody> {
+fn readyz(shared: &Admin) -> Response<ProxyBody> {
     let detail = sources_detail(shared);
-    if crate::state::ready(shared) {
+    if shared.ready() {
         body::text(StatusCode::OK, "text/plain", format!("ready\n{detail}"))
-    } else if shared.not_ready.load(Relaxed) {
+    } else if shared.server.not_ready.load(Relaxed) {
         body::text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: shutting down\n{detail}"))
     } else {
         body::text(
@@ -443,7 +563,7 @@ enum NoPool {
 }
 
 /// `GET /metrics`.
-fn metrics(shared: &Shared, pools: &[Arc<Pool>]) -> Response<ProxyBody> {
+fn metrics(shared: &Admin, pools: &[Arc<Pool>]) -> Response<ProxyBody> {
     let routing = shared.front.routing.load();
     let scrape = Scrape {
         pools: pools.to_vec(),
@@ -453,24 +573,22 @@ fn metrics(shared: &Shared, pools: &[Arc<Pool>]) -> Response<ProxyBody> {
             .filter_map(|p| Some((p.pool.name.clone(), Arc::clone(p.cache.as_ref()?))))
             .collect(),
         listeners: shared
+            .server
             .listeners
             .iter()
-            .zip(&shared.listener_metrics)
-            .zip(&shared.connection_limits)
-            .map(|((l, m), n)| (l.name.clone(), *n as u64, Arc::clone(m)))
+            .map(|l| (l.name.clone(), l.limit as u64, Arc::clone(&l.metrics)))
             .collect(),
-        threads: shared.thread_accepted.lock().iter().map(|n| n.load(Relaxed)).collect(),
+        threads: shared.server.threads.lock().iter().map(|n| n.load(Relaxed)).collect(),
         admin_auth_failures: shared.auth.failures.load(Relaxed),
         dashboard_viewers: shared.dashboard.viewers() as u64,
         certificates: shared
-            .listeners
+            .server
+            .certificates
             .iter()
-            .zip(&shared.certificates)
-            .filter_map(|(l, c)| c.as_ref().map(|c| (l, c)))
-            .flat_map(|(l, c)| {
+            .flat_map(|(name, c)| {
                 c.expiry(std::time::SystemTime::now())
                     .into_iter()
-                    .map(|(file, secs)| (l.name.clone(), file.display().to_string(), secs))
+                    .map(|(file, secs)| (name.clone(), file.display().to_string(), secs))
             })
             .collect(),
     };
@@ -490,7 +608,7 @@ async fn place_batch(pool: &Pool, req: Request<AdminBody>) -> Response<ProxyBody
 }
 
 /// `POST /workers` on a static pool.
-async fn add_worker(shared: &Shared, pool: Arc<Pool>, req: Request<AdminBody>) -> Response<ProxyBody> {
+async fn add_worker(shared: &Admin, pool: Arc<Pool>, req: Request<AdminBody>) -> Response<ProxyBody> {
     let add: AddWorker = match read_json(req).await {
         Ok(v) => v,
         Err(r) => return r,
@@ -582,7 +700,7 @@ fn drain(pool: Arc<Pool>, name: &str) -> Response<ProxyBody> {
 
 /// A pool's hot keys (also the dashboard's): each with its key text when a sampled request showed it, hash, measured rate,
 /// replica count and replicas (the first of its ranking), plus the cache's figures.
-fn hot_keys(pool: &Pool, http: Option<&crate::routing::HttpPool>) -> serde_json::Value {
+fn hot_keys(pool: &Pool, http: Option<&keyroute_gateway::routing::HttpPool>) -> serde_json::Value {
     let snap = pool.snapshot();
     let Some(hot) = snap.hot() else {
         return serde_json::json!({ "pool": pool.name, "enabled": false, "keys": [] });
@@ -659,7 +777,7 @@ fn what_if_of(req: &Request<AdminBody>) -> Result<WhatIf, String> {
     for (name, _) in &change.add {
         // The same rule as a real worker's name (any address will do: only the name is checked).
         let any = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
-        crate::config::validate_worker_with(name, "127.0.0.1:1", 1, None, &[], |_| Some(any))
+        keyroute_fleet::config::validate_worker_with(name, "127.0.0.1:1", 1, None, &[], |_| Some(any))
             .map_err(|e| format!("add={}: {}", name.escape_debug(), e.message))?;
     }
     Ok(change)
@@ -687,7 +805,7 @@ fn start_what_if(
 
 /// `GET /placement`: the key's ranking, and with a hypothetical change where it would go then
 /// (built on the blocking pool: a table can take a while).
-async fn placement(shared: &Shared, pool: Arc<Pool>, key: String, change: WhatIf) -> Response<ProxyBody> {
+async fn placement(shared: &Admin, pool: Arc<Pool>, key: String, change: WhatIf) -> Response<ProxyBody> {
     if change.is_empty() {
         return json(StatusCode::OK, placement_now(&pool, &key));
     }
@@ -785,7 +903,7 @@ fn etcd_of(pool: &Pool) -> Option<EtcdConfig> {
 }
 
 /// One line per etcd-backed pool for `/readyz`: is the source up, what revision, how old.
-fn sources_detail(shared: &Shared) -> String {
+fn sources_detail(shared: &Admin) -> String {
     let mut out = String::new();
     for p in shared.fleet.pools().iter() {
         if etcd_of(p).is_none() {
@@ -843,7 +961,7 @@ fn change_error(e: ChangeError) -> Response<ProxyBody> {
 
 /// A membership change of an etcd-backed pool: written to etcd, applied by the watch.
 async fn etcd_change(
-    shared: &Arc<Shared>,
+    shared: &Arc<Admin>,
     pool: Arc<Pool>,
     endpoint: Endpoint,
     req: Request<AdminBody>,
@@ -974,7 +1092,7 @@ enum BodyError {
 
 /// A pool's `/workers` entry: its strategy, key template (for a pool HTTP routes to), generation
 /// and members.
-fn describe(p: &Pool, http: Option<&crate::routing::HttpPool>) -> serde_json::Value {
+fn describe(p: &Pool, http: Option<&keyroute_gateway::routing::HttpPool>) -> serde_json::Value {
     let snap = p.snapshot();
     let now = Instant::now();
     let workers: Vec<serde_json::Value> = snap
@@ -1062,9 +1180,9 @@ mod tests {
 /// Entry points for the fuzz targets (`fuzz/`): the admin API's body parsing and worker
 /// validation, without a socket. Not part of the public API.
 #[doc(hidden)]
-pub(crate) mod fuzzing {
+pub mod fuzzing {
     use super::{AddWorker, PatchWorker};
-    use crate::config::validate_worker_with;
+    use keyroute_fleet::config::validate_worker_with;
 
     /// Parses a `POST /workers` body and validates the worker against `own` addresses (host
     /// names are not resolved); returns whether it was accepted. Never panics.

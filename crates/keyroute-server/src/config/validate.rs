@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::raw::{RawConfig, RawPool};
 use super::*;
-use crate::key::KeyTemplate;
+use keyroute_gateway::key::KeyTemplate;
 
 /// Errors carry the file and compute lines from byte offsets.
 pub(super) struct Ctx<'a> {
@@ -463,7 +463,7 @@ fn validate_tls(
     ctx: &Ctx<'_>,
     l: &super::raw::RawListener,
     name: &str,
-) -> Result<Vec<crate::tls::Certificate>, ConfigError> {
+) -> Result<Vec<keyroute_gateway::tls::Certificate>, ConfigError> {
     let field = |f: &str| format!("listener.{name}.{f}");
     let mut tls = Vec::new();
     if let Some(t) = &l.tls {
@@ -476,7 +476,7 @@ fn validate_tls(
         }
         for c in &t.certificate {
             let (cert, key) = (relative_to(ctx, c.cert.get_ref()), relative_to(ctx, c.key.get_ref()));
-            match crate::tls::Certificate::load(&cert, &key) {
+            match keyroute_gateway::tls::Certificate::load(&cert, &key) {
                 Ok(loaded) => {
                     if let Some(w) = loaded.warning(std::time::SystemTime::now()) {
                         ctx.warn(Some(c.cert.span()), field("tls.certificate.cert"), w);
@@ -661,10 +661,10 @@ fn validate_key(
         Ok(k) => k,
         Err(e) => {
             let (span, f) = match &e {
-                crate::key::TemplateError::Normalize(_) => {
+                keyroute_gateway::key::TemplateError::Normalize(_) => {
                     (p.normalize.as_ref().map(Spanned::span), field("normalize"))
                 }
-                crate::key::TemplateError::Template(_) => (p.key.as_ref().map(Spanned::span), field("key")),
+                keyroute_gateway::key::TemplateError::Template(_) => (p.key.as_ref().map(Spanned::span), field("key")),
             };
             return ctx.err(span, f, e.to_string());
         }
@@ -920,14 +920,15 @@ fn check_members(
     }
     // Build the strategy once so that its errors (jump with weights, a Maglev size that is not a
     // prime...) surface now, with the pool named, instead of at the first request.
-    let nodes = crate::table::node_set(workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref(), w.id)))
-        .map_err(|e| ConfigError {
+    let nodes =
+        keyroute_fleet::table::node_set(workers.iter().map(|w| (w.name.as_str(), w.weight, w.zone.as_deref(), w.id)))
+            .map_err(|e| ConfigError {
             file: ctx.file.clone(),
             line: Some(ctx.line(p.name.span().start)),
             field: field("worker"),
             message: e.to_string(),
         })?;
-    if let Err(too_large) = crate::table::check_table_size(strategy, options, &nodes) {
+    if let Err(too_large) = keyroute_fleet::table::check_table_size(strategy, options, &nodes) {
         let span = p.vnodes.as_ref().map(Spanned::span).or(p.maglev_size.as_ref().map(Spanned::span));
         return ctx.err(span.or(Some(p.name.span())), field("worker"), too_large.to_string());
     }

@@ -274,7 +274,7 @@ async fn a_twemproxy_user_switches_without_a_flush() {
     wait_port(n_addr).await;
     // keyroute with the configuration `keyroute from-nutcracker` makes of the same YAML (on
     // another port, to run beside it).
-    let text = keyroute_gateway::config::from_nutcracker(&yml, "nutcracker.yml", "127.0.0.1:0".parse().expect("addr"))
+    let text = keyroute_server::config::from_nutcracker(&yml, "nutcracker.yml", "127.0.0.1:0".parse().expect("addr"))
         .expect("converted")
         .replace(&format!("listen = \"{n_addr}\""), "listen = \"127.0.0.1:0\"");
     let gw = start_gateway(&text).await;
@@ -460,7 +460,7 @@ async fn a_hot_key_is_read_from_its_replicas_and_its_copies_deleted_on_a_write()
 /// TTL, and deleted from the old one; the moves equal the dry run's plan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyroute_move_moves_memcached_keys_to_their_new_owners() {
-    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    use keyroute_server::relocate::{self, Layout, Options, Store};
     let (_procs, addrs) = memcacheds(4).await;
     let old_text = config(&addrs[..3], "rendezvous", "");
     let new_text = config(&addrs, "rendezvous", "");
@@ -480,8 +480,8 @@ async fn keyroute_move_moves_memcached_keys_to_their_new_owners() {
         assert_eq!(r.matches("STORED\r\n").count(), n, "every set stored");
         gw.handle.shutdown();
     }
-    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
-    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let old = keyroute_server::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_server::Config::parse(&new_text, "new.toml").expect("new");
     let (from, to) = (Layout::of(&old.pools, "cache").expect("from"), Layout::of(&new.pools, "cache").expect("to"));
     let store = Store::of(new.cache_listeners(), "cache").expect("a memcached pool");
     let options = Options { batch: 64, ..Options::default() };
@@ -892,7 +892,7 @@ async fn a_fill_never_lands_after_a_later_write() {
 /// increment, and none is left on a server that does not own it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_under_the_handoff_hides_no_key_and_loses_no_increment() {
-    use keyroute_gateway::relocate::{self, Layout, Options, Store};
+    use keyroute_server::relocate::{self, Layout, Options, Store};
     let (_procs, addrs) = memcacheds(4).await;
     let handoff = "[pool.handoff]\nwindow_ms = 60000\n";
     let old_text = config(&addrs[..3], "rendezvous", handoff);
@@ -910,8 +910,8 @@ async fn a_move_under_the_handoff_hides_no_key_and_loses_no_increment() {
     let body = format!(r#"{{"name":"{}","address":"{}"}}"#, addrs[3], addrs[3]);
     let (status, answer) = admin(&gw, "POST", "/workers", &body, None).await;
     assert!(status.is_success(), "{status} {answer}");
-    let old = keyroute_gateway::Config::parse(&old_text, "old.toml").expect("old");
-    let new = keyroute_gateway::Config::parse(&new_text, "new.toml").expect("new");
+    let old = keyroute_server::Config::parse(&old_text, "old.toml").expect("old");
+    let new = keyroute_server::Config::parse(&new_text, "new.toml").expect("new");
     let (from, to) = (Layout::of(&old.pools, "cache").expect("from"), Layout::of(&new.pools, "cache").expect("to"));
     let store = Store::of(new.cache_listeners(), "cache").expect("a memcached pool");
     let options = Options { batch: 32, ..Options::default() };
@@ -953,8 +953,8 @@ async fn a_move_under_the_handoff_hides_no_key_and_loses_no_increment() {
 async fn a_stop_answers_every_command_already_sent() {
     let (_procs, addrs) = memcacheds(2).await;
     let text = format!("shutdown_grace_ms = 10000\n{}", config(&addrs, "rendezvous", ""));
-    let config = keyroute_gateway::Config::parse(&text, "t.toml").expect("valid");
-    let gw = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+    let config = keyroute_server::Config::parse(&text, "t.toml").expect("valid");
+    let gw = keyroute_server::Gateway::bind(config).await.expect("bind");
     let (addr, handle) = (gw.local_addrs()[0], gw.handle());
     let run = tokio::spawn(gw.run(std::future::pending()));
     let mut c = TcpStream::connect(addr).await.expect("connect");
@@ -1001,8 +1001,8 @@ async fn a_stop_behind_a_paused_server_answers_or_says_it_cut() {
         assert!(ok, "kill {s}");
     };
     for (grace, per_try, cut) in [(10_000, 600, false), (300, 5_000, true)] {
-        let config = keyroute_gateway::Config::parse(&owned_by(grace, per_try), "t.toml").expect("valid");
-        let gw = keyroute_gateway::Gateway::bind(config).await.expect("bind");
+        let config = keyroute_server::Config::parse(&owned_by(grace, per_try), "t.toml").expect("valid");
+        let gw = keyroute_server::Gateway::bind(config).await.expect("bind");
         let (addr, handle) = (gw.local_addrs()[0], gw.handle());
         let run = tokio::spawn(gw.run(std::future::pending()));
         let mut c = TcpStream::connect(addr).await.expect("connect");
@@ -1018,7 +1018,7 @@ async fn a_stop_behind_a_paused_server_answers_or_says_it_cut() {
         signal("-CONT");
         if cut {
             assert!(
-                matches!(result, Err(keyroute_gateway::GatewayError::GraceExpired { .. })),
+                matches!(result, Err(keyroute_server::GatewayError::GraceExpired { .. })),
                 "a cut command shows in the exit: {result:?}"
             );
         } else {

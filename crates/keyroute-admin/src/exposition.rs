@@ -13,10 +13,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::cache::HotCache;
-use crate::metrics::{CLASSES, LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
-use crate::pool::hot::{HotKeysState, HotMetrics};
-use crate::pool::{Pool, Snapshot, State};
+use keyroute_fleet::metrics::{CLASSES, LATENCY_BUCKETS, ListenerMetrics, OUTCOMES};
+use keyroute_fleet::pool::hot::{HotKeysState, HotMetrics};
+use keyroute_fleet::pool::{Pool, Snapshot, State};
+use keyroute_gateway::cache::HotCache;
 
 /// What `/metrics` shows: the pools, the listeners and the admin API's own counters.
 #[derive(Debug)]
@@ -320,7 +320,7 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
     // No etcd-backed pool: no empty families.
     let sourced: Vec<&Arc<Pool>> = snaps
         .iter()
-        .filter(|(_, s)| matches!(s.config().membership, crate::config::MembershipConfig::Etcd(_)))
+        .filter(|(_, s)| matches!(s.config().membership, keyroute_fleet::config::MembershipConfig::Etcd(_)))
         .map(|(p, _)| *p)
         .collect();
     if !sourced.is_empty() {

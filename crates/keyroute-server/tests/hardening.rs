@@ -10,7 +10,7 @@ use http::{Request, StatusCode};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use keyroute_gateway::Config;
+use keyroute_server::Config;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
