@@ -28,8 +28,12 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     }
     init_logging(&args.log)?;
     // --watch also watches the certificate files: a renewed certificate reloads by itself.
-    let certificates: Vec<std::path::PathBuf> =
-        config.listeners.iter().flat_map(|l| l.tls.iter().flat_map(|c| [c.cert.clone(), c.key.clone()])).collect();
+    let certificates: Vec<std::path::PathBuf> = config
+        .listeners
+        .iter()
+        .filter_map(|l| l.http())
+        .flat_map(|h| h.tls.iter().flat_map(|c| [c.cert.clone(), c.key.clone()]))
+        .collect();
     let threads = match args.threads {
         Some(0) => return Err(Usage("--threads: must be at least 1".into()).into()),
         Some(n) => n,

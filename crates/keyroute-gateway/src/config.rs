@@ -1,5 +1,5 @@
-//! A pool's and a route's HTTP settings, validated (the file they come from is the server's):
-//! what the HTTP listeners need beyond the fleet's pool settings.
+//! An HTTP listener's, a route's and a pool's HTTP settings, validated (the file they come from is
+//! the server's): what the HTTP listeners need beyond the fleet's pool settings.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,6 +7,53 @@ use std::time::Duration;
 use http::HeaderName;
 
 use crate::key::KeyTemplate;
+
+/// What an HTTP listener serves and how (its name, address and connection limit are the
+/// server's, shared with every kind of listener).
+#[derive(Clone, Debug)]
+pub struct HttpListenerConfig {
+    /// Requests whose headers exceed this get 431.
+    pub max_header_bytes: usize,
+    /// Requests with more header fields than this get 431.
+    pub max_headers: usize,
+    /// A request head (after a connection opens, or after the previous response) that takes
+    /// longer than this to arrive gets 408 and the connection is closed.
+    pub header_timeout: Duration,
+    /// Routes, tried in order.
+    pub routes: Vec<RouteConfig>,
+    /// TLS certificates (empty: plain TCP). SNI picks among them; the first is the default.
+    pub tls: Vec<crate::tls::Certificate>,
+    /// Offer HTTP/2 by ALPN on a TLS listener (on by default).
+    pub http2: bool,
+    /// Accept HTTP/2 with prior knowledge (h2c) on a plain listener (off by default).
+    pub h2c: bool,
+    /// Concurrent streams per HTTP/2 connection.
+    pub max_concurrent_streams: u32,
+    /// The access log, if any.
+    pub access_log: Option<AccessLogConfig>,
+    /// A response whose client reads nothing of it for this long is cut (NGINX `send_timeout`).
+    pub send_timeout: Duration,
+    /// An upgraded connection (WebSocket) that carries nothing either way for this long is
+    /// closed (NGINX's `proxy_read_timeout` applies to WebSockets too).
+    pub tunnel_idle_timeout: Duration,
+}
+
+impl HttpListenerConfig {
+    /// Whether `other` differs only in what a reload may change (routes, certificate files):
+    /// everything else is bound to the listener's sockets and connections.
+    pub fn reloadable_to(&self, other: &HttpListenerConfig) -> bool {
+        self.max_header_bytes == other.max_header_bytes
+            && self.max_headers == other.max_headers
+            && self.header_timeout == other.header_timeout
+            && self.tls.is_empty() == other.tls.is_empty()
+            && self.http2 == other.http2
+            && self.h2c == other.h2c
+            && self.max_concurrent_streams == other.max_concurrent_streams
+            && self.access_log == other.access_log
+            && self.send_timeout == other.send_timeout
+            && self.tunnel_idle_timeout == other.tunnel_idle_timeout
+    }
+}
 
 /// A listener's access log: one line per request, written off the request path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,7 +84,7 @@ pub struct RouteConfig {
     pub host: Option<String>,
     /// The path prefix to match.
     pub path_prefix: String,
-    /// The pool's index in [`Config::pools`].
+    /// The pool's index in the configuration's pools.
     pub pool: usize,
     /// The protocols an HTTP/1.1 `Upgrade` may switch to on this route, lowercase (`websocket` by
     /// default). Other offers are removed and the request is served as HTTP/1.1; `h2c` is never

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
-use crate::config::{Config, WorkerConfig};
+use crate::config::{Config, ListenerConfig, RouteConfig, Serves, WorkerConfig};
 use crate::error::{GatewayError, ReloadError};
 use crate::listener::{self, Backoff, OpenConn};
 use crate::state::Shared;
@@ -57,6 +57,11 @@ pub struct Membership {
     pub rejected: u64,
     /// Full re-reads after a compacted watch revision.
     pub compactions: u64,
+}
+
+/// Each listener's routes, by listener index (none for a cache listener).
+fn routes_of(listeners: &[ListenerConfig]) -> Vec<Vec<RouteConfig>> {
+    listeners.iter().map(|l| l.http().map(|h| h.routes.clone()).unwrap_or_default()).collect()
 }
 
 /// A bound, not yet running gateway.
@@ -125,7 +130,7 @@ impl Gateway {
             keyroute_fleet::membership::source::start_from_saved(p, &own);
         }
         crate::probe::set_checks(&config, &pools);
-        let routes = bound.iter().map(|l| l.routes.clone()).collect();
+        let routes = routes_of(&bound);
         let routing = Routing::new(&pools, &config.http, routes, None);
         let shutdown = watch::channel(false).0;
         let stop_accepting = watch::channel(false).0;
@@ -150,19 +155,19 @@ impl Gateway {
         let mut acceptors = Vec::new();
         let mut certificates = Vec::new();
         for l in &bound {
-            if l.tls.is_empty() {
+            let Some(h) = l.http().filter(|h| !h.tls.is_empty()) else {
                 acceptors.push(None);
                 certificates.push(None);
                 continue;
-            }
-            let (config, certs) = keyroute_gateway::tls::server_config(l.tls.clone(), l.http2)
+            };
+            let (config, certs) = keyroute_gateway::tls::server_config(h.tls.clone(), h.http2)
                 .map_err(|e| GatewayError::Tls { addr: l.listen, message: e.to_string() })?;
             acceptors.push(Some(config));
             certificates.push(Some(certs));
         }
         let mut access_logs = Vec::new();
         for (l, m) in bound.iter().zip(&listener_metrics) {
-            access_logs.push(match &l.access_log {
+            access_logs.push(match l.http().and_then(|h| h.access_log.as_ref()) {
                 None => None,
                 Some(a) => Some(
                     keyroute_gateway::access::AccessLog::open(a, Arc::clone(m))
@@ -170,8 +175,11 @@ impl Gateway {
                 ),
             });
         }
-        let tunnels =
-            bound.iter().zip(&listener_metrics).map(|(l, m)| (l.tunnel_idle_timeout, Arc::clone(m))).collect();
+        let tunnels = bound
+            .iter()
+            .zip(&listener_metrics)
+            .map(|(l, m)| (l.http().map_or(Duration::ZERO, |h| h.tunnel_idle_timeout), Arc::clone(m)))
+            .collect();
         let front = Arc::new(Front::new(routing, access_logs, tunnels));
         let thread_accepted: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
         let not_ready = Arc::new(AtomicBool::new(false));
@@ -184,7 +192,7 @@ impl Gateway {
                 .map(|((l, m), limit)| keyroute_admin::ListenerView {
                     name: l.name.clone(),
                     listen: l.listen,
-                    tls: !l.tls.is_empty(),
+                    tls: l.http().is_some_and(|h| !h.tls.is_empty()),
                     metrics: Arc::clone(m),
                     limit: *limit,
                 })
@@ -517,8 +525,8 @@ async fn accept_loop(
         Some(i) => {
             let l = &shared.listeners[i];
             let metrics = Arc::clone(&shared.listener_metrics[i]);
-            let listener = match &l.cache {
-                Some(cache) => Listener::Cache(
+            let listener = match &l.serves {
+                Serves::Cache(cache) => Listener::Cache(
                     Arc::new(keyroute_cacheproxy::Context {
                         fleet: Arc::clone(&shared.fleet),
                         pool: cache.pool_name.clone(),
@@ -526,14 +534,14 @@ async fn accept_loop(
                     }),
                     Arc::new(cache.clone()),
                 ),
-                None => Listener::Http(Arc::new(Settings {
-                    header_timeout: l.header_timeout,
-                    send_timeout: l.send_timeout,
-                    max_buf: l.max_header_bytes,
-                    max_headers: l.max_headers,
+                Serves::Http(h) => Listener::Http(Arc::new(Settings {
+                    header_timeout: h.header_timeout,
+                    send_timeout: h.send_timeout,
+                    max_buf: h.max_header_bytes,
+                    max_headers: h.max_headers,
                     tls: tls.map(tokio_rustls::TlsAcceptor::from),
-                    h2c: l.h2c,
-                    max_streams: l.max_concurrent_streams,
+                    h2c: h.h2c,
+                    max_streams: h.max_concurrent_streams,
                     ..http(App::Proxy { front: Arc::clone(&shared.front), listener: i }, &metrics)
                 })),
             };
@@ -776,18 +784,14 @@ impl GatewayHandle {
         let same = config.listeners.len() == current.len()
             && config.listeners.iter().zip(current).all(|(a, b)| {
                 same_addr(a.listen, b.listen)
-                    && a.max_header_bytes == b.max_header_bytes
-                    && a.max_headers == b.max_headers
-                    && a.header_timeout == b.header_timeout
                     && a.max_connections == b.max_connections
-                    && a.tls.is_empty() == b.tls.is_empty()
-                    && a.http2 == b.http2
-                    && a.h2c == b.h2c
-                    && a.max_concurrent_streams == b.max_concurrent_streams
-                    && a.access_log == b.access_log
                     && a.reuse_port == b.reuse_port
-                    && a.send_timeout == b.send_timeout
-                    && a.tunnel_idle_timeout == b.tunnel_idle_timeout
+                    && match (&a.serves, &b.serves) {
+                        (Serves::Http(a), Serves::Http(b)) => a.reloadable_to(b),
+                        // A cache listener's connections hold its settings from their start.
+                        (Serves::Cache(a), Serves::Cache(b)) => a == b,
+                        _ => false,
+                    }
             });
         if !same {
             return Err(GatewayError::Reload(ReloadError::Listeners));
@@ -835,13 +839,13 @@ impl GatewayHandle {
             .collect();
         // Certificates: read again (a renewed file takes effect), for new handshakes only.
         for (certs, l) in self.shared.certificates.iter().zip(&config.listeners) {
-            if let Some(c) = certs {
-                c.replace(l.tls.clone());
+            if let (Some(c), Some(h)) = (certs, l.http()) {
+                c.replace(h.tls.clone());
             }
         }
         self.shared.grace_ms.store(config.shutdown_grace.as_millis() as u64, Relaxed);
         self.shared.delay_ms.store(config.shutdown_delay.as_millis() as u64, Relaxed);
-        let routes = config.listeners.iter().map(|l| l.routes.clone()).collect();
+        let routes = routes_of(&config.listeners);
         crate::probe::set_checks(&config, &pools);
         let routing = Routing::new(&pools, &config.http, routes, Some(&self.shared.front.routing.load()));
         self.shared.front.routing.store(Arc::new(routing));

@@ -1176,3 +1176,36 @@ async fn a_cache_pool_is_probed_in_its_protocol() {
     let text = metrics.as_str().unwrap_or("");
     assert!(text.contains("keyroute_worker_healthy{"), "{text}");
 }
+
+/// A reload that changes a cache listener's own settings (its protocol, pool, item limit or
+/// passwords) is refused with the reason, as one that changes an HTTP listener's connection
+/// settings is: the listener's connections hold them from their start. Before the listener became
+/// one kind or the other in the configuration, such a reload was taken and silently ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_a_cache_listeners_settings_is_refused() {
+    let (_procs, addrs) = memcacheds(1).await;
+    let text = config(&addrs, "rendezvous", "");
+    let gw = start_gateway(&text).await;
+    let parse = |t: &str| keyroute_server::Config::parse(t, "t.toml").expect("valid");
+    for changed in [
+        text.replace("max_item_bytes = 4096", "max_item_bytes = 8192"),
+        text.replace("protocol = \"memcached\"", "protocol = \"redis\""),
+        text.replace("protocol = \"memcached\"\npool = \"cache\"\nmax_item_bytes = 4096\n", ""),
+    ] {
+        let err = gw.handle.reload(parse(&changed)).expect_err("refused");
+        assert!(
+            matches!(err, keyroute_server::GatewayError::Reload(keyroute_server::ReloadError::Listeners)),
+            "{err:?}"
+        );
+    }
+    // The same file, or one that changes only the pool, reloads.
+    gw.handle.reload(parse(&text)).expect("the same file");
+    gw.handle
+        .reload(parse(&text.replace("connect_timeout_ms = 300", "connect_timeout_ms = 400")))
+        .expect("a pool change");
+    // The listener still refuses what its running limit refuses.
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let big = "x".repeat(5000);
+    let r = ask(&mut c, format!("set big 0 0 {}\r\n{big}\r\n", big.len()).as_bytes(), "\r\n").await;
+    assert!(r.starts_with("SERVER_ERROR"), "{r}");
+}

@@ -21,7 +21,7 @@ pub use keyroute_fleet::config::{
 };
 pub(crate) use keyroute_fleet::config::{points_at, resolve, socket_addr, validate_worker};
 pub use keyroute_gateway::config::{
-    AccessLogConfig, AccessLogFormat, CacheSettings, HttpPoolConfig, MissingKey, RouteConfig,
+    AccessLogConfig, AccessLogFormat, CacheSettings, HttpListenerConfig, HttpPoolConfig, MissingKey, RouteConfig,
 };
 
 /// A configuration error: where, which field, and what is wrong.
@@ -59,52 +59,55 @@ pub struct Config {
     pub warnings: Vec<ConfigError>,
 }
 
-/// A client-facing listener.
+/// A client-facing listener: what every kind shares, and what it serves.
 #[derive(Clone, Debug)]
 pub struct ListenerConfig {
     /// Its name (for logs).
     pub name: String,
     /// Where it listens.
     pub listen: SocketAddr,
-    /// Requests whose headers exceed this get 431.
-    pub max_header_bytes: usize,
-    /// Requests with more header fields than this get 431.
-    pub max_headers: usize,
-    /// A request head (after a connection opens, or after the previous response) that takes
-    /// longer than this to arrive gets 408 and the connection is closed.
-    pub header_timeout: Duration,
     /// Connections held at once; past it the listener stops accepting until one closes (the
     /// kernel's backlog holds the rest). `None`: derived from the open-file limit at start.
     pub max_connections: Option<usize>,
-    /// Routes, tried in order.
-    pub routes: Vec<RouteConfig>,
-    /// TLS certificates (empty: plain TCP). SNI picks among them; the first is the default.
-    pub tls: Vec<keyroute_gateway::tls::Certificate>,
-    /// Offer HTTP/2 by ALPN on a TLS listener (on by default).
-    pub http2: bool,
-    /// Accept HTTP/2 with prior knowledge (h2c) on a plain listener (off by default).
-    pub h2c: bool,
-    /// Concurrent streams per HTTP/2 connection.
-    pub max_concurrent_streams: u32,
-    /// The access log, if any.
-    pub access_log: Option<AccessLogConfig>,
     /// Let other processes bind the same address too (`SO_REUSEPORT` across processes, for
     /// seamless reloads as HAProxy and Envoy do). Off: a second gateway on the address fails
     /// with "address in use", as NGINX without `reuseport` does.
     pub reuse_port: bool,
-    /// A response whose client reads nothing of it for this long is cut (NGINX `send_timeout`).
-    pub send_timeout: Duration,
-    /// An upgraded connection (WebSocket) that carries nothing either way for this long is
-    /// closed (NGINX's `proxy_read_timeout` applies to WebSockets too).
-    pub tunnel_idle_timeout: Duration,
-    /// A listener that speaks a cache protocol instead of HTTP (`protocol = "memcached"`).
-    pub cache: Option<CacheListener>,
+    /// What it serves: one kind, chosen by `protocol`, with only that kind's settings.
+    pub serves: Serves,
+}
+
+/// What a listener serves.
+#[derive(Clone, Debug)]
+pub enum Serves {
+    /// HTTP (`protocol = "http"`, the default): routes to pools, TLS, HTTP/2.
+    Http(HttpListenerConfig),
+    /// A cache protocol (`protocol = "memcached"` or `"redis"`) in front of one pool.
+    Cache(CacheListener),
+}
+
+impl ListenerConfig {
+    /// Its HTTP settings, if it serves HTTP.
+    pub fn http(&self) -> Option<&HttpListenerConfig> {
+        match &self.serves {
+            Serves::Http(h) => Some(h),
+            Serves::Cache(_) => None,
+        }
+    }
+
+    /// Its cache protocol settings, if it serves one.
+    pub fn cache(&self) -> Option<&CacheListener> {
+        match &self.serves {
+            Serves::Cache(c) => Some(c),
+            Serves::Http(_) => None,
+        }
+    }
 }
 
 impl Config {
     /// The listeners of a cache protocol (what `keyroute move` finds a pool's store by).
     pub fn cache_listeners(&self) -> impl Iterator<Item = &CacheListener> {
-        self.listeners.iter().filter_map(|l| l.cache.as_ref())
+        self.listeners.iter().filter_map(ListenerConfig::cache)
     }
 
     /// Reads and validates a configuration file.
@@ -178,7 +181,7 @@ weight = 2
     fn a_good_config_validates() {
         let c = Config::parse(GOOD, "k.toml").expect("valid");
         assert_eq!(c.pools[0].workers.len(), 2);
-        assert_eq!(c.listeners[0].routes[0].pool, 0);
+        assert_eq!(c.listeners[0].http().expect("http").routes[0].pool, 0);
         assert!(c.admin.listen.ip().is_loopback());
     }
 
@@ -242,8 +245,8 @@ weight = 2
         };
         let c = Config::parse(&mc("max_item_bytes = 2048\n"), "k.toml").expect("valid");
         assert_eq!(
-            c.listeners[0].cache,
-            Some(CacheListener {
+            c.listeners[0].cache(),
+            Some(&CacheListener {
                 protocol: CacheProtocol::Memcached,
                 pool: 0,
                 pool_name: "thumbs".into(),
@@ -252,7 +255,7 @@ weight = 2
                 server_password: None
             })
         );
-        assert!(c.listeners[0].routes.is_empty());
+        assert!(c.listeners[0].http().is_none());
         for (edit, line, field, needle) in [
             (
                 GOOD.replace("listen = \"127.0.0.1:0\"\n", "listen = \"127.0.0.1:0\"\nprotocol = \"gopher\"\n"),
@@ -264,6 +267,12 @@ weight = 2
             (mc("max_item_bytes = 10\n"), 5, "listener.listener-1.max_item_bytes", "1024..="),
             (mc("password = \"x\"\n"), 5, "listener.listener-1.password", "only a Redis listener"),
             (mc("h2c = true\n"), 5, "listener.listener-1.h2c", "speaks no HTTP"),
+            // Every HTTP setting, not only some: each would be silently ignored.
+            (mc("header_timeout_ms = 500\n"), 5, "listener.listener-1.header_timeout_ms", "speaks no HTTP"),
+            (mc("send_timeout_ms = 500\n"), 5, "listener.listener-1.send_timeout_ms", "speaks no HTTP"),
+            (mc("max_headers = 50\n"), 5, "listener.listener-1.max_headers", "speaks no HTTP"),
+            (mc("max_concurrent_streams = 5\n"), 5, "listener.listener-1.max_concurrent_streams", "speaks no HTTP"),
+            (mc("tunnel_idle_timeout_ms = 500\n"), 5, "listener.listener-1.tunnel_idle_timeout_ms", "speaks no HTTP"),
             (mc("[[listener.route]]\npool = \"thumbs\"\n"), 6, "listener.listener-1.route", "speaks no HTTP"),
             (
                 GOOD.replace("listen = \"127.0.0.1:0\"\n", "listen = \"127.0.0.1:0\"\npool = \"thumbs\"\n"),

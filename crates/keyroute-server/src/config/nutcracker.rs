@@ -381,7 +381,7 @@ mod tests {
         let yml = "r:\n  listen: 127.0.0.1:22122\n  hash: md5\n  distribution: ketama\n  redis: true\n  redis_auth: s3cret\n  redis_db: 0\n  servers:\n   - 127.0.0.1:6379:1\n   - 127.0.0.1:6380:1\n";
         let toml = from_nutcracker(yml, "n.yml", ADMIN.parse().expect("addr")).expect("converted");
         let config = crate::Config::parse(&toml, "converted.toml").unwrap_or_else(|e| panic!("{e}\n{toml}"));
-        let cache = config.listeners[0].cache.as_ref().expect("a cache listener");
+        let cache = config.listeners[0].cache().expect("a cache listener");
         assert_eq!(cache.protocol, crate::config::CacheProtocol::Redis);
         assert_eq!((cache.password.as_deref(), cache.server_password.as_deref()), (Some("s3cret"), Some("s3cret")));
         assert_eq!(config.pools[0].strategy.name(), "twemproxy");
@@ -394,7 +394,7 @@ mod tests {
         let config = crate::Config::parse(&toml, "converted.toml").unwrap_or_else(|e| panic!("{e}\n{toml}"));
         assert_eq!(config.listeners.len(), 1);
         assert_eq!(config.listeners[0].listen, "127.0.0.1:22121".parse().expect("addr"));
-        assert!(config.listeners[0].cache.is_some());
+        assert!(config.listeners[0].cache().is_some());
         let pool = &config.pools[0];
         assert_eq!(pool.strategy.name(), "twemproxy");
         assert_eq!(pool.options.compat.twemproxy_hash_tag, Some(*b"{}"));

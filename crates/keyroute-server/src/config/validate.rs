@@ -156,7 +156,7 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
         listeners.push(validate_listener(ctx, l, i, own[i + 1].0, &pools)?);
     }
     for (l, raw_listener) in listeners.iter().zip(&raw.listener) {
-        let Some(cache) = &l.cache else { continue };
+        let Some(cache) = l.cache() else { continue };
         let raw_pool = &raw.pool[cache.pool];
         if raw_pool.health.as_ref().is_some_and(|h| h.path.is_some()) {
             // A cache pool's active check is its protocol's (memcached `version`, Redis `PING`).
@@ -225,7 +225,8 @@ fn validate_admin(ctx: &Ctx<'_>, admin: Option<&super::raw::RawAdmin>) -> Result
     })
 }
 
-/// One `[[listener]]`, the `i`-th, at `listen` (validated with the gateway's other addresses).
+/// One `[[listener]]`, the `i`-th, at `listen` (validated with the gateway's other addresses):
+/// what every kind shares, then its `protocol`'s settings, and none of another kind's.
 fn validate_listener(
     ctx: &Ctx<'_>,
     l: &super::raw::RawListener,
@@ -235,69 +236,11 @@ fn validate_listener(
 ) -> Result<ListenerConfig, ConfigError> {
     let name = l.name.clone().unwrap_or_else(|| format!("listener-{}", i + 1));
     let field = |f: &str| format!("listener.{name}.{f}");
-    let max_header_bytes = match &l.max_header_bytes {
-        None => 16 * 1024,
-        Some(m) if (8192..=1 << 20).contains(m.get_ref()) => *m.get_ref(),
-        Some(m) => return ctx.err(Some(m.span()), field("max_header_bytes"), "must be in 8192..=1048576"),
-    };
-    let max_headers = match &l.max_headers {
-        None => 100,
-        Some(m) if (1..=1000).contains(m.get_ref()) => *m.get_ref(),
-        Some(m) => return ctx.err(Some(m.span()), field("max_headers"), "must be in 1..=1000"),
-    };
-    let header_timeout = timeout(ctx, l.header_timeout_ms.as_ref(), 10_000, field("header_timeout_ms"))?;
     let max_connections = match &l.max_connections {
         None => None,
         Some(m) if (1..=1_000_000).contains(m.get_ref()) => Some(*m.get_ref()),
         Some(m) => return ctx.err(Some(m.span()), field("max_connections"), "must be in 1..=1000000"),
     };
-    let cache = validate_protocol(ctx, l, &name, pools)?;
-    let routes = if cache.is_some() { Vec::new() } else { validate_routes(ctx, l, &name, pools)? };
-    let flag = |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
-    let tls = validate_tls(ctx, l, &name)?;
-    let h2c = flag(&l.h2c, false);
-    if h2c && !tls.is_empty() {
-        let span = l.h2c.as_ref().map(Spanned::span);
-        return ctx.err(span, field("h2c"), "h2c is HTTP/2 without TLS; a TLS listener offers h2 by ALPN (http2)");
-    }
-    let max_concurrent_streams = match &l.max_concurrent_streams {
-        None => 100,
-        Some(m) if (1..=10_000).contains(m.get_ref()) => *m.get_ref(),
-        Some(m) => return ctx.err(Some(m.span()), field("max_concurrent_streams"), "must be in 1..=10000"),
-    };
-    let access_log = validate_access_log(ctx, l, &name)?;
-    let send_timeout = timeout(ctx, l.send_timeout_ms.as_ref(), 60_000, field("send_timeout_ms"))?;
-    let tunnel_idle_timeout = timeout(ctx, l.tunnel_idle_timeout_ms.as_ref(), 60_000, field("tunnel_idle_timeout_ms"))?;
-    Ok(ListenerConfig {
-        name,
-        listen,
-        max_header_bytes,
-        max_headers,
-        header_timeout,
-        max_connections,
-        routes,
-        tls,
-        http2: flag(&l.http2, true),
-        h2c,
-        max_concurrent_streams,
-        access_log,
-        reuse_port: flag(&l.reuse_port, false),
-        send_timeout,
-        tunnel_idle_timeout,
-        cache,
-    })
-}
-
-/// A listener's `protocol`: HTTP (the default, `None`), or a cache protocol with its `pool` and
-/// `max_item_bytes`; the HTTP settings are refused on a cache listener, and the cache ones on an
-/// HTTP listener.
-fn validate_protocol(
-    ctx: &Ctx<'_>,
-    l: &super::raw::RawListener,
-    name: &str,
-    pools: &[PoolConfig],
-) -> Result<Option<CacheListener>, ConfigError> {
-    let field = |f: &str| format!("listener.{name}.{f}");
     let protocol = match &l.protocol {
         None => None,
         Some(p) => match p.get_ref().as_str() {
@@ -311,37 +254,102 @@ fn validate_protocol(
             }
         },
     };
-    let Some(protocol) = protocol else {
-        if let Some(p) = &l.pool {
-            return ctx.err(Some(p.span()), field("pool"), "an HTTP listener chooses pools by its [[listener.route]]s");
-        }
-        if let Some(m) = &l.max_item_bytes {
-            return ctx.err(
-                Some(m.span()),
-                field("max_item_bytes"),
-                "only a memcached or Redis listener takes max_item_bytes",
-            );
-        }
-        if let Some(p) = l.password.as_ref().or(l.server_password.as_ref()) {
-            return ctx.err(Some(p.span()), field("password"), "only a Redis listener takes passwords");
-        }
-        return Ok(None);
+    let serves = match protocol {
+        Some(protocol) => Serves::Cache(validate_cache_listener(ctx, l, &name, protocol, pools)?),
+        None => Serves::Http(validate_http_listener(ctx, l, &name, pools)?),
     };
-    // What only HTTP has.
-    let http_only: [(&str, Option<std::ops::Range<usize>>); 6] = [
+    let reuse_port = l.reuse_port.as_ref().is_some_and(|b| *b.get_ref());
+    Ok(ListenerConfig { name, listen, max_connections, reuse_port, serves })
+}
+
+/// An HTTP listener's settings; a cache listener's are refused.
+fn validate_http_listener(
+    ctx: &Ctx<'_>,
+    l: &super::raw::RawListener,
+    name: &str,
+    pools: &[PoolConfig],
+) -> Result<HttpListenerConfig, ConfigError> {
+    let field = |f: &str| format!("listener.{name}.{f}");
+    let cache_only: [(&str, Option<std::ops::Range<usize>>, &str); 4] = [
+        ("pool", l.pool.as_ref().map(Spanned::span), "an HTTP listener chooses pools by its [[listener.route]]s"),
+        (
+            "max_item_bytes",
+            l.max_item_bytes.as_ref().map(Spanned::span),
+            "only a memcached or Redis listener takes max_item_bytes",
+        ),
+        ("password", l.password.as_ref().map(Spanned::span), "only a Redis listener takes passwords"),
+        ("server_password", l.server_password.as_ref().map(Spanned::span), "only a Redis listener takes passwords"),
+    ];
+    if let Some((f, span, msg)) = cache_only.into_iter().find(|(_, s, _)| s.is_some()) {
+        return ctx.err(span, field(f), msg);
+    }
+    let max_header_bytes = match &l.max_header_bytes {
+        None => 16 * 1024,
+        Some(m) if (8192..=1 << 20).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => return ctx.err(Some(m.span()), field("max_header_bytes"), "must be in 8192..=1048576"),
+    };
+    let max_headers = match &l.max_headers {
+        None => 100,
+        Some(m) if (1..=1000).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => return ctx.err(Some(m.span()), field("max_headers"), "must be in 1..=1000"),
+    };
+    let header_timeout = timeout(ctx, l.header_timeout_ms.as_ref(), 10_000, field("header_timeout_ms"))?;
+    let routes = validate_routes(ctx, l, name, pools)?;
+    let flag = |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+    let tls = validate_tls(ctx, l, name)?;
+    let h2c = flag(&l.h2c, false);
+    if h2c && !tls.is_empty() {
+        let span = l.h2c.as_ref().map(Spanned::span);
+        return ctx.err(span, field("h2c"), "h2c is HTTP/2 without TLS; a TLS listener offers h2 by ALPN (http2)");
+    }
+    let max_concurrent_streams = match &l.max_concurrent_streams {
+        None => 100,
+        Some(m) if (1..=10_000).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => return ctx.err(Some(m.span()), field("max_concurrent_streams"), "must be in 1..=10000"),
+    };
+    let access_log = validate_access_log(ctx, l, name)?;
+    let send_timeout = timeout(ctx, l.send_timeout_ms.as_ref(), 60_000, field("send_timeout_ms"))?;
+    let tunnel_idle_timeout = timeout(ctx, l.tunnel_idle_timeout_ms.as_ref(), 60_000, field("tunnel_idle_timeout_ms"))?;
+    Ok(HttpListenerConfig {
+        max_header_bytes,
+        max_headers,
+        header_timeout,
+        routes,
+        tls,
+        http2: flag(&l.http2, true),
+        h2c,
+        max_concurrent_streams,
+        access_log,
+        send_timeout,
+        tunnel_idle_timeout,
+    })
+}
+
+/// A cache listener's `pool`, `max_item_bytes` and passwords; every HTTP setting is refused (a
+/// memcached or Redis listener speaks no HTTP, so the setting would be silently ignored).
+fn validate_cache_listener(
+    ctx: &Ctx<'_>,
+    l: &super::raw::RawListener,
+    name: &str,
+    protocol: CacheProtocol,
+    pools: &[PoolConfig],
+) -> Result<CacheListener, ConfigError> {
+    let field = |f: &str| format!("listener.{name}.{f}");
+    let http_only: [(&str, Option<std::ops::Range<usize>>); 11] = [
         ("route", l.route.first().map(|r| r.pool.span())),
         ("tls", l.tls.as_ref().map(|_| l.listen.span())),
         ("access_log", l.access_log.as_ref().map(|a| a.path.span())),
         ("http2", l.http2.as_ref().map(Spanned::span)),
         ("h2c", l.h2c.as_ref().map(Spanned::span)),
         ("max_header_bytes", l.max_header_bytes.as_ref().map(Spanned::span)),
+        ("max_headers", l.max_headers.as_ref().map(Spanned::span)),
+        ("header_timeout_ms", l.header_timeout_ms.as_ref().map(Spanned::span)),
+        ("max_concurrent_streams", l.max_concurrent_streams.as_ref().map(Spanned::span)),
+        ("send_timeout_ms", l.send_timeout_ms.as_ref().map(Spanned::span)),
+        ("tunnel_idle_timeout_ms", l.tunnel_idle_timeout_ms.as_ref().map(Spanned::span)),
     ];
-    if let Some((f, span)) = http_only.iter().find(|(_, s)| s.is_some()) {
-        return ctx.err(
-            span.clone(),
-            field(f),
-            "a memcached or Redis listener speaks no HTTP: this setting does not apply",
-        );
+    if let Some((f, span)) = http_only.into_iter().find(|(_, s)| s.is_some()) {
+        return ctx.err(span, field(f), "a memcached or Redis listener speaks no HTTP: this setting does not apply");
     }
     let pool = match &l.pool {
         Some(p) => match pools.iter().position(|x| x.name == *p.get_ref()) {
@@ -357,7 +365,7 @@ fn validate_protocol(
             return ctx.err(
                 Some(l.listen.span()),
                 field("pool"),
-                "a memcached listener needs pool = NAME when there are several pools",
+                "a memcached or Redis listener needs pool = NAME when there are several pools",
             );
         }
     };
@@ -388,7 +396,7 @@ fn validate_protocol(
     }
     let [password, server_password] = passwords;
     let pool_name = pools[pool].name.clone();
-    Ok(Some(CacheListener { protocol, pool, pool_name, max_item_bytes, password, server_password }))
+    Ok(CacheListener { protocol, pool, pool_name, max_item_bytes, password, server_password })
 }
 
 /// A listener's `[[listener.route]]`s (one to the only pool when it has none).
