@@ -91,7 +91,14 @@ const PAGE: &str = include_str!("dashboard.html");
 /// `GET /dashboard`: the page, with a content security policy that lets it run only its own
 /// inline script (by a nonce made for this response) and talk only to this origin.
 pub(crate) fn page() -> Response<ProxyBody> {
-    let nonce = nonce();
+    let Some(nonce) = nonce() else {
+        tracing::error!("the OS gave no random bytes for the dashboard's script nonce");
+        return keyroute_gateway::body::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "the dashboard is unavailable: no random source\n",
+        );
+    };
     let html = PAGE.replace("{{NONCE}}", &nonce);
     let mut resp = keyroute_gateway::body::text(StatusCode::OK, "text/html; charset=utf-8", html);
     let csp = format!(
@@ -108,16 +115,12 @@ pub(crate) fn page() -> Response<ProxyBody> {
     resp
 }
 
-/// 128 bits for a script nonce, from the standard library's per-process random keys (never used
-/// for placement).
-fn nonce() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let word = || {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-        h.finish()
-    };
-    format!("{:016x}{:016x}", word(), word())
+/// 128 bits for a script nonce, from the OS's random source (`getrandom`); `None` if the OS
+/// refuses (the page is then not served: a guessable nonce would let an injected script run).
+fn nonce() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `GET /events`: subscribes, starting the sampler if it is not running.
@@ -475,8 +478,9 @@ mod tests {
 
     #[test]
     fn nonces_differ() {
-        let (a, b) = (nonce(), nonce());
+        let (a, b) = (nonce().expect("random"), nonce().expect("random"));
         assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
         assert_ne!(a, b);
     }
 }

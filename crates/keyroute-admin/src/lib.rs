@@ -190,26 +190,50 @@ use keyroute_etcd::registry::{ChangeError, Registry};
 use keyroute_fleet::config::{EtcdConfig, MembershipConfig, validate_worker};
 use keyroute_fleet::metrics::CLASSES;
 use keyroute_fleet::pool::{MembershipError, Pool, WhatIf};
-use keyroute_gateway::key::{percent_decode, query_value};
+use keyroute_gateway::key::percent_decode;
 
 fn json(status: StatusCode, value: serde_json::Value) -> Response<ProxyBody> {
     body::json(status, &value)
 }
 
+/// An error in keyroute's one shape (the gateway's and the workers' too): `error` for a person,
+/// `reason` a fixed class for a program, and the status.
 fn fail(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
-    json(status, serde_json::json!({ "error": message.into(), "status": status.as_u16() }))
+    let reason = match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::CONFLICT => "conflict",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::MISDIRECTED_REQUEST => "misdirected",
+        StatusCode::TOO_MANY_REQUESTS => "too_many_requests",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        StatusCode::GATEWAY_TIMEOUT => "timeout",
+        s if s.is_server_error() => "internal",
+        _ => "error",
+    };
+    json(status, serde_json::json!({ "error": message.into(), "reason": reason, "status": status.as_u16() }))
 }
 
 fn param(req: &Request<AdminBody>, name: &str) -> Option<String> {
-    query_value(req.uri().query().unwrap_or(""), name).map(form_decode)
+    params(req, name).into_iter().next()
 }
 
-/// A query value as `application/x-www-form-urlencoded` writes it, which is how a browser's
-/// `URLSearchParams` sends one: `+` is a space, then percent-decoding (a literal `+` is `%2B`).
-/// Only the admin API's own parameters are read so; a proxied request's key keeps `+` (its
-/// placement is a contract).
-fn form_decode(v: &str) -> String {
-    percent_decode(&v.replace('+', " ")).into_owned()
+/// Every value of query parameter `name`, decoded.
+fn params(req: &Request<AdminBody>, name: &str) -> Vec<String> {
+    form_values(req.uri().query().unwrap_or(""), name)
+}
+
+/// Every value of `name` in a query as `application/x-www-form-urlencoded` writes it, which is how
+/// a browser's `URLSearchParams` sends one: `+` is a space, then percent-decoding (a literal `+` is
+/// `%2B`), in names as in values (the `form_urlencoded` crate, the WHATWG URL parser's). Only the
+/// admin API's own parameters are read so; a proxied request's key keeps `+` (its placement is a
+/// contract).
+fn form_values(query: &str, name: &str) -> Vec<String> {
+    form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == name).map(|(_, v)| v.into_owned()).collect()
 }
 
 /// The endpoints: a path pattern and the methods it takes.
@@ -744,17 +768,6 @@ fn hot_keys(pool: &Pool, http: Option<&keyroute_gateway::routing::HttpPool>) -> 
     })
 }
 
-/// Every value of a query parameter, decoded.
-fn params(req: &Request<AdminBody>, name: &str) -> Vec<String> {
-    req.uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|pair| pair.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
-        .map(form_decode)
-        .collect()
-}
-
 /// The largest hypothetical change `/placement` builds (each name one table entry or more).
 const MAX_WHAT_IF: usize = 64;
 
@@ -1160,9 +1173,13 @@ mod tests {
     /// Issue 31, defect 18: the dashboard's `URLSearchParams` sends a space as `+`.
     #[test]
     fn query_values_are_form_decoded() {
-        assert_eq!(form_decode("pool+two"), "pool two");
-        assert_eq!(form_decode("a%2Bb+c%20d"), "a+b c d");
-        assert_eq!(form_decode("%zz"), "%zz");
+        assert_eq!(form_values("pool=pool+two&key=k", "pool"), ["pool two"]);
+        assert_eq!(form_values("key=a%2Bb+c%20d", "key"), ["a+b c d"]);
+        assert_eq!(form_values("key=%zz", "key"), ["%zz"]);
+        // Names are decoded too, and a parameter may repeat.
+        assert_eq!(form_values("po%6Fl=a&x=1&pool=b", "pool"), ["a", "b"]);
+        assert_eq!(form_values("add=w%3A1&add=v", "add"), ["w:1", "v"]);
+        assert!(form_values("", "pool").is_empty());
     }
 
     #[test]

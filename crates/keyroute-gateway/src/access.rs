@@ -241,7 +241,8 @@ fn rfc3339(t: SystemTime, out: &mut String) {
     );
 }
 
-/// A JSON string (quotes, backslashes and control characters escaped), by serde_json.
+/// A JSON string (quotes, backslashes and control characters escaped), by serde_json: a logfmt
+/// value that needs quoting.
 fn json_str(s: &str, out: &mut String) {
     match serde_json::to_string(s) {
         Ok(quoted) => out.push_str(&quoted),
@@ -258,82 +259,111 @@ fn logfmt_str(s: &str, out: &mut String) {
     }
 }
 
+/// One line's fields, in order: serialised by serde for JSON, written pair by pair for logfmt.
+/// `tunnel_*` only for a tunnel, `key` only when the log keeps keys.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    time: &'a str,
+    client: &'a str,
+    method: &'a str,
+    path: &'a str,
+    protocol: &'a str,
+    pool: &'a str,
+    worker: &'a str,
+    decision: &'a str,
+    tls: bool,
+    status: u16,
+    bytes: u64,
+    /// Rounded to microseconds.
+    duration_ms: f64,
+    attempts: u32,
+    key_hash: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tunnel_up: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tunnel_down: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+    request_id: &'a str,
+}
+
+impl Line<'_> {
+    fn logfmt(&self, out: &mut String) {
+        let text = [
+            ("time", self.time),
+            ("client", self.client),
+            ("method", self.method),
+            ("path", self.path),
+            ("protocol", self.protocol),
+            ("pool", self.pool),
+            ("worker", self.worker),
+            ("decision", self.decision),
+        ];
+        for (i, (k, v)) in text.into_iter().enumerate() {
+            if i > 0 {
+                out.push(' ');
+            }
+            let _ = write!(out, "{k}=");
+            logfmt_str(v, out);
+        }
+        let _ = write!(
+            out,
+            " tls={} status={} bytes={} duration_ms={:.3} attempts={} key_hash={}",
+            self.tls,
+            self.status,
+            self.bytes,
+            self.duration_ms,
+            self.attempts,
+            self.key_hash.unwrap_or("-")
+        );
+        if let (Some(up), Some(down)) = (self.tunnel_up, self.tunnel_down) {
+            let _ = write!(out, " tunnel_up={up} tunnel_down={down}");
+        }
+        if let Some(k) = self.key {
+            out.push_str(" key=");
+            logfmt_str(k, out);
+        }
+        out.push_str(" request_id=");
+        logfmt_str(self.request_id, out);
+        out.push('\n');
+    }
+}
+
 fn render(e: &Entry, format: AccessLogFormat, out: &mut String) {
     let mut time = String::with_capacity(24);
     rfc3339(e.time, &mut time);
     let p = &e.placed;
     let hash = p.key_hash.map(|h| format!("{h:016x}"));
-    let text_fields: [(&str, Option<&str>); 8] = [
-        ("time", Some(&time)),
-        ("client", None),
-        ("method", Some(e.method.as_str())),
-        ("path", Some(e.uri.path_and_query().map_or("/", |pq| pq.as_str()))),
-        ("protocol", Some(if e.h2 { "h2" } else { "h1" })),
-        ("pool", Some(p.pool.as_deref().unwrap_or("-"))),
-        ("worker", Some(p.worker.as_deref().unwrap_or("-"))),
-        ("decision", Some(if p.decision.is_empty() { "-" } else { p.decision })),
-    ];
     let client = e.client.to_string();
-    let duration_ms = e.duration.as_secs_f64() * 1000.0;
+    let line = Line {
+        time: &time,
+        client: &client,
+        method: e.method.as_str(),
+        path: e.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+        protocol: if e.h2 { "h2" } else { "h1" },
+        pool: p.pool.as_deref().unwrap_or("-"),
+        worker: p.worker.as_deref().unwrap_or("-"),
+        decision: if p.decision.is_empty() { "-" } else { p.decision },
+        tls: e.tls,
+        status: e.status,
+        bytes: e.bytes,
+        duration_ms: (e.duration.as_secs_f64() * 1_000_000.0).round() / 1000.0,
+        attempts: p.attempts,
+        key_hash: hash.as_deref(),
+        tunnel_up: e.tunnel.map(|t| t.up),
+        tunnel_down: e.tunnel.map(|t| t.down),
+        key: p.key.as_deref(),
+        request_id: &p.request_id,
+    };
     match format {
+        // Borrowed strings and numbers into a String: serialising cannot fail.
         AccessLogFormat::Json => {
-            out.push('{');
-            for (i, (k, v)) in text_fields.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let _ = write!(out, "\"{k}\":");
-                json_str(v.unwrap_or(&client), out);
+            if let Ok(json) = serde_json::to_string(&line) {
+                out.push_str(&json);
+                out.push('\n');
             }
-            let _ = write!(
-                out,
-                ",\"tls\":{},\"status\":{},\"bytes\":{},\"duration_ms\":{duration_ms:.3},\"attempts\":{}",
-                e.tls, e.status, e.bytes, p.attempts
-            );
-            out.push_str(",\"key_hash\":");
-            match &hash {
-                Some(h) => json_str(h, out),
-                None => out.push_str("null"),
-            }
-            if let Some(t) = &e.tunnel {
-                let _ = write!(out, ",\"tunnel_up\":{},\"tunnel_down\":{}", t.up, t.down);
-            }
-            if let Some(k) = &p.key {
-                out.push_str(",\"key\":");
-                json_str(k, out);
-            }
-            out.push_str(",\"request_id\":");
-            json_str(&p.request_id, out);
-            out.push_str("}\n");
         }
-        AccessLogFormat::Logfmt => {
-            for (i, (k, v)) in text_fields.iter().enumerate() {
-                if i > 0 {
-                    out.push(' ');
-                }
-                let _ = write!(out, "{k}=");
-                logfmt_str(v.unwrap_or(&client), out);
-            }
-            let _ = write!(
-                out,
-                " tls={} status={} bytes={} duration_ms={duration_ms:.3} attempts={} key_hash={}",
-                e.tls,
-                e.status,
-                e.bytes,
-                p.attempts,
-                hash.as_deref().unwrap_or("-")
-            );
-            if let Some(t) = &e.tunnel {
-                let _ = write!(out, " tunnel_up={} tunnel_down={}", t.up, t.down);
-            }
-            if let Some(k) = &p.key {
-                out.push_str(" key=");
-                logfmt_str(k, out);
-            }
-            out.push_str(" request_id=");
-            logfmt_str(&p.request_id, out);
-            out.push('\n');
-        }
+        AccessLogFormat::Logfmt => line.logfmt(out),
     }
 }
 

@@ -404,7 +404,11 @@ impl Variant {
 #[derive(Debug, Default)]
 struct Inner {
     map: HashMap<CacheKey, Vec<Variant>>,
-    /// Recency tick → (key, variant id); the first entry is the least recently used.
+    /// Recency tick → (key, variant id); the first entry is the least recently used. Its own
+    /// index, not the worker's (`keyroute-worker`'s disk cache) nor the `lru` crate's: it orders
+    /// Vary variants of a key, evicts by bytes, and is checked against `map` by the invariant test
+    /// below; the two crates share nothing but the placement core, where a cache index does not
+    /// belong, and a BTreeMap of ticks costs O(log n) with no unsafe code.
     lru: BTreeMap<u64, (CacheKey, u64)>,
     bytes: u64,
     entries: usize,

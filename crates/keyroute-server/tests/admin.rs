@@ -305,6 +305,8 @@ async fn issue_31_16_a_what_if_cannot_build_a_table_of_millions() {
     let (status, v) = admin(&gw, "GET", "/placement?key=k&add=big:24996", "", None).await;
     assert_eq!(status.as_u16(), 400, "{v}");
     assert!(v["error"].as_str().is_some_and(|e| e.contains("what-if") && e.contains("entries")), "{v}");
+    // keyroute's one error shape: a message, a class and the status (the gateway's and workers' too).
+    assert_eq!((v["reason"].as_str(), v["status"].as_u64()), (Some("bad_request"), Some(400)), "{v}");
     // A what-if of the pool's own size is answered.
     let (status, v) = admin(&gw, "GET", "/placement?key=k&add=w9:3", "", None).await;
     assert_eq!(status.as_u16(), 200, "{v}");

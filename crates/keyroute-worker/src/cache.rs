@@ -73,7 +73,9 @@ struct Entry {
     tick: u64,
 }
 
-/// The LRU index: pure bookkeeping, no I/O.
+/// The LRU index: pure bookkeeping, no I/O. Kept apart from the gateway's response cache index
+/// (which orders Vary variants in memory): this one is rebuilt from the files on disk at start,
+/// oldest first, and evicts files by size.
 #[derive(Debug, Default)]
 struct Index {
     entries: HashMap<String, Entry>,

@@ -28,7 +28,10 @@
 //! `X-Worker: {name}`, `Cache-Control: public, max-age=86400` and `Vary: Accept`. Every answer,
 //! errors included, carries `X-Worker`.
 //!
-//! Errors answer with a small JSON body, `{"error": kind, "reason": message, "worker": name}`:
+//! Errors answer with keyroute's one error shape (the gateway's and the admin API's too),
+//! `{"error": message, "reason": kind, "status": code, "worker": name}`: `error` says what went
+//! wrong for a person, `reason` is a fixed class for a program (`bad_request`, `not_found`,
+//! `method_not_allowed`, `undecodable_source`, `internal`):
 //!
 //! | status | when |
 //! |---|---|

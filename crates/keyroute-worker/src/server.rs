@@ -272,9 +272,11 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Fu
                 reason = %err,
                 "request failed"
             );
+            // keyroute's one error shape (the gateway's and the admin API's too).
             let body = serde_json::json!({
-                "error": err.kind(),
-                "reason": err.to_string(),
+                "error": err.to_string(),
+                "reason": err.kind(),
+                "status": err.status().as_u16(),
                 "worker": state.config.name,
             });
             let reply = Reply { content_type: "application/json", body: Bytes::from(body.to_string()), cache: None };

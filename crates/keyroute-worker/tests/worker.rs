@@ -318,8 +318,9 @@ async fn bad_requests_and_unknown_images() {
         assert_eq!(reply.status, 400, "{target}: {}", reply.text());
         assert_eq!(reply.header("content-type"), Some("application/json"));
         let body: serde_json::Value = serde_json::from_slice(&reply.body).expect("json error body");
-        assert_eq!(body["error"], "bad_request");
-        let reason = body["reason"].as_str().unwrap_or_default();
+        assert_eq!(body["reason"], "bad_request");
+        assert_eq!(body["status"], 400);
+        let reason = body["error"].as_str().unwrap_or_default();
         assert!(reason.contains(needle), "{target}: {reason}");
     }
 
@@ -393,8 +394,8 @@ async fn corrupt_source_is_a_502_and_the_worker_keeps_serving() {
         let reply = get(worker.addr, &format!("/thumb/{name}?w=50&h=50")).await;
         assert_eq!(reply.status, 502, "{name}: {}", reply.text());
         let body: serde_json::Value = serde_json::from_slice(&reply.body).expect("json error body");
-        assert_eq!(body["error"], "undecodable_source");
-        assert!(body["reason"].as_str().unwrap_or_default().contains(name), "{body}");
+        assert_eq!(body["reason"], "undecodable_source");
+        assert!(body["error"].as_str().unwrap_or_default().contains(name), "{body}");
         let good = get(worker.addr, "/thumb/img-000.jpg?w=50&h=50").await;
         assert_eq!(good.status, 200);
     }

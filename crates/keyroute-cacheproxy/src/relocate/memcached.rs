@@ -152,20 +152,16 @@ fn metadump_line(line: &[u8]) -> Option<Found> {
     Some(Found { key, bytes })
 }
 
+/// A metadump key, percent-decoded (memcached writes keys URI-encoded): `None` when a `%` is not
+/// followed by two hex digits (`%+1` is not an escape, though `u8::from_str_radix` takes `+1`), so
+/// that a malformed line moves no key rather than a wrong one.
 fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'%' {
-            let hex = std::str::from_utf8(s.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(s[i]);
-            i += 1;
-        }
-    }
-    Some(out)
+    let escapes_valid = s
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'%')
+        .all(|(i, _)| s.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)));
+    escapes_valid.then(|| percent_encoding::percent_decode(s).collect())
 }
 
 /// A value read from the old server.
@@ -308,6 +304,15 @@ fn unix_now() -> i64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn metadump_keys_are_decoded_strictly() {
+        assert_eq!(super::percent_decode(b"a%2Bb%20c").as_deref(), Some(&b"a+b c"[..]));
+        assert_eq!(super::percent_decode(b"plain").as_deref(), Some(&b"plain"[..]));
+        for bad in [&b"%+1"[..], b"a%zz", b"a%2", b"%", b"%-1x"] {
+            assert_eq!(super::percent_decode(bad), None, "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

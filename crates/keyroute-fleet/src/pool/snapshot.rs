@@ -401,12 +401,16 @@ impl Snapshot {
 }
 
 thread_local! {
-    /// Randomness for p2c and tie breaks, seeded per thread from the OS (via the std hasher's keys).
-    /// Placement by key never uses it.
-    static RNG: std::cell::RefCell<SplitMix64> = std::cell::RefCell::new(SplitMix64::new({
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(0x6b72);
-        h.finish()
-    }));
+    /// Randomness for p2c and tie breaks, seeded per thread from the OS's random source
+    /// (`getrandom`; should the OS refuse, from the thread's id and the clock: p2c needs spread,
+    /// not secrecy). Placement by key never uses it.
+    static RNG: std::cell::RefCell<SplitMix64> = std::cell::RefCell::new(SplitMix64::new(
+        getrandom::u64().unwrap_or_else(|_| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            std::thread::current().id().hash(&mut h);
+            std::time::SystemTime::now().hash(&mut h);
+            h.finish()
+        }),
+    ));
 }

@@ -13,10 +13,11 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 
-use super::headers::{Peer, REQUEST_ID};
+use super::Exchange;
+use super::headers::REQUEST_ID;
 use crate::body::{self, ProxyBody};
 use crate::cache::HotCache;
-use crate::config::HttpPoolConfig;
+use crate::routing::HttpPool;
 use keyroute_fleet::pool::Snapshot;
 
 /// What the cache stage found for a request.
@@ -34,27 +35,25 @@ pub(super) enum Looked {
 /// Counts a keyed request for hot-key detection and, for a hot key of a pool with a cache, looks
 /// it up ([`consult`]). `body_end`: the request has no body (one with a body, even a GET, is not
 /// answered by URL). When the pool's key reads more than the URL, the entry varies on the key.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn look_up(
+    cx: &Exchange<'_>,
+    hp: &HttpPool,
     snap: &Snapshot,
-    http: &HttpPoolConfig,
-    cache: Option<&Arc<HotCache>>,
     hash: Option<u64>,
     key: &str,
     parts: &Parts,
     body_end: bool,
-    peer: &Peer,
-    id: &str,
 ) -> Looked {
+    let (http, id) = (&*hp.http, cx.id);
     let (Some(h), Some(hot)) = (hash, snap.hot()) else { return Looked::Skip };
     hot.observe(h, key);
     if hot.replicas(h) == 0 {
         return Looked::Skip;
     }
     hot.metrics.hot_requests.fetch_add(1, Relaxed);
-    let Some(cache) = cache.filter(|_| body_end) else { return Looked::Skip };
+    let Some(cache) = hp.cache.as_ref().filter(|_| body_end) else { return Looked::Skip };
     let Some(ck) = cache.store.request_key(parts) else { return Looked::Skip };
-    let ck = ck.with_scheme(if peer.tls { "https" } else { "http" });
+    let ck = ck.with_scheme(if cx.peer.tls { "https" } else { "http" });
     let ck = if http.key.reads_beyond_url() { ck.varying_on(key) } else { ck };
     let wait = cache.settings.coalesce_timeout.min(snap.config().retry.deadline);
     match consult(Arc::clone(cache), ck, parts, id, wait, http.worker_header.as_ref()).await {

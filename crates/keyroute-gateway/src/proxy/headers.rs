@@ -465,12 +465,13 @@ impl Via {
     }
 }
 
-/// A random number from the OS (through the standard hasher's keys): for ids, never placement.
+/// A random number from the OS's random source (`getrandom`), for the request id counter's start
+/// and the `Via` entry: ids that differ between processes, never placement. Should the OS refuse,
+/// the clock's nanoseconds (the ids stay unique within the process: they count up).
 pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x6b65_7972_6f75_7465);
-    h.finish()
+    getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    })
 }
 
 pub(crate) use crate::body::REQUEST_ID;

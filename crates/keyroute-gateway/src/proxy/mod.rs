@@ -116,20 +116,36 @@ impl ProxyService {
     }
 }
 
-/// A request, answered: its id, then [`route::route_and_forward`]; with an access log, what happened goes in the response's
-/// extensions ([`Placed`]).
-pub(crate) async fn handle<B>(shared: &Front, listener: usize, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
+/// One request on its way through the stages: who asked, its id, and what the access log learns
+/// of it. Built once by [`handle`]; each stage reads it rather than a list of arguments.
+pub(super) struct Exchange<'a> {
+    /// What the request path reads.
+    pub(super) front: &'a Front,
+    /// The listener it came in on.
+    pub(super) listener: usize,
+    /// The client.
+    pub(super) peer: &'a Peer,
+    /// Its request id.
+    pub(super) id: &'a str,
+    /// What the access log learns of it, when the listener has one.
+    pub(super) placed: Option<&'a mut Placed>,
+}
+
+/// A request, answered: its id, then [`route::route_and_forward`]; with an access log, what
+/// happened goes in the response's extensions ([`Placed`]).
+pub(crate) async fn handle<B>(front: &Front, listener: usize, req: Request<B>, peer: &Peer) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
-    let id = headers::request_id(&parts.headers, || shared.next_request.fetch_add(1, Relaxed));
-    let log = shared.access_logs.get(listener).and_then(Option::as_ref);
+    let id = headers::request_id(&parts.headers, || front.next_request.fetch_add(1, Relaxed));
+    let log = front.access_logs.get(listener).and_then(Option::as_ref);
     let mut placed =
         log.map(|l| Placed { request_id: id.clone(), key: l.wants_key().then(String::new), ..Placed::default() });
-    let mut resp = route::route_and_forward(shared, listener, &mut parts, body, peer, &id, placed.as_mut()).await;
-    if shared.draining.load(Relaxed) {
+    let mut cx = Exchange { front, listener, peer, id: &id, placed: placed.as_mut() };
+    let mut resp = route::route_and_forward(&mut cx, &mut parts, body).await;
+    if front.draining.load(Relaxed) {
         resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     if let Some(p) = placed {
@@ -139,31 +155,27 @@ where
 }
 
 /// A routed request, stage by stage (see the [module documentation](self)).
-#[allow(clippy::too_many_arguments)]
 async fn forward<B>(
-    shared: &Front,
+    cx: &mut Exchange<'_>,
     hp: &HttpPool,
     route: Route<'_>,
     parts: &mut Parts,
     body: B,
-    peer: &Peer,
-    id: &str,
-    mut placed: Option<&mut Placed>,
 ) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
-    let (pool, http) = (&hp.pool, &*hp.http);
+    let (pool, http, id) = (&hp.pool, &*hp.http, cx.id);
     let snap = pool.snapshot();
     let started = Instant::now();
     // Key.
     let mut key = String::new();
-    let hash = match key::key_hash(pool, http, &snap, parts, peer, &mut key) {
+    let hash = match key::key_hash(pool, http, &snap, parts, cx.peer, &mut key) {
         Ok(h) => h,
         Err(missing) => return respond::missing_key(pool, &missing, id),
     };
-    if let Some(p) = placed.as_deref_mut() {
+    if let Some(p) = cx.placed.as_deref_mut() {
         p.pool = Some(Arc::from(pool.name.as_str()));
         p.key_hash = hash;
         if let Some(k) = &mut p.key {
@@ -171,10 +183,10 @@ where
         }
     }
     // Cache (hot keys).
-    let looked = cache::look_up(&snap, http, hp.cache.as_ref(), hash, &key, parts, body.is_end_stream(), peer, id);
+    let looked = cache::look_up(cx, hp, &snap, hash, &key, parts, body.is_end_stream());
     let (caching, waited) = match looked.await {
         cache::Looked::Hit(resp) => {
-            if let Some(p) = placed.as_deref_mut() {
+            if let Some(p) = cx.placed.as_deref_mut() {
                 p.decision = "cache";
             }
             return resp;
@@ -184,7 +196,7 @@ where
         cache::Looked::Skip => (None, false),
     };
     // Head.
-    headers::upstream_head(parts, route.upgrades, body.is_end_stream(), peer, &shared.via, id);
+    headers::upstream_head(parts, route.upgrades, body.is_end_stream(), cx.peer, &cx.front.via, id);
     // Steer and attempt, worker after worker.
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
@@ -202,7 +214,7 @@ where
             last = last.or(Some(Failure::Timeout));
             break;
         }
-        let Some(decision) = steer::place(pool, &snap, hash, &tried, now, attempt, placed.as_deref_mut()) else {
+        let Some(decision) = steer::place(pool, &snap, hash, &tried, now, attempt, cx.placed.as_deref_mut()) else {
             break;
         };
         let worker = Arc::clone(&snap.workers()[decision.node]);
@@ -226,7 +238,7 @@ where
                 return respond::answered(hp.cache.as_deref(), parts, resp, caching, waited).await;
             }
             Try::Upgraded(resp, worker_side, in_flight) => {
-                return respond::upgraded(resp, worker_side, in_flight, &worker, &route, id, placed.is_some());
+                return respond::upgraded(resp, worker_side, in_flight, &worker, &route, id, cx.placed.is_some());
             }
             Try::ClientFault(resp) => return resp,
             Try::Failed(f) => {

@@ -7,25 +7,17 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use http_body::Body;
 
-use super::headers::{self, Peer};
-use super::{Front, Route, forward};
-use crate::access::Placed;
+use super::headers;
+use super::{Exchange, Route, forward};
 use crate::body::{self, BoxError, ProxyBody};
 
-pub(super) async fn route_and_forward<B>(
-    shared: &Front,
-    listener: usize,
-    parts: &mut Parts,
-    body: B,
-    peer: &Peer,
-    id: &str,
-    placed: Option<&mut Placed>,
-) -> Response<ProxyBody>
+pub(super) async fn route_and_forward<B>(cx: &mut Exchange<'_>, parts: &mut Parts, body: B) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
-    if shared.via.looped(&parts.headers) {
+    let (front, peer, id) = (cx.front, cx.peer, cx.id);
+    if front.via.looped(&parts.headers) {
         tracing::warn!(request_id = %id, client = %peer.addr, "request looped back to this gateway");
         return body::error(StatusCode::LOOP_DETECTED, "the request looped back to this gateway", "loop", id);
     }
@@ -38,10 +30,10 @@ where
         tracing::debug!(request_id = %id, client = %peer.addr, reason = bad.reason(), "bad request head");
         return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), id);
     }
-    let routing = shared.routing.load_full();
-    let Some((route, pool)) = routing.route(listener, headers::host_of(&parts.headers), parts.uri.path()) else {
+    let routing = front.routing.load_full();
+    let Some((route, pool)) = routing.route(cx.listener, headers::host_of(&parts.headers), parts.uri.path()) else {
         return body::error(StatusCode::NOT_FOUND, "no route for this host and path", "no_route", id);
     };
-    let route = Route { upgrades: &route.upgrades, tunnel: shared.tunnels.get(listener) };
-    forward(shared, pool, route, parts, body, peer, id, placed).await
+    let route = Route { upgrades: &route.upgrades, tunnel: front.tunnels.get(cx.listener) };
+    forward(cx, pool, route, parts, body).await
 }
