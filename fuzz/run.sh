@@ -36,7 +36,11 @@ fi
 
 # Build once, then run the binaries: a source edit during the runs does not rebuild mid-way.
 echo "run.sh: building the fuzz targets" >&2
-nice -n "$nice_level" cargo +nightly fuzz build || exit 1
+# The fuzz crate is a workspace member (its targets' code is replayed on the corpus by
+# `cargo test --workspace`); the libFuzzer binaries need the `libfuzzer` feature, and are built
+# apart from the workspace's target directory (nightly, sanitizer flags).
+export CARGO_TARGET_DIR="$PWD/target"
+nice -n "$nice_level" cargo +nightly fuzz build --features libfuzzer || exit 1
 triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
 bin="target/$triple/release"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_odr_violation=0}"

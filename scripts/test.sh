@@ -52,4 +52,25 @@ if ((${#need[@]})); then
     fi
 fi
 
+# The rendezvous kernels' tests cannot run a vector level the CPU lacks. This says which level
+# this machine has (from /proc/cpuinfo, unless set already), so that a test that would skip it,
+# or a detection that misses it, fails instead (crates/keyroute/src/rendezvous/kernel.rs).
+if [ -z "${KEYROUTE_EXPECT_SIMD:-}" ]; then
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true) "
+    case "$(uname -m)" in
+        x86_64)
+            if [[ $flags == *" avx512f "* && $flags == *" avx512dq "* ]]; then
+                KEYROUTE_EXPECT_SIMD=avx512
+            elif [[ $flags == *" avx2 "* ]]; then
+                KEYROUTE_EXPECT_SIMD=avx2
+            else
+                KEYROUTE_EXPECT_SIMD=scalar
+            fi
+            ;;
+        *) KEYROUTE_EXPECT_SIMD=scalar ;;
+    esac
+    export KEYROUTE_EXPECT_SIMD
+fi
+echo "scripts/test.sh: rendezvous kernels tested up to $KEYROUTE_EXPECT_SIMD (KEYROUTE_EXPECT_SIMD)" >&2
+
 exec cargo test --workspace "$@"

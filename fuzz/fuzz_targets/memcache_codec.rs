@@ -1,11 +1,4 @@
-//! The memcached listener's codec on arbitrary bytes, as client commands and as server answers
-//! (`keyroute_cache_proto::memcache::check_invariants`): never a panic, accepted keys of 1 to 250 bytes,
-//! data blocks within the item limit, answers framed within their buffer and never longer for a
-//! prefix of it.
+//! The `memcache_codec` target: see `keyroute_fuzz::targets::memcache_codec` (`fuzz/src/targets/memcache_codec.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    keyroute_cache_proto::memcache::check_invariants(data);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keyroute_fuzz::targets::memcache_codec::run(data));

@@ -1,11 +1,4 @@
-//! The Redis listener's RESP codec on arbitrary bytes, as client requests and as server replies
-//! (`keyroute_cache_proto::resp::check_invariants`): never a panic, arguments within their request and
-//! their limit, replies framed within their buffer and never longer for a prefix of it, array
-//! elements that fit their array.
+//! The `resp_codec` target: see `keyroute_fuzz::targets::resp_codec` (`fuzz/src/targets/resp_codec.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    keyroute_cache_proto::resp::check_invariants(data);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| keyroute_fuzz::targets::resp_codec::run(data));

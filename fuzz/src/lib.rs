@@ -1,4 +1,6 @@
-//! Shared input decoding for the fuzz targets.
+//! The fuzz targets ([`targets`]: one `run(&[u8])` each, which the libFuzzer binaries in
+//! `fuzz_targets/` call and `tests/replay.rs` runs on the committed corpus), and the input
+//! decoding they share.
 //!
 //! The request-shaped targets read a text format close to HTTP/1 on the wire, so seeds are
 //! readable and libFuzzer's byte mutations stay meaningful:
@@ -13,6 +15,17 @@
 //!
 //! Lines end with `\n` (a trailing `\r` is dropped). A head that `http` refuses (bad method, URI,
 //! header name or value) decodes to `None` and the input is skipped.
+
+pub mod targets {
+    //! One module per target, each with `run(&[u8])`: never a panic on any input.
+    pub mod admin_json;
+    pub mod config;
+    pub mod http1_differential;
+    pub mod key_template;
+    pub mod memcache_codec;
+    pub mod request;
+    pub mod resp_codec;
+}
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

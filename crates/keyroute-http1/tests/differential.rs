@@ -1,9 +1,9 @@
 //! The differential test of the request parser against hyper's HTTP/1 server (issue 20): one
-//! byte stream to each; keyroute must find the same messages (method, target, body: the same
-//! boundaries) and make the same accept or refuse decision, or refuse where hyper accepts
+//! byte stream to each; keyroute must find the same messages (method, target, header fields and
+//! body: the same boundaries, and after a refused upgrade too) and make the same accept or refuse decision, or refuse where hyper accepts
 //! (stricter). A fixed corpus of RFC 9112 corner cases, then seeded mutations of it (bounded:
 //! `KEYROUTE_DIFF_CASES`, 3,000 by default). Longer runs: the fuzz target
-//! `fuzz/fuzz_targets/http1_differential.rs`.
+//! `fuzz/src/targets/http1_differential.rs`.
 
 #[path = "support/compare.rs"]
 mod compare;
@@ -44,6 +44,13 @@ const CORPUS: &[&[u8]] = &[
     b"GET / HTTP/1.1\r\nHost: a\r\nX: caf\xc3\xa9\r\n\r\n",
     b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 00005\r\n\r\nhello",
     b"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nshort",
+    // Refused upgrades: what follows is HTTP/1 again, where a smuggled request would hide.
+    b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nGET /next HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"POST /u HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\nContent-Length: 5\r\n\r\nhelloGET /next HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"POST /u HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /next HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nContent-Length: 0\r\n\r\nPOST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok",
+    // Headers compared too: duplicates, empty values, whitespace around values.
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nx-a: 2\r\nX-Empty:\r\nX-Pad:   v  \r\n\r\n",
 ];
 
 /// Bytes that move parsers' decisions.
@@ -177,11 +184,27 @@ async fn rfc_9112_corner_cases_against_hyper() {
         (CORPUS[25], 0, compare::End::Refused(505)),
         // A short body: incomplete.
         (CORPUS[31], 0, compare::End::Incomplete),
+        // After a refused upgrade, the next request is framed by both (and its headers alike).
+        (CORPUS[32], 2, compare::End::Complete),
+        (CORPUS[33], 2, compare::End::Complete),
+        (CORPUS[34], 2, compare::End::Complete),
+        (CORPUS[35], 2, compare::End::Complete),
+        (CORPUS[36], 1, compare::End::Complete),
     ];
     for (input, n, end) in expect {
         let ours = compare::engine(input, &limits);
         assert_eq!((ours.0.len(), ours.1), (*n, *end), "{:?}", String::from_utf8_lossy(input));
         let theirs = compare::hyper_server(input).await;
         assert_eq!(compare::disagreement(&ours, &theirs), None, "{:?}", String::from_utf8_lossy(input));
+        // Where both accept, hyper framed what keyroute did: the comparison saw every message.
+        if matches!(end, compare::End::Complete) {
+            assert_eq!(theirs.len(), *n, "{:?}", String::from_utf8_lossy(input));
+        }
     }
+    // The header comparison has teeth: one field differing is a disagreement.
+    let ours = compare::engine(CORPUS[36], &limits);
+    let mut theirs = compare::hyper_server(CORPUS[36]).await;
+    assert!(theirs[0].headers.iter().any(|(n, v)| n == "x-pad" && v == b"v"), "{:?}", theirs[0].headers);
+    theirs[0].headers.retain(|(n, _)| n != "x-empty");
+    assert!(compare::disagreement(&ours, &theirs).is_some());
 }

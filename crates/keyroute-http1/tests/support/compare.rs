@@ -2,7 +2,7 @@
 //! each finds, and whether keyroute's decision is hyper's or a stricter refusal.
 //!
 //! Shared by `tests/differential.rs` (a bounded run in CI) and the fuzz target
-//! `fuzz/fuzz_targets/http1_differential.rs` (long runs).
+//! `fuzz/src/targets/http1_differential.rs` (long runs).
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -24,7 +24,15 @@ pub struct Message {
     pub method: String,
     /// The target, normalised as `http::Uri` prints it (hyper's form).
     pub target: String,
+    /// The header fields, names lowercased, values as bytes, sorted (hyper's map keeps no order
+    /// between names).
+    pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
+}
+
+fn sorted(mut headers: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    headers.sort();
+    headers
 }
 
 /// How keyroute's parser ended the stream.
@@ -45,10 +53,12 @@ fn normalise(target: &str) -> String {
     }
 }
 
-/// Whether a request ends what a parser reads of its connection (a close, or a protocol switch,
-/// after which the bytes are not HTTP/1).
-fn last_on_connection(keep_alive: bool, method: &str, upgrade: bool) -> bool {
-    !keep_alive || upgrade || method == "CONNECT"
+/// Whether a request ends what a parser reads of its connection: a close, or a `CONNECT` (after
+/// which the bytes are a tunnel's). An `Upgrade` offer does not: both sides refuse it (hyper's
+/// service answers 200, not 101, as the gateway does for an upgrade its route does not tunnel),
+/// so what follows it is HTTP/1 again, the region where a smuggled request would hide.
+fn last_on_connection(keep_alive: bool, method: &str) -> bool {
+    !keep_alive || method == "CONNECT"
 }
 
 /// The messages keyroute's parser frames in `input`.
@@ -75,9 +85,14 @@ pub fn engine(input: &[u8], limits: &Limits) -> (Vec<Message>, End) {
                 Err(_) => return (out, End::Refused(400)),
             }
         }
-        let upgrade = head.header("upgrade").is_some();
-        let last = last_on_connection(head.keep_alive(), head.method(), upgrade);
-        out.push(Message { method: head.method().to_owned(), target: normalise(head.target()), body });
+        let last = last_on_connection(head.keep_alive(), head.method());
+        let headers = head.fields().iter().map(|(n, v)| (n.to_ascii_lowercase(), v.to_vec())).collect();
+        out.push(Message {
+            method: head.method().to_owned(),
+            target: normalise(head.target()),
+            headers: sorted(headers),
+            body,
+        });
         if last {
             return (out, End::Complete);
         }
@@ -94,19 +109,20 @@ pub async fn hyper_server(input: &[u8]) -> Vec<Message> {
         let record = Arc::clone(&record);
         async move {
             let (parts, body) = req.into_parts();
-            let upgrade = parts.headers.contains_key(http::header::UPGRADE);
             if let Ok(b) = body.collect().await {
                 let target = parts.uri.to_string();
+                let headers =
+                    parts.headers.iter().map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec())).collect();
                 let mut r = record.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                r.push(Message { method: parts.method.to_string(), target, body: b.to_bytes().to_vec() });
+                r.push(Message {
+                    method: parts.method.to_string(),
+                    target,
+                    headers: sorted(headers),
+                    body: b.to_bytes().to_vec(),
+                });
             }
-            let mut resp = http::Response::new(Empty::<Bytes>::new());
-            if upgrade {
-                // Nothing after a protocol switch is HTTP/1: end the connection here, as
-                // keyroute's side of the comparison does.
-                resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-            }
-            Ok::<_, Infallible>(resp)
+            // 200, never 101: an upgrade offer is refused, and the connection goes on as HTTP/1.
+            Ok::<_, Infallible>(http::Response::new(Empty::<Bytes>::new()))
         }
     });
     // The client writes everything, then closes its side: hyper must go on with what it read.

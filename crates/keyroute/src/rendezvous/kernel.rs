@@ -75,6 +75,25 @@ impl Level {
         if order(capped) < order(self) { capped } else { self }
     }
 
+    /// A test that cannot run at level `needs` (`"avx2"` or `"avx512"`) on this CPU: it fails when
+    /// CI expects that level (`KEYROUTE_EXPECT_SIMD`, which `scripts/test.sh` sets from
+    /// `/proc/cpuinfo`), so that a kernel CI means to test is never skipped in silence; otherwise
+    /// it says so.
+    #[cfg(test)]
+    pub(super) fn skip(test: &str, needs: &str, why: &str) {
+        let expected = std::env::var("KEYROUTE_EXPECT_SIMD").unwrap_or_default();
+        let order = |s: &str| match s.trim() {
+            "avx512" => 2,
+            "avx2" => 1,
+            _ => 0,
+        };
+        assert!(
+            order(&expected) < order(needs),
+            "{test}: KEYROUTE_EXPECT_SIMD={expected}, but {why}: the {needs} kernel was not tested"
+        );
+        eprintln!("SKIPPED {test}: {why}");
+    }
+
     /// Every level this CPU can run, the scalar one first.
     #[cfg(test)]
     pub(super) fn available() -> Vec<Level> {
@@ -185,7 +204,29 @@ mod tests {
     #[cfg(not(target_arch = "x86_64"))]
     #[test]
     fn the_best_k_passes_agree_with_the_scalar_one() {
-        eprintln!("SKIPPED the_best_k_passes_agree_with_the_scalar_one: no vector kernel on this architecture");
+        Level::skip("the_best_k_passes_agree_with_the_scalar_one", "avx2", "no vector kernel on this architecture");
+    }
+
+    /// The level CI expects (`KEYROUTE_EXPECT_SIMD`) is one this process detects and tests: a
+    /// detection that went wrong (or a CPU that lost a feature) fails here rather than turning the
+    /// kernel tests into skips.
+    #[test]
+    fn the_level_ci_expects_is_detected() {
+        let available = Level::available();
+        let Ok(expected) = std::env::var("KEYROUTE_EXPECT_SIMD") else {
+            eprintln!("KEYROUTE_EXPECT_SIMD is not set; the kernels tested here: {available:?}");
+            return;
+        };
+        let want = match expected.trim() {
+            "scalar" => Level::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            "avx2" => Level::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            "avx512" => Level::Avx512,
+            other => panic!("KEYROUTE_EXPECT_SIMD={other}: not a level this architecture has"),
+        };
+        assert!(available.contains(&want), "CI expects {want:?}, this process detects only {available:?}");
+        assert_eq!(Level::cpu(), *available.last().unwrap_or(&Level::Scalar));
     }
 
     #[test]
@@ -239,8 +280,8 @@ mod tests {
         use crate::hash::{RandomSource, SplitMix64};
         let levels: Vec<Level> = Level::available().into_iter().filter(|&l| l != Level::Scalar).collect();
         if levels.is_empty() {
-            eprintln!("SKIPPED the_best_k_passes_agree_with_the_scalar_one: this CPU has neither AVX2 nor AVX-512");
-            return;
+            let why = "this CPU has neither AVX2 nor AVX-512";
+            return Level::skip("the_best_k_passes_agree_with_the_scalar_one", "avx2", why);
         }
         let mut rng = SplitMix64::new(23);
         for &level in &levels {
@@ -282,7 +323,8 @@ mod tests {
     #[cfg(not(target_arch = "x86_64"))]
     #[test]
     fn the_vector_pass_agrees_with_the_scalar_one() {
-        eprintln!("SKIPPED the_vector_pass_agrees_with_the_scalar_one: no AVX-512 kernel on this architecture");
+        let why = "no AVX-512 kernel on this architecture";
+        Level::skip("the_vector_pass_agrees_with_the_scalar_one", "avx512", why);
     }
 
     /// What the scalar reference says about one vector pass's input: which scores are tied.
@@ -319,11 +361,8 @@ mod tests {
     fn the_vector_pass_agrees_with_the_scalar_one() {
         use crate::hash::{RandomSource, SplitMix64};
         if Level::cpu() != Level::Avx512 {
-            eprintln!(
-                "SKIPPED the_vector_pass_agrees_with_the_scalar_one: this CPU lacks AVX-512F/DQ, \
-                 so the vector pass is never used here and was not tested"
-            );
-            return;
+            let why = "this CPU lacks AVX-512F/DQ, so the vector pass is never used here";
+            return Level::skip("the_vector_pass_agrees_with_the_scalar_one", "avx512", why);
         }
         let mut rng = SplitMix64::new(8);
         let (mut best_seen, mut ambiguous_seen, mut must_seen) = (0u32, 0u32, 0u32);
