@@ -447,7 +447,18 @@ async fn an_operator_sees_the_fleet_and_a_dead_worker_in_a_real_browser() {
         json!([]),
     )
     .await;
-    assert!(answer.as_str().is_some_and(|t| t.contains("owner") && t.contains("would go to")), "{answer}");
+    // What the box says is what the API says for the same question: the owner, and the owner
+    // and movement after the hypothetical change.
+    let answer = answer.as_str().unwrap_or_default().to_owned();
+    let (status, v) = admin(&gw, "GET", "/placement?key=img-7&add=w9", "", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{v}");
+    let owner = v["owner"].as_str().expect("an owner");
+    let after = v["what_if"]["owner"].as_str().expect("an owner after the change");
+    assert!(answer.contains(&format!("owner {owner}")), "{answer} vs {v}");
+    assert!(answer.contains(&format!("after the change: owner {after}")), "{answer} vs {v}");
+    let moves = v["what_if"]["moves"].as_bool().expect("moves");
+    assert_eq!(answer.contains("(the key moves)"), moves, "{answer} vs {v}");
+    assert_eq!(answer.contains("(it stays)"), !moves, "{answer} vs {v}");
     // A worker dies: the page shows it not healthy within a few seconds.
     let t0 = Instant::now();
     bs[1].kill();
@@ -487,8 +498,9 @@ async fn ten_pools_of_a_hundred_workers_stay_readable() {
         text.push_str(&format!("[[pool]]\nname = \"pool-{i}\"\nkey = \"{{path}}\"\n"));
         for w in 0..100 {
             text.push_str(&format!(
-                "[[pool.worker]]\nname = \"w{w}\"\naddress = \"127.0.0.1:{}\"\n",
-                20_000 + i * 100 + w
+                "[[pool.worker]]\nname = \"w{w}\"\naddress = \"127.0.0.1:{}\"\nweight = {}\n",
+                20_000 + i * 100 + w,
+                1 + w % 5
             ));
         }
     }
@@ -520,10 +532,24 @@ async fn ten_pools_of_a_hundred_workers_stay_readable() {
         assert!(first[1].as_str().is_some_and(|t| t.contains("show all 100")), "{first}");
         b.js("document.querySelector('.more button').click();", json!([]));
         b.wait_for(Duration::from_secs(10), "all 100 rows", "return document.querySelectorAll('tr[data-pool=\"pool-3\"]').length === 100;", json!([]));
-        // Sorted by name, numbers as numbers; the filter narrows the rows.
-        b.js("[...document.querySelectorAll('details.pool[data-pool=\"pool-3\"] th')].find(t => t.textContent.startsWith('worker')).click();", json!([]));
-        let order = b.js("return [...document.querySelectorAll('tr[data-pool=\"pool-3\"]')].slice(0, 3).map(r => r.dataset.worker);", json!([]));
-        assert_eq!(order, json!(["w0", "w1", "w2"]));
+        // A header sorts by its column: by weight, largest first, ties by name (the page opens
+        // sorted by state, then name, so this order is the click's)...
+        let click = |label: &str| {
+            b.js(
+                "[...document.querySelectorAll('details.pool[data-pool=\"pool-3\"] th')].find(t => t.textContent.startsWith(arguments[0])).click();",
+                json!([label]),
+            )
+        };
+        let first = "return [...document.querySelectorAll('tr[data-pool=\"pool-3\"]')].slice(0, 3).map(r => r.dataset.worker);";
+        assert_eq!(b.js(first, json!([])), json!(["w0", "w1", "w2"]), "opened in name order (one state)");
+        click("weight");
+        assert_eq!(b.js(first, json!([])), json!(["w99", "w94", "w89"]), "the weight-5 workers first");
+        // ...then by name, numbers as numbers (w2 before w10), and again to reverse it.
+        click("worker");
+        assert_eq!(b.js(first, json!([])), json!(["w0", "w1", "w2"]));
+        click("worker");
+        assert_eq!(b.js(first, json!([])), json!(["w99", "w98", "w97"]));
+        // The filter narrows the rows.
         b.js("const f = document.getElementById('filter'); f.value = 'w9'; f.dispatchEvent(new Event('input'));", json!([]));
         b.wait_for(Duration::from_secs(10), "the filtered rows", "return document.querySelectorAll('tr[data-pool=\"pool-3\"]').length === 11;", json!([]))
     })

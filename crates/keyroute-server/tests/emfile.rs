@@ -32,14 +32,29 @@ fn lowest_free_descriptor() -> u64 {
     probe.as_raw_fd() as u64
 }
 
+/// The accept queue of the socket listening on 127.0.0.1:`port` (`/proc/net/tcp`: a listening
+/// socket's `rx_queue` is its connections not yet accepted).
+fn accept_queue(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let listening = f.get(3) == Some(&"0A") && f.get(1)?.ends_with(&format!(":{port:04X}"));
+        let (_, rx) = f.get(4)?.split_once(':')?;
+        listening.then(|| u64::from_str_radix(rx, 16).ok()).flatten()
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_descriptors_the_gateway_answers_its_own_503_and_blames_no_worker() {
     let bs = backends(1).await;
     let gw = start_gateway(&config_text(&[&bs[0]], "", "")).await;
     // A client connection open before the limit: no descriptor is needed on the client's side.
     let mut conn = TcpStream::connect(gw.addr).await.expect("connect");
-    // Let the gateway accept it (its own descriptor) before the limit comes down.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The gateway has accepted it (its own descriptor) before the limit comes down: its listening
+    // socket's accept queue is empty again (read from /proc, which opens no connection that
+    // would close later and free a descriptor).
+    eventually(Duration::from_secs(5), "the connection accepted", || async { accept_queue(gw.addr.port()) == Some(0) })
+        .await;
     // Every descriptor in use now, and not one more: the gateway's upstream connect gets EMFILE.
     let (soft, _) = set_soft_limit(lowest_free_descriptor());
     let sent = conn.write_all(b"GET /thumb?k=1 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").await;

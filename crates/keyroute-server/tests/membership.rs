@@ -214,10 +214,10 @@ async fn a_big_rebuild_never_stalls_requests() {
     assert_eq!(status, StatusCode::OK);
     let build = done - started;
     eprintln!("GETs served while a 3.2M-point ring was built ({build:?}): {served_during}, the slowest {slowest:?}");
-    // Built inline, the one runtime thread would serve one GET (or none) and that GET would wait
-    // the whole build. Measured: 7,000 to 9,700 GETs over a 0.4 s build, each well under 1 ms.
-    assert!(served_during >= 500, "only {served_during} GETs were served during a {build:?} build");
-    assert!(slowest < Duration::from_millis(150), "a GET waited {slowest:?} during a {build:?} build");
+    // Built inline, the one runtime thread would serve one GET (or none) before the PATCH's answer,
+    // however long the build. Measured: 7,000 to 9,700 GETs over a 0.4 s build, the slowest well
+    // under 1 ms (printed above; speed is the benchmarks' to measure, not a test's).
+    assert!(served_during >= 10, "only {served_during} GETs were served during a {build:?} build");
     assert_eq!(worker_info(&gw, "w1").await["weight"], 20000);
     gw.task.abort();
 }

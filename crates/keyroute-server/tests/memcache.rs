@@ -6,6 +6,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
@@ -557,15 +558,23 @@ async fn a_server_that_answers_nothing_is_stalled_and_routed_around() {
         }
     }
     let key = key.expect("a key on the silent server");
+    // The key's value on the next server of its ranking (the only other one), set directly: a
+    // proxy that asked it answers with the value; one that asked nobody could only say END.
+    let mut direct = TcpStream::connect(addrs[0]).await.expect("direct");
+    assert_eq!(ask(&mut direct, format!("set {key} 7 0 4\r\nnext\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
     let mut waiting = TcpStream::connect(gw.addr).await.expect("connect");
     waiting.write_all(format!("get {key}\r\n").as_bytes()).await.expect("write");
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let state = worker_info(&gw, &silent_addr.to_string()).await["state"].clone();
-    assert_eq!(state, "stalled", "after the stall window with a command waiting");
+    // Stalled once the stall window passes with the command waiting (polled, not slept on).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while worker_info(&gw, &silent_addr.to_string()).await["state"] != "stalled" {
+        assert!(std::time::Instant::now() < deadline, "never stalled with a command waiting");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut c = TcpStream::connect(gw.addr).await.expect("connect");
     let started = std::time::Instant::now();
-    assert_eq!(ask(&mut c, format!("get {key}\r\n").as_bytes(), "END\r\n").await, "END\r\n");
-    assert!(started.elapsed() < Duration::from_secs(4), "answered by the next server, not after the 8 s timeout");
+    let got = ask(&mut c, format!("get {key}\r\n").as_bytes(), "END\r\n").await;
+    assert_eq!(got, format!("VALUE {key} 7 4\r\nnext\r\nEND\r\n"), "answered by the next server");
+    assert!(started.elapsed() < Duration::from_secs(4), "routed around at once, not after the 8 s timeout");
     hold.abort();
 }
 
@@ -577,8 +586,12 @@ async fn clients_share_server_connections_and_each_gets_its_own_answers() {
     let (_procs, addrs) = memcacheds(3).await;
     let gw = start_gateway(&config(&addrs, "rendezvous", "")).await;
     let mut tasks = tokio::task::JoinSet::new();
+    // The clients stay connected until the servers' connections are counted: a proxy that gave
+    // each client its own server connections would hold 24 of them then (and none once they left).
+    let (all_done, release) = (Arc::new(tokio::sync::Barrier::new(25)), Arc::new(tokio::sync::Barrier::new(25)));
     for client in 0..24 {
         let addr = gw.addr;
+        let (all_done, release) = (Arc::clone(&all_done), Arc::clone(&release));
         tasks.spawn(async move {
             let mut c = TcpStream::connect(addr).await.expect("connect");
             for round in 0..40 {
@@ -608,12 +621,13 @@ async fn clients_share_server_connections_and_each_gets_its_own_answers() {
                 }
                 assert_eq!(r, want, "client {client} round {round}");
             }
+            all_done.wait().await;
+            release.wait().await;
+            drop(c);
         });
     }
-    while let Some(done) = tasks.join_next().await {
-        done.expect("a client");
-    }
-    // A few connections per server (one per proxy thread), not 24.
+    all_done.wait().await;
+    // A few connections per server (one per proxy thread), not 24, with the 24 clients connected.
     for a in &addrs {
         let mut s = TcpStream::connect(a).await.expect("direct");
         let stats = ask(&mut s, b"stats\r\n", "END\r\n").await;
@@ -622,8 +636,13 @@ async fn clients_share_server_connections_and_each_gets_its_own_answers() {
             .find_map(|l| l.strip_prefix("STAT curr_connections "))
             .and_then(|v| v.trim().parse().ok())
             .expect("curr_connections");
-        // memcached counts its listener, this connection, and the proxy's.
-        assert!(conns <= 2 + 4, "{a}: {conns} connections");
+        // memcached counts its listener, this connection, and the proxy's (one per proxy thread,
+        // and an active check's, which lasts one `version`).
+        assert!(conns <= 2 + 4 + 1, "{a}: {conns} connections with 24 clients connected");
+    }
+    release.wait().await;
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a client");
     }
 }
 
@@ -671,7 +690,11 @@ async fn a_silent_server_holds_up_only_its_own_commands() {
         c.write_all(format!("get {live}\r\nget {dead}\r\n").as_bytes()).await.expect("write");
         stuck.push(c);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Their commands are at the silent server (the proxy counts them in flight there).
+    eventually(Duration::from_secs(3), "the stuck batches sent", || async {
+        worker_info(&gw, &silent_addr.to_string()).await["in_flight"].as_u64().unwrap_or(0) >= 4
+    })
+    .await;
     let started = std::time::Instant::now();
     for c in &mut clients {
         assert_eq!(ask(c, format!("get {live}\r\n").as_bytes(), "END\r\n").await, "END\r\n");

@@ -146,8 +146,9 @@ async fn accepted_by_thread(g: &Gw) -> HashMap<String, u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_loads_hold_across_runtime_threads() {
     let bs = backends(8).await;
+    // The backends hold every request until the test has counted them all in flight.
     for b in &bs {
-        b.delay_ms.store(800, SeqCst);
+        b.held.store(true, SeqCst);
     }
     let refs: Vec<&Backend> = bs.iter().collect();
     let text = config_text(&refs, "strategy = \"bounded-rendezvous\"\nepsilon = 0.25", "");
@@ -188,20 +189,21 @@ async fn bounded_loads_hold_across_runtime_threads() {
         // A client each: 64 connections, spread by the kernel over both threads' sockets.
         set.spawn(async move { get(&client(), &url).await.1["x-keyroute-worker"].clone() });
     }
-    // Mid-burst: every request is at a backend (800 ms each). The gateway's one count per worker,
-    // summed, is then exactly the backends' own count, whichever thread took each request.
+    // Mid-burst: every request is held at a backend. The gateway's one count per worker, summed,
+    // is then exactly the backends' own count, whichever thread took each request.
     let at_backends = || bs.iter().map(|b| b.current.load(SeqCst)).sum::<u64>();
-    eventually(Duration::from_secs(5), "all 64 requests at the backends", || async { at_backends() == 64 }).await;
+    eventually(Duration::from_secs(10), "all 64 requests at the backends", || async { at_backends() == 64 }).await;
     let (_, v) = admin(&g, "GET", "/workers", "", None).await;
-    let still = at_backends();
     let in_flight: u64 = v["pools"][0]["workers"]
         .as_array()
         .expect("workers")
         .iter()
         .map(|w| w["in_flight"].as_u64().expect("in_flight"))
         .sum();
-    assert_eq!(still, 64, "a request finished while the gateway was asked (raise the delay)");
     assert_eq!(in_flight, 64, "the gateway's in-flight count, summed over workers: {v}");
+    for b in &bs {
+        b.held.store(false, SeqCst);
+    }
     let mut served = HashMap::new();
     while let Some(r) = set.join_next().await {
         *served.entry(r.expect("task")).or_insert(0) += 1;

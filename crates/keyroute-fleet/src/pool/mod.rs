@@ -702,8 +702,38 @@ mod steering_equals_the_simulators {
         Pool::new(config, Instant::now()).expect("pool")
     }
 
+    /// Hot keys with replicas, for [`compare`]: every key under `/thumb/hot-` is made hot (up to
+    /// three replicas) and the workers get distinct loads, so that the replica choice (the least
+    /// loaded of a key's first `r`) is decided by load, not by order.
+    const HOT: usize = 200;
+
+    fn hot_keys(c: &mut PoolConfig) {
+        c.hot_keys = Some(crate::config::HotKeysConfig {
+            rule: keyroute::hot::HotKeyConfig {
+                threshold: keyroute::hot::Threshold::Rate(1.0),
+                per_replica: 2.0,
+                max_replicas: 3,
+                hold: Duration::ZERO,
+                confidence: 0.0,
+            },
+            window: Duration::from_secs(1),
+            counters: 4 * HOT,
+            sample_every: 1,
+            show_keys: false,
+        });
+    }
+
     async fn compare(edit: impl FnOnce(&mut PoolConfig), warmup: SimWarmup) {
-        let p = pool(edit);
+        compare_with(edit, warmup, false).await;
+    }
+
+    async fn compare_with(edit: impl FnOnce(&mut PoolConfig), warmup: SimWarmup, hot: bool) {
+        let p = pool(|c| {
+            edit(c);
+            if hot {
+                hot_keys(c);
+            }
+        });
         let w5 = WorkerConfig {
             name: "w5".into(),
             address: "127.0.0.1:9005".parse().expect("addr"),
@@ -724,6 +754,24 @@ mod steering_equals_the_simulators {
             (0..names.len()).find(|&i| sim_policy.nodes().get(i).is_some_and(|n| n.name() == "w5")).expect("w5");
         let handoff = Handoff::new(&sim_policy, &[newcomer]).expect("handoff");
         let mut warming_seen = 0;
+        let (mut replicated_seen, mut off_owner_seen) = (0, 0);
+        // Distinct loads, the same on both sides (by name): w1 3, w2 0, w3 5, w4 1, w5 2.
+        let load_of = |name: &str| match name {
+            "w1" => 3,
+            "w3" => 5,
+            "w4" => 1,
+            "w5" => 2,
+            _ => 0,
+        };
+        let _held: Vec<super::endpoint::InFlight> = if hot {
+            let snap = p.snapshot();
+            snap.workers()
+                .iter()
+                .flat_map(|w| (0..load_of(&w.name)).map(|_| super::endpoint::InFlight::new(std::sync::Arc::clone(w))))
+                .collect()
+        } else {
+            Vec::new()
+        };
         for step in 0..=12u64 {
             let elapsed = Duration::from_millis(step * 1000);
             let snap = p.snapshot();
@@ -737,12 +785,28 @@ mod steering_equals_the_simulators {
                 pool_hit_rate: 0.0,
             };
             let mut rng = SplitMix64::new(1);
+            if let Some(hot) = snap.hot() {
+                // The hot keys, seen often enough in the window that ends now to get replicas.
+                for k in 0..HOT {
+                    let key = format!("/thumb/hot-{k}.jpg");
+                    let h = snap.policy.key_hash(key.as_bytes());
+                    for _ in 0..(2 + k % 5) {
+                        hot.observe(h, &key);
+                    }
+                }
+                hot.tick(now);
+            }
+            let sim_loads = |i: usize| sim_policy.nodes().get(i).map_or(0, |n| load_of(n.name()));
             for k in 0..3000 {
-                let key = format!("/thumb/img-{k}.jpg");
+                let key = if hot && k < HOT { format!("/thumb/hot-{k}.jpg") } else { format!("/thumb/img-{k}.jpg") };
                 let h = snap.policy.key_hash(key.as_bytes());
                 assert_eq!(h, sim_policy.key_hash(key.as_bytes()));
                 let g = snap.decide(Some(h), &[], now).expect("a worker");
-                let s = decide_at(&sim_policy, h, 0, &|_| 0, &mut rng, Some(&moment)).expect("a worker");
+                // The simulator is told the replica count the gateway's detector gave the key.
+                let replicas = snap.hot().map_or(0, |hot| hot.replicas(h));
+                replicated_seen += usize::from(replicas > 1);
+                let s = decide_at(&sim_policy, h, replicas, &sim_loads, &mut rng, Some(&moment)).expect("a worker");
+                off_owner_seen += usize::from(g.spill == Some(keyroute::Spill::Replica));
                 let name = |pol: &Policy, i: usize| pol.nodes().get(i).map(|n| n.name().to_owned());
                 assert_eq!(
                     (name(&snap.policy, g.node), name(&snap.policy, g.owner.unwrap_or(usize::MAX)), g.spill),
@@ -753,8 +817,22 @@ mod steering_equals_the_simulators {
             }
             tokio::time::advance(Duration::from_secs(1)).await;
         }
-        // The comparison covered warm-up decisions, not only the plain strategy.
+        // The comparison covered warm-up decisions, not only the plain strategy; with hot keys,
+        // replicated keys, some served off their owner by load.
         assert!(warming_seen > 1000, "{warming_seen}");
+        if hot {
+            eprintln!("{replicated_seen} replicated decisions, {off_owner_seen} off the owner, {warming_seen} warming");
+            assert!(
+                replicated_seen > 1000 && off_owner_seen > 300,
+                "{replicated_seen} replicated, {off_owner_seen} off their owner"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hot_keys_with_replicas_by_load() {
+        compare_with(|c| c.handoff = Some(Duration::from_secs(10)), SimWarmup::Handoff { window_ms: 10_000.0 }, true)
+            .await;
     }
 
     #[tokio::test(start_paused = true)]

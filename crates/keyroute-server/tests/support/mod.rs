@@ -35,6 +35,9 @@ pub struct Backend {
     pub current: Arc<AtomicU64>,
     pub peak: Arc<AtomicU64>,
     pub delay_ms: Arc<AtomicU64>,
+    /// While set, requests that arrive wait (after any delay) until it is cleared: a test holds
+    /// them at the backend for as long as it needs, whatever the machine's speed.
+    pub held: Arc<AtomicBool>,
     pub healthy: Arc<AtomicBool>,
     /// The worker cache result it reports in `X-Cache`: 0 none, 1 `HIT`, 2 `MISS`.
     pub x_cache: Arc<std::sync::atomic::AtomicU8>,
@@ -52,6 +55,7 @@ impl Backend {
             current: Arc::default(),
             peak: Arc::default(),
             delay_ms: Arc::default(),
+            held: Arc::default(),
             healthy: Arc::new(AtomicBool::new(true)),
             x_cache: Arc::default(),
             tasks: None,
@@ -72,6 +76,7 @@ impl Backend {
             current: Arc::clone(&self.current),
             peak: Arc::clone(&self.peak),
             delay: Arc::clone(&self.delay_ms),
+            held: Arc::clone(&self.held),
             healthy: Arc::clone(&self.healthy),
             x_cache: Arc::clone(&self.x_cache),
         };
@@ -83,7 +88,7 @@ impl Backend {
                 let h = h.clone();
                 conns2.lock().await.spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let Handles { name, served, arrived, current, peak, delay, healthy, x_cache } = h.clone();
+                        let Handles { name, served, arrived, current, peak, delay, held, healthy, x_cache } = h.clone();
                         async move {
                             if req.uri().path() == "/healthz" {
                                 let status =
@@ -98,6 +103,9 @@ impl Backend {
                             let d = delay.load(SeqCst);
                             if d > 0 {
                                 tokio::time::sleep(Duration::from_millis(d)).await;
+                            }
+                            while held.load(SeqCst) {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
                             }
                             let xff = req
                                 .headers()
@@ -197,6 +205,7 @@ struct Handles {
     current: Arc<AtomicU64>,
     peak: Arc<AtomicU64>,
     delay: Arc<AtomicU64>,
+    held: Arc<AtomicBool>,
     healthy: Arc<AtomicBool>,
     x_cache: Arc<std::sync::atomic::AtomicU8>,
 }
