@@ -21,6 +21,9 @@
 #         RATE=20000 bench/memcache.sh       open loop: 20,000 commands/s, latency p50/p99/p999
 #                                            taken from each command's due time (mc_load; RESP
 #                                            too with PROTOCOL=redis)
+#         BASELINE=FILE bench/memcache.sh   also a keyroute binary to compare with in the same run (for
+#                                            example one built from an earlier commit), as target
+#                                            "baseline", on the same configuration and servers
 # Needs memcached and nutcracker (installed with apt-get when missing, as root). Starts every process
 # itself on 127.0.0.1 and kills them by PID on exit.
 set -euo pipefail
@@ -118,8 +121,19 @@ fi
 "$KEYROUTE" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.log" 2>&1 &
 KR_PID=$!
 PIDS+=("$KR_PID")
+TARGETS=(direct nutcracker keyroute)
+BASE_PID=0
+BASE_KR_PORT=$((BASE_PORT + 25))
+if [[ -n ${BASELINE:-} ]]; then
+    sed -e "s/127.0.0.1:$KR_PORT/127.0.0.1:$BASE_KR_PORT/" -e "s/127.0.0.1:$((BASE_PORT + 24))/127.0.0.1:$((BASE_PORT + 26))/" \
+        "$TMP/keyroute.toml" >"$TMP/baseline.toml"
+    "$BASELINE" serve --threads 1 --log warn --config "$TMP/baseline.toml" >"$TMP/baseline.log" 2>&1 &
+    BASE_PID=$!
+    PIDS+=("$BASE_PID")
+    TARGETS+=(baseline)
+fi
 sleep 1
-for port in "$NUT_PORT" "$KR_PORT" "$DIRECT_PORT"; do
+for port in "$NUT_PORT" "$KR_PORT" "$DIRECT_PORT" $([[ $BASE_PID != 0 ]] && echo "$BASE_KR_PORT"); do
     for _ in $(seq 50); do
         (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
         sleep 0.1
@@ -127,13 +141,13 @@ for port in "$NUT_PORT" "$KR_PORT" "$DIRECT_PORT"; do
 done
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-declare -A PORT=([direct]=$DIRECT_PORT [nutcracker]=$NUT_PORT [keyroute]=$KR_PORT)
-declare -A PID=([direct]=0 [nutcracker]=$NUT_PID [keyroute]=$KR_PID)
+declare -A PORT=([direct]=$DIRECT_PORT [nutcracker]=$NUT_PORT [keyroute]=$KR_PORT [baseline]=$BASE_KR_PORT)
+declare -A PID=([direct]=0 [nutcracker]=$NUT_PID [keyroute]=$KR_PID [baseline]=$BASE_PID)
 TICK=$(getconf CLK_TCK)
 RESULTS=$TMP/results.tsv
 : >"$RESULTS"
 for round in $(seq "$ROUNDS"); do
-    for target in direct nutcracker keyroute; do
+    for target in "${TARGETS[@]}"; do
         pid=${PID[$target]}
         before=0
         [[ $pid != 0 ]] && before=$(cpu_ticks "$pid")
@@ -184,10 +198,14 @@ echo
 echo "| target | ops/s | proxy CPU us/op | p99 us | p99.9 us |"
 echo "|---|---:|---:|---:|---:|"
 median() { awk -F'\t' -v t="$1" -v c="$2" '$2 == t { print $c }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-for target in direct nutcracker keyroute; do
+for target in "${TARGETS[@]}"; do
     echo "| $target | $(median "$target" 3) | $(median "$target" 4) | $(median "$target" 7) | $(median "$target" 8) |"
 done
 k=$(awk -F'\t' '$2 == "keyroute" { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 n=$(awk -F'\t' '$2 == "nutcracker" { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 echo
 awk -v k="$k" -v n="$n" 'BEGIN { if (n > 0) printf "CPU per operation, keyroute over nutcracker: %.3f (target <= 0.70)\n", k / n }'
+if [[ $BASE_PID != 0 ]]; then
+    b=$(awk -F'\t' '$2 == "baseline" { print $4 }' "$RESULTS" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+    awk -v k="$k" -v b="$b" 'BEGIN { if (b > 0) printf "CPU per operation, keyroute over the baseline (%s): %.3f\n", ENVIRON["BASELINE"], k / b }'
+fi

@@ -42,3 +42,21 @@ fn quick_demo_makes_sense() {
     assert!(html.contains("<svg") && html.contains("latency CDF"));
     std::fs::remove_file(&report).ok();
 }
+
+/// The `repl` column: the most replicas hot-key replication gave the viral image, which the demo
+/// reads from the gateway's hot keys by the image's key text (its pool shows key text: the keys
+/// are thumbnail paths). It was empty while key text was opt-in and the demo did not opt in.
+#[test]
+fn the_hot_image_shows_its_replicas() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keyroute"))
+        .args(["demo", "--scenarios", "hot-image", "--strategies", "rendezvous+replicas", "--seconds", "4", "--json"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cases: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let case = cases.iter().find(|c| c["scenario"] == "hot-image").expect("the hot-image case");
+    // 144 a second for the image over replicas that should carry 60 each: 3 (2 at least while
+    // its rate is still being measured).
+    let replicas = case["hot_replicas"].as_u64().unwrap_or(0);
+    assert!(replicas >= 2, "the viral image's replicas: {case}");
+}

@@ -436,6 +436,33 @@ async fn an_operator_sees_the_fleet_and_a_dead_worker_in_a_real_browser() {
         json!([]),
     )
     .await;
+    // The affinity axis: 0, half and the top, three distinct round values (a chart of 1/s had
+    // read "0/s, 1/s, 1/s"), the top above every point drawn.
+    let ticks = run(
+        r#"const t = [...document.querySelectorAll('details.pool svg text.tick')].slice(0, 3).map(e => e.textContent);
+           return t.length === 3 ? t : null;"#,
+        "the affinity axis",
+        json!([]),
+    )
+    .await;
+    let values: Vec<f64> = ticks
+        .as_array()
+        .expect("labels")
+        .iter()
+        .map(|t| t.as_str().and_then(|t| t.trim_end_matches("/s").replace(',', "").parse().ok()).expect("a rate"))
+        .collect();
+    assert!(values[0] == 0.0 && values[1] > 0.0 && values[2] == 2.0 * values[1], "{ticks}");
+    // The page draws the area of the latest second inside the frame.
+    let inside = run(
+        r#"const p = document.querySelector('details.pool svg path');
+           if (!p) return null;
+           const ys = [...p.getAttribute('d').matchAll(/[ML][\d.]+,([\d.]+)/g)].map(m => parseFloat(m[1]));
+           return ys.length ? Math.min(...ys) : null;"#,
+        "the affinity area",
+        json!([]),
+    )
+    .await;
+    assert!(inside.as_f64().is_some_and(|y| y > 6.0), "the area reaches the frame: top y {inside}");
     // The placement box answers with the ranking and a what-if.
     let answer = run(
         r#"const f = document.querySelector('form.box');

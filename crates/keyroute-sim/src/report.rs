@@ -218,13 +218,23 @@ pub fn line_chart(
     if y1 <= 0.0 {
         y1 = 1.0;
     }
-    let y_range = 0.0..y1 * 1.05;
+    let y_range = 0.0..axis_top(y1);
     let drawn = if log_x {
         svg_chart(title, x_title, y_title, &series, plotters::prelude::IntoLogRange::log_scale(x0..x1), y_range)
     } else {
         svg_chart(title, x_title, y_title, &series, x0..x1, y_range)
     };
     drawn.unwrap_or_else(|e| format!("<p>{}: the chart could not be drawn ({})</p>", esc(title), esc(&e)))
+}
+
+/// The top of a y axis whose highest point is `y1 > 0`: a multiple of a round step (1, 2, 2.5 or 5
+/// times a power of ten, about a quarter of `y1`) at least 10% above `y1`, so that a line at the
+/// highest value (every worker at 10/s) is drawn below the frame, not on it.
+fn axis_top(y1: f64) -> f64 {
+    let rough = y1 / 4.0;
+    let p = 10f64.powf(rough.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * p).find(|&s| s >= rough).unwrap_or(10.0 * p);
+    (y1 * 1.1 / step).ceil() * step
 }
 
 /// The chart size, in pixels.
@@ -536,6 +546,18 @@ mod tests {
         assert!(odd.trim_end().ends_with("</svg>"));
         let bars = bar_chart("moved", "keys moved (%)", &[("ring".into(), 0.11), ("mod<n>".into(), 0.89)], true);
         assert!(bars.contains("89.0%") && bars.contains("mod&lt;n&gt;"), "{bars}");
+    }
+
+    #[test]
+    fn a_flat_line_has_room_above_it() {
+        assert_eq!(axis_top(10.0), 12.5);
+        assert_eq!(axis_top(1.0), 1.25);
+        assert_eq!(axis_top(100.0), 125.0);
+        for i in 1..2000 {
+            let y = f64::from(i) * 0.37;
+            let top = axis_top(y);
+            assert!(top >= y * 1.1 && top <= y * 1.8, "{y} -> {top}");
+        }
     }
 
     #[test]
