@@ -604,11 +604,11 @@ async fn one(
         return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
     };
     b.servers.0[server].out.extend_from_slice(raw);
-    match hash.0.zip(b.snap.policy().owner(hash.0.unwrap_or_default())) {
-        // A replica other than the owner: its miss is read from the owner and copied to it.
-        Some((h, owner)) if replicas && owner != node => {
-            Pending::HotGet { server, node, owner, hash: h, key: key.to_vec() }
-        }
+    // A hot key's replica other than the owner: its miss is read from the owner and copied to it.
+    // (The owner is looked up only then: it is one more pass over the table.)
+    let owner = if replicas { hash.0.and_then(|h| Some((h, b.snap.policy().owner(h)?))) } else { None };
+    match owner {
+        Some((h, owner)) if owner != node => Pending::HotGet { server, node, owner, hash: h, key: key.to_vec() },
         _ => Pending::One { server, node, written },
     }
 }
