@@ -5,10 +5,9 @@
 pub struct CacheListener {
     /// The protocol.
     pub protocol: CacheProtocol,
-    /// The pool of cache servers (an index into the configuration's pools).
-    pub pool: usize,
-    /// That pool's name (what the listener finds its pool by after a reload).
-    pub pool_name: String,
+    /// The pool of cache servers, by name: what the listener finds its pool by, in every
+    /// snapshot of the fleet (a reload may add pools before it).
+    pub pool: String,
     /// The largest value taken (memcached's `-I`, 1 MiB by default; for Redis, each argument of a
     /// command, 16 MiB by default).
     pub max_item_bytes: usize,

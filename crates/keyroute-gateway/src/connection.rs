@@ -493,7 +493,9 @@ const LINGER: (Duration, u64) = (Duration::from_secs(2), 1 << 20);
 /// request id: there was no request).
 fn refusal(e: HeadError) -> Vec<u8> {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-    let body = format!("{{\"status\":{},\"reason\":\"{}\",\"message\":\"{e}\"}}\n", e.status(), e.reason());
+    // keyroute's one public error shape (`body::error`'s): what, its class, the status.
+    let body =
+        serde_json::json!({ "error": e.to_string(), "reason": e.reason(), "status": e.status() }).to_string() + "\n";
     format!(
         "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         status.as_str(),

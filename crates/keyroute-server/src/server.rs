@@ -529,7 +529,7 @@ async fn accept_loop(
                 Serves::Cache(cache) => Listener::Cache(
                     Arc::new(keyroute_cacheproxy::Context {
                         fleet: Arc::clone(&shared.fleet),
-                        pool: cache.pool_name.clone(),
+                        pool: cache.pool.clone(),
                         stop: shared.stop_accepting.subscribe(),
                     }),
                     Arc::new(cache.clone()),

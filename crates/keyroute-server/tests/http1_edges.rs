@@ -335,3 +335,29 @@ async fn a_space_in_the_target_is_a_bad_request() {
     assert!(resp.starts_with("HTTP/1.1 505"), "{resp:?}");
     gw.task.abort();
 }
+
+/// A head the engine refuses is answered in keyroute's one public error shape (`error`, `reason`,
+/// `status`), as every other error of the gateway, the admin API and the workers is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_head_is_answered_in_the_one_error_shape() {
+    let w = RawBackend::start(Arc::new(|_, _| Some(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()))).await;
+    let gw = start_gateway(&config_for(&[w.addr], "", "")).await;
+    for (request, status, reason) in [
+        ("GET /a b HTTP/1.1\r\nHost: a\r\n\r\n", 400, "bad_request_head"),
+        ("GET /a HTTP/2.0\r\nHost: a\r\n\r\n", 505, "unsupported_version"),
+        (
+            "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            400,
+            "invalid_content_length",
+        ),
+    ] {
+        let resp = raw(gw.addr, request.as_bytes()).await;
+        let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{request:?}: {e}: {resp:?}"));
+        assert_eq!(v["status"], status, "{resp}");
+        assert_eq!(v["reason"], reason, "{resp}");
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{resp}");
+        assert!(v.get("message").is_none(), "{resp}");
+    }
+    gw.task.abort();
+}

@@ -1232,3 +1232,36 @@ async fn a_reload_that_changes_a_cache_listeners_settings_is_refused() {
     let r = ask(&mut c, format!("set big 0 0 {}\r\n{big}\r\n", big.len()).as_bytes(), "\r\n").await;
     assert!(r.starts_with("SERVER_ERROR"), "{r}");
 }
+
+/// Issue 32: a cache listener finds its pool by name. A reload that puts another pool before the
+/// listener's (pools were found by their place in the file) leaves its commands on its own pool's
+/// servers, for a client connected before the reload and one connected after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_reorders_pools_keeps_a_listener_on_its_pool() {
+    let (_procs, addrs) = memcacheds(2).await;
+    let text = config(&addrs[..1], "rendezvous", "");
+    let gw = start_gateway(&text).await;
+    let mut before = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(ask(&mut before, b"set k-first 0 0 1\r\nx\r\n", "\r\n").await, "STORED\r\n");
+    let other = format!(
+        "[[pool]]\nname = \"other\"\nstrategy = \"rendezvous\"\n\n[[pool.worker]]\nname = \"o\"\naddress = \"{}\"\n\n",
+        addrs[1]
+    );
+    let reordered = text.replacen("[[pool]]\n", &format!("{other}[[pool]]\n"), 1);
+    assert!(reordered.find("name = \"other\"") < reordered.find("name = \"cache\""), "{reordered}");
+    gw.handle
+        .reload(keyroute_server::Config::parse(&reordered, "t.toml").expect("valid"))
+        .expect("a pool added before the listener's");
+    let mut after = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..20 {
+        let c = if i % 2 == 0 { &mut before } else { &mut after };
+        assert_eq!(ask(c, format!("set k-{i} 0 0 1\r\nx\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+    }
+    for key in std::iter::once("k-first".to_string()).chain((0..20).map(|i| format!("k-{i}"))) {
+        for (server, holds) in [(addrs[0], true), (addrs[1], false)] {
+            let mut d = TcpStream::connect(server).await.expect("direct");
+            let r = ask(&mut d, format!("get {key}\r\n").as_bytes(), "END\r\n").await;
+            assert_eq!(r.starts_with("VALUE"), holds, "{key} on {server}: {r}");
+        }
+    }
+}

@@ -204,7 +204,7 @@ impl Store {
     ///
     /// No cache listener serves the pool.
     pub fn of<'a>(listeners: impl IntoIterator<Item = &'a CacheListener>, pool: &str) -> Result<Store, MoveError> {
-        let listener = listeners.into_iter().find(|c| c.pool_name == pool);
+        let listener = listeners.into_iter().find(|c| c.pool == pool);
         match listener {
             Some(c) if c.protocol == CacheProtocol::Redis => Ok(Store::Redis { password: c.server_password.clone() }),
             Some(_) => Ok(Store::Memcached),

@@ -248,8 +248,7 @@ weight = 2
             c.listeners[0].cache(),
             Some(&CacheListener {
                 protocol: CacheProtocol::Memcached,
-                pool: 0,
-                pool_name: "thumbs".into(),
+                pool: "thumbs".into(),
                 max_item_bytes: 2048,
                 password: None,
                 server_password: None

@@ -157,18 +157,19 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     }
     for (l, raw_listener) in listeners.iter().zip(&raw.listener) {
         let Some(cache) = l.cache() else { continue };
-        let raw_pool = &raw.pool[cache.pool];
+        let Some(at) = pools.iter().position(|p| p.name == cache.pool) else { continue };
+        let raw_pool = &raw.pool[at];
         if raw_pool.health.as_ref().is_some_and(|h| h.path.is_some()) {
             // A cache pool's active check is its protocol's (memcached `version`, Redis `PING`).
             let at = raw_listener.pool.as_ref().map_or_else(|| raw_listener.listen.span(), Spanned::span);
             let msg = format!(
                 "pool '{}' has an HTTP health path ([pool.health] path), which a cache server cannot answer: remove it (the pool is checked with the listener's protocol)",
-                pools[cache.pool].name
+                cache.pool
             );
             return ctx.err(Some(at), format!("listener.{}.pool", l.name), msg);
         }
         if cache.protocol == CacheProtocol::Redis {
-            store_defaults(&mut pools[cache.pool], raw_pool);
+            store_defaults(&mut pools[at], raw_pool);
         }
     }
     Ok(Config {
@@ -395,8 +396,8 @@ fn validate_cache_listener(
         *slot = Some(v.get_ref().clone());
     }
     let [password, server_password] = passwords;
-    let pool_name = pools[pool].name.clone();
-    Ok(CacheListener { protocol, pool, pool_name, max_item_bytes, password, server_password })
+    let pool = pools[pool].name.clone();
+    Ok(CacheListener { protocol, pool, max_item_bytes, password, server_password })
 }
 
 /// A listener's `[[listener.route]]`s (one to the only pool when it has none).
