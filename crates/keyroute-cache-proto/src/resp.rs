@@ -28,6 +28,9 @@ pub enum Args {
 /// A whole request: its length in the buffer, and its arguments.
 pub type Request = (usize, Args);
 
+/// A whole request framed by [`request_into`]: its length, and an inline command's words.
+pub type Framed = (usize, Option<Vec<Vec<u8>>>);
+
 /// One request at the start of `buf`: its length and its arguments, or `None` when it is not all
 /// there. `max_bulk` bounds each argument.
 ///
@@ -41,6 +44,22 @@ pub type Request = (usize, Args);
 ///
 /// A request that Redis would refuse, or too large: [`Unframed`], with Redis's own message.
 pub fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Unframed> {
+    let mut ranges = Vec::new();
+    Ok(request_into(buf, max_bulk, &mut ranges)?.map(|(n, inline)| match inline {
+        Some(words) => (n, Args::Inline(words)),
+        None => (n, Args::Bulk(ranges)),
+    }))
+}
+
+/// [`request`], with an array's argument ranges written to `ranges` (emptied first) so that a
+/// caller who keeps the list allocates nothing per request: the request's length, and an inline
+/// command's words (`Some`, `ranges` then empty).
+///
+/// # Errors
+///
+/// As [`request`].
+pub fn request_into(buf: &[u8], max_bulk: usize, ranges: &mut Vec<Range<usize>>) -> Result<Option<Framed>, Unframed> {
+    ranges.clear();
     let Some(&first) = buf.first() else { return Ok(None) };
     if first != b'*' {
         // An inline command: words of one line.
@@ -57,7 +76,7 @@ pub fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Unframed>
         if args.iter().any(|a| a.len() > max_bulk) {
             return Err(Unframed("ERR Protocol error: invalid bulk length"));
         }
-        return Ok(Some((end + 1, Args::Inline(args))));
+        return Ok(Some((end + 1, Some(args))));
     }
     let Some((n, mut at)) = header(buf, 0, "ERR Protocol error: invalid multibulk length")? else {
         return Ok(None);
@@ -67,7 +86,7 @@ pub fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Unframed>
     if count > MAX_ARGS {
         return Err(Unframed("ERR Protocol error: invalid multibulk length"));
     }
-    let mut args = Vec::with_capacity(count.min(64));
+    ranges.reserve(count.min(64));
     for _ in 0..count {
         if at >= buf.len() {
             return Ok(None);
@@ -87,10 +106,10 @@ pub fn request(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, Unframed>
         if &buf[end..end + 2] != b"\r\n" {
             return Err(Unframed("ERR Protocol error: bulk not followed by CRLF"));
         }
-        args.push(body..end);
+        ranges.push(body..end);
         at = end + 2;
     }
-    Ok(Some((at, Args::Bulk(args))))
+    Ok(Some((at, None)))
 }
 
 /// An integer as Redis reads one (`string2ll`): `0`, or an optional `-` and digits that do not

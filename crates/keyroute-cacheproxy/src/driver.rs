@@ -17,8 +17,10 @@
 //! is in flight (the steering rule reads it: bounded loads and hot-key replicas), placement and
 //! its accounting, failures and ejection, the side connections, and the stop.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::thread::LocalKey;
 use std::time::Duration;
 
 use bytes::{Buf as _, BytesMut};
@@ -36,12 +38,12 @@ use crate::servers::{Framing, Greeting, Read, Servers, Slot, flush, read_all};
 pub(crate) const BATCH: usize = 1024;
 
 /// A protocol over the driver: how a client's commands are planned and their answers merged.
-pub(crate) trait Protocol: Send + Sized {
+pub(crate) trait Protocol: Send + Sized + 'static {
     /// A command of the batch once planned: where its answer comes from.
     type Pending: Pending;
 
     /// Whether `input` begins with a whole command (the next batch starts without a read).
-    fn whole(&self, input: &[u8]) -> bool;
+    fn whole(&mut self, input: &[u8]) -> bool;
 
     /// What a new server connection is sent first, for this client now.
     fn greeting(&self) -> Option<Arc<[u8]>> {
@@ -71,10 +73,13 @@ pub(crate) trait Protocol: Send + Sized {
     /// After the batch's answers were written (Redis: a client that switched protocols gets new
     /// server connections).
     fn after(&mut self, _servers: &mut Servers, _side: &mut Servers) {}
+
+    /// The thread's spare lists for this protocol's batches (see [`Lists`]).
+    fn spare() -> &'static LocalKey<RefCell<Vec<Lists<Self>>>>;
 }
 
 /// A planned command: the answers it reads.
-pub(crate) trait Pending: Send {
+pub(crate) trait Pending: Send + 'static {
     /// How its protocol frames an answer.
     type Framing: Framing + Send + Sync;
 
@@ -135,6 +140,52 @@ pub(crate) struct Batch<'a, P: Protocol> {
     pub(crate) pending: Vec<P::Pending>,
     /// The requests of the batch in flight on each server, until its answers are read.
     pub(crate) loads: InFlightBatch,
+    /// The lists the batch fills and empties again (the thread's).
+    pub(crate) lists: Lists<P>,
+}
+
+/// The lists a batch fills and empties again, lent by the thread as its byte buffers are
+/// ([`crate::stash`]): a batch takes a set and gives it back when it ends, so that a command
+/// allocates no list and an idle client holds none. A set a long pipeline grew is freed.
+pub(crate) struct Lists<P: Protocol> {
+    /// The argument ranges of the command being planned (Redis).
+    pub(crate) ranges: Vec<std::ops::Range<usize>>,
+    pending: Vec<P::Pending>,
+    reads: Vec<Read<<P::Pending as Pending>::Framing>>,
+    counts: Vec<usize>,
+    slots: Vec<Slot>,
+    order: Vec<usize>,
+    loads: InFlightBatch,
+}
+
+impl<P: Protocol> Default for Lists<P> {
+    fn default() -> Self {
+        Lists {
+            ranges: Vec::new(),
+            pending: Vec::new(),
+            reads: Vec::new(),
+            counts: Vec::new(),
+            slots: Vec::new(),
+            order: Vec::new(),
+            loads: InFlightBatch::default(),
+        }
+    }
+}
+
+impl<P: Protocol> Lists<P> {
+    /// A set of the thread's, or a new one.
+    fn take() -> Lists<P> {
+        crate::stash::lend(P::spare())
+    }
+
+    /// Gives the set back to the thread, unless a long pipeline grew it or the thread keeps
+    /// enough.
+    fn give(self) {
+        if self.pending.capacity() > 64 || self.ranges.capacity() > 64 {
+            return;
+        }
+        crate::stash::keep(P::spare(), self);
+    }
 }
 
 impl<P: Protocol> Batch<'_, P> {
@@ -210,11 +261,10 @@ impl<P: Protocol> Batch<'_, P> {
 /// the client sends and the server runs (see [`Client::read`] for the stop).
 pub(crate) async fn serve<P: Protocol, H: Send>(stream: TcpStream, ctx: Arc<Context>, mut proto: P, _held: H) {
     let mut c = Client::new(stream, ctx.stop.clone());
-    let mut pending = Vec::new();
     loop {
         // A batch's work is a future of its own, on the heap while it runs: an idle connection's
         // task holds only its client and its read.
-        if !Box::pin(batch(&mut c, &ctx, &mut proto, &mut pending)).await {
+        if !Box::pin(batch(&mut c, &ctx, &mut proto)).await {
             return;
         }
         // More whole commands than one batch are served before reading.
@@ -226,7 +276,7 @@ pub(crate) async fn serve<P: Protocol, H: Send>(stream: TcpStream, ctx: Arc<Cont
 
 /// One batch: the whole commands buffered (up to [`BATCH`]) planned, sent, answered and written
 /// back; `false` when the connection is to close.
-async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P, spare: &mut Vec<P::Pending>) -> bool {
+async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P) -> bool {
     let Some(pool) = ctx.fleet.pool(&ctx.pool) else { return false };
     // One snapshot for the batch: its commands are placed on one table.
     let snap = pool.snapshot();
@@ -244,6 +294,10 @@ async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P, spare:
         copies: crate::copies::of(&pool),
     };
     let Client { io, input, out, servers, side } = c;
+    if out.capacity() == 0 {
+        *out = crate::stash::take();
+    }
+    let mut lists = Lists::take();
     let mut b = Batch {
         pool: &pool,
         snap: &snap,
@@ -252,8 +306,9 @@ async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P, spare:
         servers,
         side,
         out,
-        pending: std::mem::take(spare),
-        loads: InFlightBatch::default(),
+        pending: std::mem::take(&mut lists.pending),
+        loads: std::mem::take(&mut lists.loads),
+        lists,
     };
     let mut close = false;
     loop {
@@ -290,10 +345,10 @@ async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P, spare:
     finish(proto, &mut b).await;
     let open = io.reply(b.out).await && !close;
     proto.after(b.servers, b.side);
-    // The list's room is kept for the next batch, unless a long pipeline grew it.
-    if b.pending.capacity() <= 64 {
-        *spare = std::mem::take(&mut b.pending);
-    }
+    let Batch { pending, loads, mut lists, .. } = b;
+    lists.pending = pending;
+    lists.loads = loads;
+    lists.give();
     open
 }
 
@@ -302,22 +357,26 @@ async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P, spare:
 async fn finish<P: Protocol>(proto: &mut P, b: &mut Batch<'_, P>) {
     flush(b.servers, b.s.answer).await;
     let mut pending = std::mem::take(&mut b.pending);
-    let mut reads = Vec::with_capacity(pending.len());
-    let mut counts = Vec::with_capacity(pending.len());
+    let Lists { reads, counts, slots, order, .. } = &mut b.lists;
     for p in &pending {
         let before = reads.len();
-        p.reads(&mut reads);
+        p.reads(reads);
         counts.push(reads.len() - before);
     }
-    let mut arena = Vec::new();
-    let slots = read_all(b.snap, b.servers, b.s.answer, &reads, &mut arena).await;
-    drop(reads);
+    let mut arena = crate::stash::take();
+    read_all(b.snap, b.servers, b.s.answer, reads, &mut arena, slots, order).await;
+    reads.clear();
+    let (mut counts, slots) = (std::mem::take(counts), std::mem::take(slots));
     let mut at = 0;
-    for (p, n) in pending.drain(..).zip(counts) {
+    for (p, n) in pending.drain(..).zip(counts.drain(..)) {
         proto.answer(b, p, &slots[at..at + n], &arena).await;
         at += n;
     }
+    crate::stash::give(&mut arena);
     b.pending = pending;
+    b.lists.counts = counts;
+    b.lists.slots = slots;
+    b.lists.slots.clear();
     b.servers.sweep();
     b.loads.release();
 }
@@ -363,6 +422,15 @@ pub(crate) fn pick(
 /// The connection of `servers` to `w` (its index), made now if needed; a connect that fails is
 /// counted against the server.
 async fn connect(servers: &mut Servers, w: &Arc<WorkerState>, s: &Settings) -> Option<usize> {
+    let i = open(servers, w, s).await?;
+    let out = &mut servers.0[i].out;
+    if out.capacity() == 0 {
+        *out = crate::stash::take();
+    }
+    Some(i)
+}
+
+async fn open(servers: &mut Servers, w: &Arc<WorkerState>, s: &Settings) -> Option<usize> {
     let got = servers.connect(w, &s.greeting, s.connect).await;
     if got.is_none() {
         w.metrics.connect_errors.fetch_add(1, Relaxed);
@@ -451,8 +519,8 @@ impl Client {
             return self.io.read_now(&mut self.input);
         }
         if self.input.is_empty() {
-            self.input = BytesMut::new();
-            self.out = Vec::new();
+            crate::stash::give_read(&mut self.input);
+            crate::stash::give(&mut self.out);
             self.servers.idle();
             match self.io.wait().await {
                 Wake::Readable => {}
@@ -460,7 +528,11 @@ impl Client {
                 Wake::Failed => return false,
             }
         }
-        self.input.reserve(4096);
+        if self.input.capacity() == 0 {
+            self.input = crate::stash::take_read(4096);
+        } else {
+            self.input.reserve(4096);
+        }
         loop {
             match crate::conn::read_draining(&self.io.stream, &mut self.input) {
                 Ok(0) => return false,

@@ -11,6 +11,7 @@
 //! - [`pipe`]: server connections shared by a thread's clients (tickets and turns).
 //! - [`conn`]: the one connection type, for side exchanges, checks and moves.
 //! - [`copies`]: where hot keys have copies, so that none is served older than the last write.
+//! - `stash`: byte buffers lent by the runtime thread to the batch that needs one.
 //! - [`relocate`]: `keyroute move`, a store's keys moved after a membership change, on the same
 //!   codecs and connections.
 //!
@@ -27,6 +28,7 @@ mod pipe;
 mod redis;
 pub mod relocate;
 mod servers;
+mod stash;
 
 use std::sync::Arc;
 

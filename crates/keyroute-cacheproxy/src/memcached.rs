@@ -52,15 +52,17 @@
 //! answered `SERVER_ERROR object too large for cache`, as memcached does), command lines of
 //! 64 KiB. Every refusal is listed in [`keyroute_cache_proto::memcache`].
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::thread::LocalKey;
 use std::time::Duration;
 
 use keyroute_cache_proto::memcache::{self as codec, Answer, Command, Refused};
 use tokio::time::Instant;
 
 use crate::conn::Lost;
-use crate::driver::{Batch, Placed, Planned, Protocol, failed};
+use crate::driver::{Batch, Lists, Placed, Planned, Protocol, failed};
 use crate::servers::{Framing, Read, Server, Slot, answer_into as read_answer, flush, frame};
 
 /// The memcached protocol over the driver: one client connection's.
@@ -157,7 +159,14 @@ impl Pending {
 impl Protocol for Memcached {
     type Pending = Pending;
 
-    fn whole(&self, input: &[u8]) -> bool {
+    fn spare() -> &'static LocalKey<RefCell<Vec<Lists<Self>>>> {
+        thread_local! {
+            static SPARE: RefCell<Vec<Lists<Memcached>>> = const { RefCell::new(Vec::new()) };
+        }
+        &SPARE
+    }
+
+    fn whole(&mut self, input: &[u8]) -> bool {
         codec::line(input).is_some() && !waiting_for_data(input, self.max_item)
     }
 

@@ -26,8 +26,10 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
+use std::task::{Poll, Waker};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, OwnedMutexGuard, oneshot};
+
+use tokio::sync::{Notify, OwnedMutexGuard};
 
 /// A shared connection's identity: its server, and the greeting it was opened with (Redis's AUTH
 /// or HELLO 3: clients that speak RESP3 share other connections than those that speak RESP2).
@@ -94,8 +96,9 @@ struct State {
     next: u64,
     /// The ticket whose turn it is to read.
     serving: u64,
-    /// Tickets waiting for their turn.
-    waiters: HashMap<u64, oneshot::Sender<()>>,
+    /// Tickets waiting for their turn, and how to wake each (no allocation per wait: the map
+    /// keeps its room, and a task's waker is a count on the task).
+    waiters: HashMap<u64, Waker>,
     broken: bool,
 }
 
@@ -156,9 +159,10 @@ impl Pipe {
             return false;
         }
         st.broken = true;
-        st.waiters.clear();
+        let waiters = std::mem::take(&mut st.waiters);
         st.out = Vec::new();
         drop(st);
+        waiters.into_values().for_each(Waker::wake);
         self.inner.wake.notify_one();
         tracing::debug!(server = %self.addr, "a shared server connection was found closed while idle; it is reopened");
         true
@@ -181,22 +185,24 @@ impl Pipe {
 
     /// Waits for `ticket`'s turn, and takes the read side.
     pub(crate) async fn turn(&self, ticket: u64) -> Result<OwnedMutexGuard<Reader>, Lost> {
-        let wait = {
+        std::future::poll_fn(|cx| {
             let mut st = self.inner.state.lock();
             if st.broken {
-                return Err(Lost);
+                return Poll::Ready(Err(Lost));
             }
             if st.serving == ticket {
-                None
-            } else {
-                let (tx, rx) = oneshot::channel();
-                st.waiters.insert(ticket, tx);
-                Some(rx)
+                st.waiters.remove(&ticket);
+                return Poll::Ready(Ok(()));
             }
-        };
-        if let Some(rx) = wait {
-            rx.await.map_err(|_| Lost)?;
-        }
+            match st.waiters.get_mut(&ticket) {
+                Some(w) => w.clone_from(cx.waker()),
+                None => {
+                    st.waiters.insert(ticket, cx.waker().clone());
+                }
+            }
+            Poll::Pending
+        })
+        .await?;
         let reader = Arc::clone(&self.reader).lock_owned().await;
         if self.is_broken() {
             return Err(Lost);
@@ -208,8 +214,10 @@ impl Pipe {
     pub(crate) fn pass(&self, ticket: u64) {
         let mut st = self.inner.state.lock();
         st.serving = ticket + 1;
-        if let Some(tx) = st.waiters.remove(&(ticket + 1)) {
-            let _ = tx.send(());
+        let next = st.waiters.remove(&(ticket + 1));
+        drop(st);
+        if let Some(w) = next {
+            w.wake();
         }
     }
 
@@ -217,9 +225,10 @@ impl Pipe {
     pub(crate) fn poison(&self) {
         let mut st = self.inner.state.lock();
         st.broken = true;
-        st.waiters.clear();
+        let waiters = std::mem::take(&mut st.waiters);
         st.out = Vec::new();
         drop(st);
+        waiters.into_values().for_each(Waker::wake);
         self.inner.wake.notify_one();
     }
 }
@@ -262,7 +271,9 @@ async fn writer(inner: Arc<Inner>, stream: Arc<TcpStream>, timeout: Duration) {
         if !matches!(tokio::time::timeout(timeout, write_all(&stream, &batch)).await, Ok(Ok(()))) {
             let mut st = inner.state.lock();
             st.broken = true;
-            st.waiters.clear();
+            let waiters = std::mem::take(&mut st.waiters);
+            drop(st);
+            waiters.into_values().for_each(Waker::wake);
             return;
         }
         batch.clear();

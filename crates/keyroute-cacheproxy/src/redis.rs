@@ -54,8 +54,10 @@
 //! one-key command goes to the key's next server; a server that fails after the command was sent
 //! answers `-ERR keyroute: server timeout` (or `connection lost`), counted.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::thread::LocalKey;
 use std::time::Duration;
 
 use keyroute_cache_proto::commands::{self, Access};
@@ -64,7 +66,7 @@ use keyroute_fleet::pool::{Pool, Snapshot};
 use tokio::time::Instant;
 
 use crate::conn::Lost;
-use crate::driver::{Batch, Placed, Planned, Protocol};
+use crate::driver::{Batch, Lists, Placed, Planned, Protocol};
 use crate::servers::{Framing, Read, Server, Servers, Slot, answer_into, flush, frame};
 
 /// A command of the batch, once sent: where its reply comes from.
@@ -172,23 +174,15 @@ impl Redis {
     }
 }
 
-impl Protocol for Redis {
-    type Pending = Pending;
-
-    fn whole(&self, input: &[u8]) -> bool {
-        matches!(codec::request(input, self.max_item), Ok(Some(_)))
-    }
-
-    fn greeting(&self) -> Option<Arc<[u8]>> {
-        self.greetings[usize::from(self.resp3)].clone()
-    }
-
-    fn greeting_whole(answer: &[u8]) -> bool {
-        matches!(codec::reply_len(answer), Ok(Some(_)))
-    }
-
-    async fn plan(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
-        let (n, parsed) = match codec::request(input, self.max_item) {
+impl Redis {
+    /// Plans the first command of `input`, its argument ranges parsed into `ranges`.
+    async fn plan_with(
+        &mut self,
+        input: &[u8],
+        b: &mut Batch<'_, Self>,
+        ranges: &mut Vec<std::ops::Range<usize>>,
+    ) -> Planned {
+        let (n, inline) = match codec::request_into(input, self.max_item, ranges) {
             Ok(Some(r)) => r,
             Ok(None) => return Planned::Wait,
             Err(codec::Unframed(why)) => {
@@ -201,14 +195,27 @@ impl Protocol for Redis {
         // What a server is sent: an array as the client framed it (validated as Redis reads
         // it), or an inline command re-encoded as an array, so that the server reads the
         // arguments the proxy placed (a quoted key is placed by what Redis stores).
+        // Up to eight arguments (every one-key command) on the stack: no list is allocated.
+        let mut small: [&[u8]; 8] = [&[]; 8];
+        let large: Vec<&[u8]>;
         let inline_raw;
-        let (args, raw): (Vec<&[u8]>, &[u8]) = match &parsed {
-            codec::Args::Bulk(ranges) => (ranges.iter().map(|r| &input[r.clone()]).collect(), &input[..n]),
-            codec::Args::Inline(words) => {
+        let (args, raw): (&[&[u8]], &[u8]) = match &inline {
+            None if ranges.len() <= small.len() => {
+                for (a, r) in small.iter_mut().zip(ranges.iter()) {
+                    *a = &input[r.clone()];
+                }
+                (&small[..ranges.len()], &input[..n])
+            }
+            None => {
+                large = ranges.iter().map(|r| &input[r.clone()]).collect();
+                (&large, &input[..n])
+            }
+            Some(words) => {
                 let mut encoded = Vec::new();
                 codec::command(&mut encoded, words.iter().map(Vec::as_slice));
                 inline_raw = encoded;
-                (words.iter().map(Vec::as_slice).collect(), &inline_raw)
+                large = words.iter().map(Vec::as_slice).collect();
+                (&large, &inline_raw)
             }
         };
         if args.is_empty() {
@@ -246,7 +253,7 @@ impl Protocol for Redis {
             return Planned::Next(n);
         }
         if name == "HELLO" {
-            let (answer, proto) = hello(&args, self.password.as_deref(), &mut self.authenticated, self.resp3);
+            let (answer, proto) = hello(args, self.password.as_deref(), &mut self.authenticated, self.resp3);
             b.pending.push(Pending::Ready(answer));
             if let Some(p) = proto.filter(|&p| p != self.resp3) {
                 // The client's server connections speak its protocol: they are opened anew,
@@ -261,9 +268,40 @@ impl Protocol for Redis {
             b.pending.push(Pending::Ready(b"-NOAUTH Authentication required.\r\n".to_vec()));
             return Planned::Next(n);
         }
-        let p = serve_command(b, self.server_password.as_deref(), name, &args, raw).await;
+        let p = serve_command(b, self.server_password.as_deref(), name, args, raw).await;
         b.pending.push(p);
         Planned::Next(n)
+    }
+}
+
+impl Protocol for Redis {
+    type Pending = Pending;
+
+    fn whole(&mut self, input: &[u8]) -> bool {
+        // Asked between batches, of what is left: a partial command, or more than a batch.
+        matches!(codec::request(input, self.max_item), Ok(Some(_)))
+    }
+
+    fn spare() -> &'static LocalKey<RefCell<Vec<Lists<Self>>>> {
+        thread_local! {
+            static SPARE: RefCell<Vec<Lists<Redis>>> = const { RefCell::new(Vec::new()) };
+        }
+        &SPARE
+    }
+
+    fn greeting(&self) -> Option<Arc<[u8]>> {
+        self.greetings[usize::from(self.resp3)].clone()
+    }
+
+    fn greeting_whole(answer: &[u8]) -> bool {
+        matches!(codec::reply_len(answer), Ok(Some(_)))
+    }
+
+    async fn plan(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
+        let mut ranges = std::mem::take(&mut b.lists.ranges);
+        let planned = self.plan_with(input, b, &mut ranges).await;
+        b.lists.ranges = ranges;
+        planned
     }
 
     async fn answer(&mut self, b: &mut Batch<'_, Self>, p: Pending, slot: &[Slot], arena: &[u8]) {

@@ -175,10 +175,10 @@ impl Servers {
         }
     }
 
-    /// Frees the batch buffers of an idle client.
+    /// Gives the batch buffers of an idle client back to the thread.
     pub(crate) fn idle(&mut self) {
         for s in &mut self.0 {
-            s.out = Vec::new();
+            crate::stash::give(&mut s.out);
         }
     }
 
@@ -334,15 +334,18 @@ pub(crate) async fn read_all<F: Framing>(
     timeout: Duration,
     reads: &[Read<F>],
     arena: &mut Vec<u8>,
-) -> Vec<Slot> {
-    let mut slots: Vec<Slot> = vec![Err(CONNECTION_LOST); reads.len()];
-    let mut order: Vec<usize> = Vec::new();
+    slots: &mut Vec<Slot>,
+    order: &mut Vec<usize>,
+) {
+    slots.clear();
+    slots.resize(reads.len(), Err(CONNECTION_LOST));
+    order.clear();
     for r in reads {
         if !order.contains(&r.server) {
             order.push(r.server);
         }
     }
-    for server in order {
+    for &server in order.iter() {
         for (r, slot) in reads.iter().zip(slots.iter_mut()).filter(|(r, _)| r.server == server) {
             let start = arena.len();
             let answer = r.how.read(&mut servers.0[server], timeout, arena);
@@ -360,7 +363,6 @@ pub(crate) async fn read_all<F: Framing>(
         }
         servers.0[server].release();
     }
-    slots
 }
 
 /// Waits for a server's answer as a try waits for an HTTP worker's response headers: the server
