@@ -43,7 +43,7 @@ pub(crate) trait Protocol: Send + Sized + 'static {
     type Pending: Pending;
 
     /// Whether `input` begins with a whole command (the next batch starts without a read).
-    fn whole(&mut self, input: &[u8]) -> bool;
+    fn whole(&self, input: &[u8]) -> bool;
 
     /// What a new server connection is sent first, for this client now.
     fn greeting(&self) -> Option<Arc<[u8]>> {

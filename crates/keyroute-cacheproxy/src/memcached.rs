@@ -166,7 +166,7 @@ impl Protocol for Memcached {
         &SPARE
     }
 
-    fn whole(&mut self, input: &[u8]) -> bool {
+    fn whole(&self, input: &[u8]) -> bool {
         codec::line(input).is_some() && !waiting_for_data(input, self.max_item)
     }
 

@@ -22,13 +22,12 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
-use std::task::{Poll, Waker};
 use tokio::net::TcpStream;
-
 use tokio::sync::{Notify, OwnedMutexGuard};
 
 /// A shared connection's identity: its server, and the greeting it was opened with (Redis's AUTH

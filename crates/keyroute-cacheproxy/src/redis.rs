@@ -277,7 +277,7 @@ impl Redis {
 impl Protocol for Redis {
     type Pending = Pending;
 
-    fn whole(&mut self, input: &[u8]) -> bool {
+    fn whole(&self, input: &[u8]) -> bool {
         // Asked between batches, of what is left: a partial command, or more than a batch.
         matches!(codec::request(input, self.max_item), Ok(Some(_)))
     }

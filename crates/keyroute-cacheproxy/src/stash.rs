@@ -5,7 +5,7 @@
 //! each server are needed only while a batch runs. Freed when the client goes idle and allocated
 //! again when it sends, they cost four allocations a command for a client that does not pipeline
 //! (most memcached clients); kept, they cost every idle client their capacity. Lent by the
-//! thread instead, as nginx's connections take their buffers from a pool: a buffer goes back to
+//! thread instead (a free list, as nginx reuses freed buffer chains): a buffer goes back to
 //! the thread's free list when its client goes idle (or its batch ends) and is lent to the next
 //! batch that needs one, so in steady state nothing is allocated, and an idle client holds
 //! nothing. The list keeps at most [`KEPT`] buffers of at most [`LARGEST`] bytes each: a buffer a
@@ -19,8 +19,9 @@ use bytes::BytesMut;
 /// The most buffers (or lists) of each kind a thread keeps.
 const KEPT: usize = 256;
 
-/// The largest buffer kept; a larger one is freed when given back.
-const LARGEST: usize = 64 * 1024;
+/// The largest buffer kept; a larger one is freed when given back. With [`KEPT`], a thread
+/// keeps at most 4 MiB of each kind, and as much as its busiest moment needed.
+const LARGEST: usize = 16 * 1024;
 
 thread_local! {
     static BYTES: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
@@ -65,13 +66,17 @@ pub(crate) fn take_read(room: usize) -> BytesMut {
     buf
 }
 
-/// Gives an emptied read buffer back to the thread, as [`give`] does.
+/// Gives an empty read buffer back to the thread, as [`give`] does; a buffer holding unread bytes
+/// stays where it is.
 pub(crate) fn give_read(buf: &mut BytesMut) {
-    let mut buf = std::mem::take(buf);
-    if buf.capacity() == 0 || buf.capacity() > LARGEST || !buf.is_empty() {
+    if !buf.is_empty() {
+        // Unread bytes are the client's: never dropped here.
         return;
     }
-    buf.clear();
+    let buf = std::mem::take(buf);
+    if buf.capacity() == 0 || buf.capacity() > LARGEST {
+        return;
+    }
     keep(&READS, buf);
 }
 
@@ -102,5 +107,9 @@ mod tests {
         assert_eq!(r.capacity(), 0, "the giver holds nothing");
         let r = take_read(16);
         assert!(r.is_empty() && r.capacity() >= 16);
+        let mut unread = take_read(16);
+        unread.extend_from_slice(b"get");
+        give_read(&mut unread);
+        assert_eq!(&unread[..], b"get", "unread bytes are never dropped");
     }
 }
