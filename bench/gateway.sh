@@ -20,6 +20,9 @@
 #                           plain HTTP/1.1 only): what tokio and hyper cost by themselves; and the
 #                           same do-nothing proxy on httparse and readiness alone, the design of
 #                           issue 20 (examples/floor_own.rs), as proxy "floor-own" on FLOOR_PORT+1
+#         URING=1           also floor-own on io_uring (examples/floor_uring.rs: multishot accept and
+#                           receive, a provided buffer ring, batched submission), as proxy
+#                           "floor-uring" on FLOOR_PORT+2, beside floor-own (implies FLOOR=1)
 #         BASELINE=FILE     also a keyroute binary to compare with in the same run (for example one
 #                           built from the commit before a change), as proxy "baseline" on
 #                           BASELINE_PORT=18040 with the same configuration
@@ -51,9 +54,11 @@ HAPROXY_PORT=${HAPROXY_PORT:-18020}
 ADMIN_PORT=${ADMIN_PORT:-19901}
 NBACKENDS=8
 PROXIES=(keyroute nginx haproxy)
-FLOOR=${FLOOR:-0}
+URING=${URING:-0}
+FLOOR=${FLOOR:-$URING}
 FLOOR_PORT=${FLOOR_PORT:-18030}
 [[ "$FLOOR" == 1 ]] && PROXIES+=(floor floor-own)
+[[ "$URING" == 1 ]] && PROXIES+=(floor-uring)
 BASELINE=${BASELINE:-}
 BASELINE_PORT=${BASELINE_PORT:-18040}
 VIEWERS=${VIEWERS:-0}
@@ -62,7 +67,7 @@ PROXY_THREADS=${PROXY_THREADS:-1}
 H2=${H2:-0}
 TLS=${TLS:-$H2}
 STREAMS=${STREAMS:-10}
-CMDLINE="DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WARMUP=$WARMUP PROXY_THREADS=$PROXY_THREADS TLS=$TLS H2=$H2 $0${*:+ $*}"
+CMDLINE="DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WARMUP=$WARMUP PROXY_THREADS=$PROXY_THREADS TLS=$TLS H2=$H2 FLOOR=$FLOOR URING=$URING $0${*:+ $*}"
 SCHEME=http
 [[ "$TLS" == 1 ]] && SCHEME=https
 
@@ -156,7 +161,7 @@ cargo build --release -p keyroute-cli
 KEYROUTE=$ROOT/target/release/keyroute
 [[ -x "$KEYROUTE" ]] || die "$KEYROUTE not built"
 if [[ "$FLOOR" == 1 ]]; then
-    cargo build --release -p keyroute-bench --example floor_proxy --example floor_own
+    cargo build --release -p keyroute-bench --example floor_proxy --example floor_own --example floor_uring
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +348,7 @@ PIDS+=("${PID[haproxy]}")
 "$KEYROUTE" serve --threads "$PROXY_THREADS" --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.out" 2>&1 &
 PID[keyroute]=$!
 PIDS+=("${PID[keyroute]}")
-declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT [floor]=$FLOOR_PORT [floor-own]=$((FLOOR_PORT + 1)) [baseline]=$BASELINE_PORT)
+declare -A PORT=([keyroute]=$KEYROUTE_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT [floor]=$FLOOR_PORT [floor-own]=$((FLOOR_PORT + 1)) [floor-uring]=$((FLOOR_PORT + 2)) [baseline]=$BASELINE_PORT)
 if [[ -n "$BASELINE" ]]; then
     [[ -x "$BASELINE" ]] || die "BASELINE=$BASELINE is not an executable"
     sed -e "s/127.0.0.1:$KEYROUTE_PORT\"/127.0.0.1:$BASELINE_PORT\"/" -e "s/127.0.0.1:$ADMIN_PORT\"/127.0.0.1:$((ADMIN_PORT + 1))\"/" \
@@ -361,6 +366,11 @@ if [[ "$FLOOR" == 1 ]]; then
     "$ROOT/target/release/examples/floor_own" "127.0.0.1:$((FLOOR_PORT + 1))" "${bargs[@]}" >"$TMP/floor-own.out" 2>&1 &
     PID[floor-own]=$!
     PIDS+=("${PID[floor-own]}")
+    if [[ "$URING" == 1 ]]; then
+        "$ROOT/target/release/examples/floor_uring" "127.0.0.1:$((FLOOR_PORT + 2))" "${bargs[@]}" >"$TMP/floor-uring.out" 2>&1 &
+        PID[floor-uring]=$!
+        PIDS+=("${PID[floor-uring]}")
+    fi
 fi
 
 # Sanity: every backend and every proxy answers 200 to ?k=abc (waiting up to 10 s for startup).

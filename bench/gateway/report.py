@@ -13,7 +13,7 @@ import re
 import statistics
 import sys
 
-PROXIES = ["keyroute", "nginx", "haproxy", "floor", "floor-own", "baseline"]
+PROXIES = ["keyroute", "nginx", "haproxy", "floor", "floor-own", "floor-uring", "baseline"]
 UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 
 
@@ -112,7 +112,7 @@ def main():
             "| vs | req/s (target >= 1) | p99 (target <= 1) | CPU/request (target <= 1) |",
             "|---|---:|---:|---:|"]
     k = med.get("keyroute")
-    for p in ("nginx", "haproxy", "floor", "floor-own", "baseline"):
+    for p in ("nginx", "haproxy", "floor", "floor-own", "floor-uring", "baseline"):
         o = med.get(p)
         if not k or not o:
             continue
@@ -133,6 +133,11 @@ def main():
     paired = {p: [rd[p] / rd["nginx"] for rd in by_round.values() if p in rd and rd.get("nginx")]
               for p in PROXIES if p != "nginx"}
     paired = {p: v for p, v in paired.items() if v}
+    uring = [rd["floor-uring"] / rd["floor-own"] for rd in by_round.values() if rd.get("floor-uring") and rd.get("floor-own")]
+    if uring:
+        out += ["", "## io_uring against epoll: floor-uring's CPU per request over floor-own's, paired by round", "",
+                f"every round {', '.join(f'{x:.3f}' for x in uring)}; median {statistics.median(uring):.3f} "
+                "(io_uring is adopted only at 0.90 or below)"]
     if paired:
         out += ["", "## CPU per request over nginx's, paired by round", "",
                 "| proxy | every round | median |", "|---|---|---:|"]
