@@ -15,6 +15,10 @@
 //!
 //! Usage: `cargo run --release -p keyroute-bench --example allocs -- MODE [REQUESTS] [CONNECTIONS] [DEPTH]`
 //!
+//! With `IDLE=N`, N more clients then connect, send one request each and stay connected, idle:
+//! the report adds the heap the gateway's thread holds per idle client (what it allocated for
+//! them and has not freed; sockets' kernel memory is not counted).
+//!
 //! With `ALLOC_SITES=N` in the environment, the first N counted allocations of the measured part
 //! are printed with their backtraces (build with `CARGO_PROFILE_RELEASE_DEBUG=line-tables-only`
 //! for file and line).
@@ -40,6 +44,9 @@ thread_local! {
 }
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
+/// Bytes the gateway's thread holds (allocated there and not yet freed; the gateway runs on one
+/// thread, so what it allocates it frees).
+static LIVE: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
 static REALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 /// Backtraces still to take (`ALLOC_SITES`), once `MEASURING`.
@@ -52,6 +59,7 @@ fn count(size: usize) {
         return;
     }
     BYTES.fetch_add(size as u64, Relaxed);
+    LIVE.fetch_add(size as i64, Relaxed);
     if MEASURING.load(Relaxed) && SITES_LEFT.load(Relaxed) > 0 && !TRACING.try_with(|t| t.replace(true)).unwrap_or(true)
     {
         SITES_LEFT.fetch_sub(1, Relaxed);
@@ -85,6 +93,9 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if COUNTED.try_with(Cell::get).unwrap_or(false) {
+            LIVE.fetch_sub(layout.size() as i64, Relaxed);
+        }
         // SAFETY: `ptr` came from `System` with this layout.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -94,6 +105,9 @@ unsafe impl GlobalAlloc for Counting {
             REALLOCS.fetch_add(1, Relaxed);
         }
         count(new_size.saturating_sub(layout.size()));
+        if COUNTED.try_with(Cell::get).unwrap_or(false) && new_size < layout.size() {
+            LIVE.fetch_sub((layout.size() - new_size) as i64, Relaxed);
+        }
         // SAFETY: `ptr` came from `System` with this layout.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -189,6 +203,26 @@ fn main() {
         );
         println!("allocations/request={:.3} reallocations/request={:.3} bytes/request={:.1}", per(a), per(r), per(b));
     });
+    let idle: usize = std::env::var("IDLE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if idle > 0 {
+        load.block_on(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let before = LIVE.load(Relaxed);
+            let mut held = Vec::with_capacity(idle);
+            for chunk in 0..idle.div_ceil(100) {
+                let n = 100.min(idle - chunk * 100);
+                let (conns, _) = run(mode, connect(gateway, n).await, n, 1).await;
+                held.extend(conns);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let after = LIVE.load(Relaxed);
+            println!(
+                "idle clients={} heap held per idle client={:.0} bytes",
+                held.len(),
+                (after - before) as f64 / held.len() as f64
+            );
+        });
+    }
     if let Ok(sites) = SITES.lock() {
         for (i, (size, trace)) in sites.iter().enumerate() {
             println!("--- allocation {i}: {size} bytes\n{trace}");
