@@ -505,6 +505,9 @@ fn refusal(e: HeadError) -> Vec<u8> {
     .into_bytes()
 }
 
+/// The most fields the request path adds to a request's head on its way to the worker.
+const ADDED_FIELDS: usize = 8;
+
 /// A parsed head as an `http` request whose body reads from the connection; `None` for a head
 /// `http` cannot represent (answered 400).
 fn to_request<B>(head: &RequestHead, body: B) -> Option<Request<B>> {
@@ -519,7 +522,9 @@ fn to_request<B>(head: &RequestHead, body: B) -> Option<Request<B>> {
     };
     let fields = head.fields();
     let headers = req.headers_mut();
-    headers.reserve(fields.len());
+    // Room for what the request path adds (`X-Forwarded-*`, `Forwarded`, `Via`, the request
+    // id, framing), so that the map is not grown again on the way to the worker.
+    headers.reserve(fields.len() + ADDED_FIELDS);
     for (i, (name, _)) in fields.iter().enumerate() {
         let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
         let value = HeaderValue::from_maybe_shared(fields.value_bytes(i)?).ok()?;
