@@ -248,6 +248,25 @@ impl<P: Protocol> Batch<'_, P> {
         failed(self.worker(node), self.s);
     }
 
+    /// The servers other than `except` that may hold a copy of the hot key hashed `h`: the first
+    /// `replicas` of its ranking (where copies are made while it is hot) and, in a pool with hot
+    /// keys, every server the pool remembers filling with one (hot or not now). A write deletes
+    /// the key there.
+    pub(crate) fn copy_holders(&self, h: u64, replicas: usize, except: usize) -> Vec<usize> {
+        let mut nodes: Vec<usize> = self.snap.policy().ranked(h).take(replicas).filter(|&i| i != except).collect();
+        if self.snap.hot().is_some() {
+            for a in self.s.copies.holders(h, self.now) {
+                if let Some(i) = self.snap.workers().iter().position(|w| w.address == a)
+                    && i != except
+                    && !nodes.contains(&i)
+                {
+                    nodes.push(i);
+                }
+            }
+        }
+        nodes
+    }
+
     /// Counts a server's answer.
     pub(crate) fn succeeded(&self, node: usize) {
         let w = self.worker(node);

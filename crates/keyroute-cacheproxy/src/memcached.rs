@@ -634,18 +634,7 @@ async fn fill_from(
 /// copy. Copies are made only by fills from the owner, with a bounded lifetime; a write is never
 /// copied, since its result on a replica depends on what that replica held.
 async fn delete_copies_now(b: &mut Batch<'_, Memcached>, h: u64, replicas: usize, writer: usize, key: &[u8]) {
-    let mut nodes: Vec<usize> = b.snap.policy().ranked(h).take(replicas).filter(|&i| i != writer).collect();
-    if b.snap.hot().is_some() {
-        for a in b.s.copies.holders(h, b.now) {
-            if let Some(i) = b.snap.workers().iter().position(|w| w.address == a)
-                && i != writer
-                && !nodes.contains(&i)
-            {
-                nodes.push(i);
-            }
-        }
-    }
-    for node in nodes {
+    for node in b.copy_holders(h, replicas, writer) {
         let Some(server) = b.connect(node).await else { continue };
         let out = &mut b.servers.0[server].out;
         out.extend_from_slice(b"delete ");

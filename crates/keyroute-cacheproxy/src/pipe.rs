@@ -87,6 +87,19 @@ struct Inner {
     wake: Notify,
 }
 
+impl Inner {
+    /// The connection is broken (`st` is its state, locked): nothing more is written, and every
+    /// ticket waiting for its turn is woken to find it so.
+    fn break_off(&self, mut st: parking_lot::MutexGuard<'_, State>) {
+        st.broken = true;
+        let waiters = std::mem::take(&mut st.waiters);
+        st.out = Vec::new();
+        drop(st);
+        waiters.into_values().for_each(Waker::wake);
+        self.wake.notify_one();
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// Submitted, not yet written.
@@ -145,7 +158,7 @@ impl Pipe {
     /// Costs no system call unless the socket is readable: an idle connection has no answer to
     /// give, so readable means its end (or bytes nobody asked for, which put it out of step).
     pub(crate) fn closed_while_idle(&self) -> bool {
-        let mut st = self.inner.state.lock();
+        let st = self.inner.state.lock();
         if st.broken {
             return true;
         }
@@ -157,12 +170,7 @@ impl Pipe {
         if !crate::conn::peer_closed(&self.stream) {
             return false;
         }
-        st.broken = true;
-        let waiters = std::mem::take(&mut st.waiters);
-        st.out = Vec::new();
-        drop(st);
-        waiters.into_values().for_each(Waker::wake);
-        self.inner.wake.notify_one();
+        self.inner.break_off(st);
         tracing::debug!(server = %self.addr, "a shared server connection was found closed while idle; it is reopened");
         true
     }
@@ -222,13 +230,7 @@ impl Pipe {
 
     /// The connection is out of step or gone: every waiting ticket fails, and the writer stops.
     pub(crate) fn poison(&self) {
-        let mut st = self.inner.state.lock();
-        st.broken = true;
-        let waiters = std::mem::take(&mut st.waiters);
-        st.out = Vec::new();
-        drop(st);
-        waiters.into_values().for_each(Waker::wake);
-        self.inner.wake.notify_one();
+        self.inner.break_off(self.inner.state.lock());
     }
 }
 
@@ -268,11 +270,7 @@ async fn writer(inner: Arc<Inner>, stream: Arc<TcpStream>, timeout: Duration) {
             continue;
         }
         if !matches!(tokio::time::timeout(timeout, write_all(&stream, &batch)).await, Ok(Ok(()))) {
-            let mut st = inner.state.lock();
-            st.broken = true;
-            let waiters = std::mem::take(&mut st.waiters);
-            drop(st);
-            waiters.into_values().for_each(Waker::wake);
+            inner.break_off(inner.state.lock());
             return;
         }
         batch.clear();

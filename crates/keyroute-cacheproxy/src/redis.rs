@@ -662,17 +662,7 @@ const HOT_COPY_MS: i64 = crate::copies::COPY_LIFETIME.as_millis() as i64;
 /// `pool::copies` module).
 async fn invalidate_copies(b: &mut Batch<'_, Redis>, h: u64, r: usize, key: &[u8]) {
     let Some(owner) = b.snap.policy().owner(h) else { return };
-    let holders = if b.snap.hot().is_some() { b.s.copies.holders(h, b.now) } else { Vec::new() };
-    let mut others: Vec<usize> = b.snap.policy().ranked(h).take(r.max(1)).filter(|&i| i != owner).collect();
-    for a in holders {
-        if let Some(i) = b.snap.workers().iter().position(|w| w.address == a)
-            && i != owner
-            && !others.contains(&i)
-        {
-            others.push(i);
-        }
-    }
-    for node in others {
+    for node in b.copy_holders(h, r.max(1), owner) {
         let Some(server) = b.connect(node).await else { continue };
         codec::command(&mut b.servers.0[server].out, [&b"DEL"[..], key].into_iter());
         b.pending.push(Pending::Discard { server });
