@@ -407,15 +407,16 @@ fi
 # proxy's main PID and its children (nginx's master and its worker).
 proxy_pids() { echo "$1" $(children_of "$1"); }
 cpu_ticks() { # PIDs...
-    local total=0 pid s
+    local total=0 user=0 pid s
     local -a f
     for pid in "$@"; do
         s=$(<"/proc/$pid/stat") || die "PID $pid vanished"
         s=${s##*) }
         read -r -a f <<<"$s"
         total=$((total + f[11] + f[12])) # field n is f[n-3]: utime=14, stime=15
+        user=$((user + f[11]))
     done
-    echo "$total"
+    echo "$total $user"
 }
 
 LUA=$ROOT/bench/gateway/random-k.lua
@@ -446,17 +447,17 @@ for ((round = 1; round <= ROUNDS; round++)); do
         log "round $round/$ROUNDS: $p"
         pids_before=$(proxy_pids "${PID[$p]}")
         # shellcheck disable=SC2086
-        before=$(cpu_ticks $pids_before)
+        read -r before before_user <<<"$(cpu_ticks $pids_before)"
         out=$TMP/wrk-$round-$p.txt
         load "${PORT[$p]}" "$DURATION" >"$out"
         pids_after=$(proxy_pids "${PID[$p]}")
         # shellcheck disable=SC2086
-        after=$(cpu_ticks $pids_after)
+        read -r after after_user <<<"$(cpu_ticks $pids_after)"
         changed=0
         [[ "$pids_before" == "$pids_after" ]] || { changed=1; log "warning: $p's processes changed during the run ($pids_before -> $pids_after)"; }
         printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$p" $((after - before)) "$CLK_TCK" "$out" "$changed" >>"$RUNS"
         grep -E 'requests in|Requests/sec|^ +99%|Non-2xx|Socket errors|finished in|^requests:' "$out" | sed 's/^/    /' >&2
-        echo "    proxy CPU: $((after - before)) ticks (CLK_TCK=$CLK_TCK)" >&2
+        echo "    proxy CPU: $((after - before)) ticks, $((after_user - before_user)) of them user (CLK_TCK=$CLK_TCK)" >&2
     done
 done
 

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Memory per idle client connection: keyroute's memcached (or Redis) listener against nutcracker,
-# in one run.
+# or (PROTOCOL=http) keyroute's HTTP listener against nginx as a reverse proxy, in one run.
+#
+# http: 4 backends (one nginx, 4 listeners answering "ok"), nginx (worker_processes 1, upstream
+# keep-alive, `hash $arg_k consistent`) and keyroute serve --threads 1 (rendezvous on {query.k})
+# in front of them; each client sends one keep-alive `GET /?k=N`, reads the answer and stays
+# open. nginx's figure is its worker's resident memory (its master holds no connection).
 #
 # 4 servers, nutcracker and keyroute serve --threads 1 in front of them (as bench/memcache.sh sets
 # them up). For each proxy: its resident memory (VmRSS) with no client, then with CLIENTS client
@@ -10,16 +15,22 @@
 # for the proxy (memcached's `curr_connections`, Redis's `connected_clients`).
 #
 # Usage:  bench/idle.sh
-#         CLIENTS=5000 PROTOCOL=redis bench/idle.sh
+#         CLIENTS=5000 PROTOCOL=redis SETTLE=5 bench/idle.sh
+#         KEYROUTE=/path/to/another/keyroute bench/idle.sh   (no build; another binary)
 # Starts every process itself on 127.0.0.1 and kills them by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/nutcracker.sh
+. bench/nutcracker.sh
 ROOT=$(pwd)
 
 CLIENTS=${CLIENTS:-5000}
 PROTOCOL=${PROTOCOL:-memcached}
 BASE_PORT=${BASE_PORT:-24211}
-[[ $PROTOCOL == memcached || $PROTOCOL == redis ]] || { echo "PROTOCOL is memcached or redis" >&2; exit 64; }
+# How long the clients are idle before the proxy's memory is read: keyroute's threads give freed
+# pages back every 2 s (mimalloc purges pages freed more than 1 s before).
+SETTLE=${SETTLE:-5}
+[[ $PROTOCOL == memcached || $PROTOCOL == redis || $PROTOCOL == http ]] || { echo "PROTOCOL is memcached, redis or http" >&2; exit 64; }
 ulimit -n "$(ulimit -Hn)"
 
 log() { echo "[idle.sh] $*" >&2; }
@@ -32,52 +43,86 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "building keyroute (release)"
-cargo build --release -q -p keyroute-cli
-KEYROUTE=$ROOT/target/release/keyroute
+if [[ -z "${KEYROUTE:-}" ]]; then
+    log "building keyroute (release)"
+    cargo build --release -q -p keyroute-cli
+    KEYROUTE=$ROOT/target/release/keyroute
+fi
 NUTCRACKER=$(command -v nutcracker || echo /usr/sbin/nutcracker)
 user=()
 [[ $(id -u) == 0 ]] && user=(-u root)
 
 SERVERS=()
-for i in 0 1 2 3; do
-    port=$((BASE_PORT + i))
-    if [[ $PROTOCOL == redis ]]; then
-        redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --maxclients 15000 >/dev/null &
-    else
-        memcached -l 127.0.0.1 -p "$port" -U 0 -t 1 -m 64 -c 15000 "${user[@]}" &
-    fi
-    PIDS+=($!)
-    SERVERS+=("127.0.0.1:$port")
-done
 NUT_PORT=$((BASE_PORT + 10))
 KR_PORT=$((BASE_PORT + 11))
-{
-    echo "bench:"
-    echo "  listen: 127.0.0.1:$NUT_PORT"
-    echo "  hash: md5"
-    echo "  distribution: ketama"
-    echo "  timeout: 1000"
-    [[ $PROTOCOL == redis ]] && echo "  redis: true"
-    echo "  servers:"
-    for s in "${SERVERS[@]}"; do echo "   - $s:1"; done
-} >"$TMP/nutcracker.yml"
-"$NUTCRACKER" -c "$TMP/nutcracker.yml" -s $((BASE_PORT + 12)) -a 127.0.0.1 -o "$TMP/nutcracker.log" &
-NUT_PID=$!
-PIDS+=("$NUT_PID")
-{
-    printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nprotocol = "%s"\npool = "bench"\n\n' $((BASE_PORT + 13)) "$KR_PORT" "$PROTOCOL"
-    printf '[[pool]]\nname = "bench"\nstrategy = "twemproxy"\n'
-    for s in "${SERVERS[@]}"; do printf '[[pool.worker]]\nname = "%s"\naddress = "%s"\n' "$s" "$s"; done
-} >"$TMP/keyroute.toml"
+PEER=nutcracker
+if [[ $PROTOCOL == http ]]; then
+    PEER=nginx
+    mkdir -p "$TMP/backends" "$TMP/nginx"
+    nginx_conf() { # $1 = instance dir; the http block's contents on stdin
+        printf 'worker_processes 1;\npid %s/nginx.pid;\nerror_log %s/error.log warn;\nworker_rlimit_nofile 40000;\n' "$1" "$1"
+        printf 'events { worker_connections 20000; }\nhttp {\n    access_log off;\n    keepalive_timeout 3600;\n    keepalive_requests 1000000;\n'
+        for t in client_body proxy fastcgi uwsgi scgi; do printf '    %s_temp_path %s/%s;\n' "$t" "$1" "$t"; done
+        cat
+        printf '}\n'
+    }
+    for i in 0 1 2 3; do SERVERS+=("127.0.0.1:$((BASE_PORT + i))"); done
+    for s in "${SERVERS[@]}"; do printf '    server { listen %s; location / { return 200 "ok\\n"; } }\n' "$s"; done |
+        nginx_conf "$TMP/backends" >"$TMP/backends.conf"
+    nginx -p "$TMP/backends" -c "$TMP/backends.conf" -g 'daemon off;' &
+    PIDS+=($!)
+    {
+        printf '    upstream backends {\n        hash $arg_k consistent;\n        keepalive 64;\n'
+        for s in "${SERVERS[@]}"; do printf '        server %s;\n' "$s"; done
+        printf '    }\n    server {\n        listen 127.0.0.1:%s;\n        location / {\n' "$NUT_PORT"
+        printf '            proxy_pass http://backends;\n            proxy_http_version 1.1;\n            proxy_set_header Connection "";\n'
+        printf '        }\n    }\n'
+    } | nginx_conf "$TMP/nginx" >"$TMP/nginx.conf"
+    nginx -p "$TMP/nginx" -c "$TMP/nginx.conf" -g 'daemon off;' &
+    NGINX_MASTER=$!
+    PIDS+=("$NGINX_MASTER")
+    {
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nheader_timeout_ms = 3600000\n\n' $((BASE_PORT + 13)) "$KR_PORT"
+        printf '[[pool]]\nname = "bench"\nstrategy = "rendezvous"\nkey = "{query.k}"\n'
+        for s in "${SERVERS[@]}"; do printf '[[pool.worker]]\nname = "%s"\naddress = "%s"\n' "$s" "$s"; done
+    } >"$TMP/keyroute.toml"
+else
+    for i in 0 1 2 3; do
+        port=$((BASE_PORT + i))
+        if [[ $PROTOCOL == redis ]]; then
+            redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --maxclients 15000 >/dev/null &
+        else
+            memcached -l 127.0.0.1 -p "$port" -U 0 -t 1 -m 64 -c 15000 "${user[@]}" &
+        fi
+        PIDS+=($!)
+        SERVERS+=("127.0.0.1:$port")
+    done
+    nutcracker_yml "$NUT_PORT" "$PROTOCOL" "${SERVERS[@]}" >"$TMP/nutcracker.yml"
+    "$NUTCRACKER" -c "$TMP/nutcracker.yml" -s $((BASE_PORT + 12)) -a 127.0.0.1 -o "$TMP/nutcracker.log" &
+    NUT_PID=$!
+    PIDS+=("$NUT_PID")
+    {
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nprotocol = "%s"\npool = "bench"\n\n' $((BASE_PORT + 13)) "$KR_PORT" "$PROTOCOL"
+        printf '[[pool]]\nname = "bench"\nstrategy = "twemproxy"\n'
+        for s in "${SERVERS[@]}"; do printf '[[pool.worker]]\nname = "%s"\naddress = "%s"\n' "$s" "$s"; done
+    } >"$TMP/keyroute.toml"
+fi
 "$KEYROUTE" serve --threads 1 --log warn --config "$TMP/keyroute.toml" >"$TMP/keyroute.log" 2>&1 &
 KR_PID=$!
 PIDS+=("$KR_PID")
 sleep 1
+if [[ $PROTOCOL == http ]]; then
+    NUT_PID=$(pgrep -P "$NGINX_MASTER" | head -1)
+    [[ -n "$NUT_PID" ]] || { log "nginx started no worker"; exit 1; }
+fi
 
 rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status"; }
 server_conns() {
     local total=0 n
+    if [[ $PROTOCOL == http ]]; then
+        echo 0
+        return
+    fi
     for s in "${SERVERS[@]}"; do
         if [[ $PROTOCOL == redis ]]; then
             n=$(redis-cli -p "${s#*:}" info clients | awk -F: '/^connected_clients/ { print $2 + 0 }')
@@ -96,7 +141,7 @@ echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); keyroute $(git rev-parse --sh
 echo
 echo "| proxy | RSS before (KiB) | RSS with $CLIENTS idle clients (KiB) | per client (bytes) | server-side connections |"
 echo "|---|---:|---:|---:|---:|"
-for target in nutcracker keyroute; do
+for target in $PEER keyroute; do
     port=$NUT_PORT pid=$NUT_PID
     [[ $target == keyroute ]] && port=$KR_PORT pid=$KR_PID
     before=$(rss_kib "$pid")
@@ -108,11 +153,16 @@ socks = []
 for i in range(n):
     s = socket.create_connection(("127.0.0.1", port))
     key = b"idle:%d" % i
-    s.sendall(b"get " + key + b"\r\n" if proto == "memcached" else b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key))
+    if proto == "memcached":
+        s.sendall(b"get " + key + b"\r\n")
+    elif proto == "redis":
+        s.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key))
+    else:
+        s.sendall(b"GET /?k=%d HTTP/1.1\r\nHost: bench\r\n\r\n" % i)
     socks.append(s)
 for s in socks:
     got = b""
-    while not (got.endswith(b"END\r\n") or got.endswith(b"$-1\r\n")):
+    while not (got.endswith(b"END\r\n") or got.endswith(b"$-1\r\n") or got.endswith(b"\r\n\r\nok\n")):
         chunk = s.recv(4096)
         if not chunk:
             raise SystemExit("closed")
@@ -124,7 +174,7 @@ PY
     PIDS+=("$py")
     for _ in $(seq 600); do [[ -e $TMP/$target.ready ]] && break; sleep 0.1; done
     [[ -e $TMP/$target.ready ]] || { log "the clients of $target did not all connect"; exit 1; }
-    sleep 1
+    sleep "$SETTLE"
     after=$(rss_kib "$pid")
     conns=$(( $(server_conns) - conns_before ))
     per=$(( (after - before) * 1024 / CLIENTS ))

@@ -28,6 +28,8 @@
 # itself on 127.0.0.1 and kills them by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/nutcracker.sh
+. bench/nutcracker.sh
 ROOT=$(pwd)
 
 ROUNDS=${ROUNDS:-3}
@@ -94,16 +96,7 @@ DIRECT_PORT=$((BASE_PORT + 20))
 server "$DIRECT_PORT"
 NUT_PORT=$((BASE_PORT + 21))
 KR_PORT=$((BASE_PORT + 22))
-{
-    echo "bench:"
-    echo "  listen: 127.0.0.1:$NUT_PORT"
-    echo "  hash: md5"
-    echo "  distribution: ketama"
-    echo "  timeout: 1000"
-    [[ $PROTOCOL == redis ]] && echo "  redis: true"
-    echo "  servers:"
-    for s in "${SERVERS[@]}"; do echo "   - $s:1"; done
-} >"$TMP/nutcracker.yml"
+nutcracker_yml "$NUT_PORT" "$PROTOCOL" "${SERVERS[@]}" >"$TMP/nutcracker.yml"
 "$NUTCRACKER" -c "$TMP/nutcracker.yml" -s $((BASE_PORT + 23)) -a 127.0.0.1 -o "$TMP/nutcracker.log" &
 NUT_PID=$!
 PIDS+=("$NUT_PID")

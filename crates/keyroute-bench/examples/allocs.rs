@@ -21,7 +21,8 @@
 //!
 //! With `ALLOC_SITES=N` in the environment, the first N counted allocations of the measured part
 //! are printed with their backtraces (build with `CARGO_PROFILE_RELEASE_DEBUG=line-tables-only`
-//! for file and line).
+//! for file and line). With `IDLE_SITES=1` (and `IDLE=N`), what the idle clients' allocations
+//! still hold at the end is printed by site: bytes, count and the first frames in keyroute.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -53,6 +54,33 @@ static BYTES: AtomicU64 = AtomicU64::new(0);
 static SITES_LEFT: AtomicUsize = AtomicUsize::new(0);
 static MEASURING: AtomicBool = AtomicBool::new(false);
 static SITES: Mutex<Vec<(usize, std::backtrace::Backtrace)>> = Mutex::new(Vec::new());
+/// The idle phase's allocations still live, by address (`IDLE_SITES`).
+static IDLE_LIVE: Mutex<Option<std::collections::HashMap<usize, (usize, std::backtrace::Backtrace)>>> =
+    Mutex::new(None);
+static IDLE_TRACKING: AtomicBool = AtomicBool::new(false);
+
+/// Records (or forgets) a live allocation of the idle phase, outside any other recording.
+fn track(ptr: *mut u8, size: Option<usize>) {
+    if !IDLE_TRACKING.load(Relaxed) || !COUNTED.try_with(Cell::get).unwrap_or(false) {
+        return;
+    }
+    if TRACING.try_with(|t| t.replace(true)).unwrap_or(true) {
+        return;
+    }
+    if let Ok(mut live) = IDLE_LIVE.lock()
+        && let Some(map) = live.as_mut()
+    {
+        match size {
+            Some(n) => {
+                map.insert(ptr as usize, (n, std::backtrace::Backtrace::force_capture()));
+            }
+            None => {
+                map.remove(&(ptr as usize));
+            }
+        }
+    }
+    let _ = TRACING.try_with(|t| t.set(false));
+}
 
 fn count(size: usize) {
     if !COUNTED.try_with(Cell::get).unwrap_or(false) {
@@ -80,7 +108,9 @@ unsafe impl GlobalAlloc for Counting {
         }
         count(layout.size());
         // SAFETY: the caller's layout, as `GlobalAlloc::alloc` requires.
-        unsafe { System.alloc(layout) }
+        let ptr = unsafe { System.alloc(layout) };
+        track(ptr, Some(layout.size()));
+        ptr
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -89,13 +119,16 @@ unsafe impl GlobalAlloc for Counting {
         }
         count(layout.size());
         // SAFETY: as `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        track(ptr, Some(layout.size()));
+        ptr
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if COUNTED.try_with(Cell::get).unwrap_or(false) {
             LIVE.fetch_sub(layout.size() as i64, Relaxed);
         }
+        track(ptr, None);
         // SAFETY: `ptr` came from `System` with this layout.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -108,8 +141,11 @@ unsafe impl GlobalAlloc for Counting {
         if COUNTED.try_with(Cell::get).unwrap_or(false) && new_size < layout.size() {
             LIVE.fetch_sub((layout.size() - new_size) as i64, Relaxed);
         }
+        track(ptr, None);
         // SAFETY: `ptr` came from `System` with this layout.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        let moved = unsafe { System.realloc(ptr, layout, new_size) };
+        track(moved, Some(new_size));
+        moved
     }
 }
 
@@ -207,6 +243,12 @@ fn main() {
     if idle > 0 {
         load.block_on(async move {
             tokio::time::sleep(Duration::from_millis(200)).await;
+            if std::env::var_os("IDLE_SITES").is_some() {
+                if let Ok(mut live) = IDLE_LIVE.lock() {
+                    *live = Some(std::collections::HashMap::new());
+                }
+                IDLE_TRACKING.store(true, Relaxed);
+            }
             let before = LIVE.load(Relaxed);
             let mut held = Vec::with_capacity(idle);
             for chunk in 0..idle.div_ceil(100) {
@@ -216,17 +258,45 @@ fn main() {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             let after = LIVE.load(Relaxed);
+            IDLE_TRACKING.store(false, Relaxed);
             println!(
                 "idle clients={} heap held per idle client={:.0} bytes",
                 held.len(),
                 (after - before) as f64 / held.len() as f64
             );
+            print_idle_sites(held.len());
         });
     }
     if let Ok(sites) = SITES.lock() {
         for (i, (size, trace)) in sites.iter().enumerate() {
             println!("--- allocation {i}: {size} bytes\n{trace}");
         }
+    }
+}
+
+/// What the idle phase's allocations still hold, by their first two frames in keyroute's crates
+/// (or the first frames at all), per idle client.
+fn print_idle_sites(clients: usize) {
+    let Ok(mut live) = IDLE_LIVE.lock() else { return };
+    let Some(map) = live.take() else { return };
+    let mut by_site: std::collections::HashMap<String, (usize, usize)> = std::collections::HashMap::new();
+    for (_, (size, trace)) in map {
+        let text = trace.to_string();
+        let frames: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("at ./crates/") && !l.contains("allocs.rs"))
+            .take(2)
+            .collect();
+        let site = if frames.is_empty() { "(outside keyroute)".to_owned() } else { frames.join(" <- ") };
+        let e = by_site.entry(site).or_default();
+        e.0 += size;
+        e.1 += 1;
+    }
+    let mut sites: Vec<_> = by_site.into_iter().collect();
+    sites.sort_by_key(|s| std::cmp::Reverse(s.1.0));
+    for (site, (bytes, n)) in sites.iter().take(20) {
+        println!("{:>8.0} bytes/client {:>6} allocations  {site}", *bytes as f64 / clients as f64, n);
     }
 }
 

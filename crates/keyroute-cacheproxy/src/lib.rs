@@ -52,13 +52,18 @@ pub struct Context {
 }
 
 /// Serves one client connection of a cache listener to its end (it closes, sends `quit` or
-/// `QUIT`, or the server stops: what it had sent is answered first). `held` is released when it
-/// ends (the server's connection count and limit).
-pub async fn serve<H: Send>(stream: TcpStream, ctx: Arc<Context>, listener: &CacheListener, held: H) {
+/// `QUIT`, or the server stops: what it had sent is answered first), on a task of its own. `held`
+/// is released when it ends (the server's connection count and limit).
+///
+/// The task is the protocol's driver itself, made here with its client: the task holds its
+/// future for as long as the connection lives, and a wrapper around it would hold the
+/// connection's values twice.
+pub fn spawn<H: Send + 'static>(stream: TcpStream, ctx: Arc<Context>, listener: &CacheListener, held: H) {
+    let client = driver::Client::new(stream, &ctx.stop);
     match listener.protocol {
         CacheProtocol::Memcached => {
             let proto = memcached::Memcached { max_item: listener.max_item_bytes };
-            driver::serve(stream, ctx, proto, held).await;
+            tokio::spawn(driver::serve(client, ctx, proto, held));
         }
         CacheProtocol::Redis => {
             let proto = redis::Redis::new(
@@ -66,7 +71,7 @@ pub async fn serve<H: Send>(stream: TcpStream, ctx: Arc<Context>, listener: &Cac
                 listener.password.as_deref(),
                 listener.server_password.as_deref(),
             );
-            driver::serve(stream, ctx, proto, held).await;
+            tokio::spawn(driver::serve(client, ctx, proto, held));
         }
     }
 }

@@ -26,7 +26,9 @@ pub(crate) struct Server {
 
 enum Link {
     /// A connection of this client's own (the side connections, used one exchange at a time).
-    Own(ServerConn),
+    /// Boxed: most clients only ever hold shared links, and every server entry is as large as
+    /// the largest link.
+    Own(Box<ServerConn>),
     /// The thread's shared connection: the ticket of this batch's requests, and the read side
     /// while it is this client's turn.
     Shared { pipe: Arc<Pipe>, ticket: Option<u64>, turn: Option<tokio::sync::OwnedMutexGuard<Reader>> },
@@ -169,6 +171,9 @@ impl Servers {
                 i
             }
             None => {
+                // One entry at a time: a client that only ever talks to one server (most, for a
+                // while) holds room for one, not for four.
+                self.0.reserve_exact(1);
                 self.0.push(server);
                 self.0.len() - 1
             }
@@ -225,7 +230,7 @@ impl Servers {
                 });
                 Link::Shared { pipe, ticket: None, turn: None }
             }
-            None => Link::Own(conn),
+            None => Link::Own(Box::new(conn)),
         };
         Some(self.put(at, w.address, link))
     }

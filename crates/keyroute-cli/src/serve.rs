@@ -11,6 +11,10 @@ use crate::Usage;
 use crate::cli::{ServeArgs, WorkerArgs};
 use crate::process::{init_logging, runtime, shutdown_signal};
 
+/// How often each gateway thread gives freed memory back (see `give_back_memory`): a thread's
+/// collect walks its pages, a few microseconds each time.
+const TRIM_EVERY: Duration = Duration::from_secs(2);
+
 pub fn serve(args: &ServeArgs) -> Result<()> {
     let config = Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
     for w in &config.warnings {
@@ -49,6 +53,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         tracing::info!(addr = %gateway.admin_addr(), threads, "admin API listening");
         anyhow::Ok(gateway)
     })?;
+    let gateway = gateway.trim_memory(TRIM_EVERY, crate::give_back_memory);
     let handle = gateway.handle();
     let (path, watch) = (args.config.clone(), args.watch);
     let shutdown = async move {

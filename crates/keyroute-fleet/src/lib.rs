@@ -19,6 +19,8 @@
 //! - **Membership from etcd** ([`membership`]): a task per pool reads and watches a prefix.
 //! - **Settings** ([`config`]): a pool's, validated; one worker's validation.
 //! - **Counters** ([`metrics`]): plain atomics owned by what they count.
+//! - **Idle connections** ([`idle`]): what a client connection waits for besides its next bytes
+//!   (a deadline, the server's stop), held by its thread for all of them.
 //!
 //! [`Fleet`] holds a running server's pools and starts their background tasks.
 //!
@@ -26,6 +28,7 @@
 
 pub mod config;
 pub mod health;
+pub mod idle;
 pub mod membership;
 pub mod metrics;
 pub mod pool;

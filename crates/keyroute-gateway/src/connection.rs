@@ -39,6 +39,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::access::{self, Pending};
 use crate::body::ProxyBody;
 use crate::proxy::{self, Front, Peer, tunnel};
+use keyroute_fleet::idle::{IdleTimer, Woke};
 use keyroute_fleet::metrics::ListenerMetrics;
 
 /// What a listener's HTTP connections serve, chosen once per listener: the proxy's request path,
@@ -130,18 +131,36 @@ impl std::fmt::Debug for Settings {
     }
 }
 
-/// Serves one accepted connection to its end. `held` (the open-connection count and the
-/// connection limit's permit) is released when it ends.
-pub async fn serve<H: Send + 'static>(stream: TcpStream, remote: SocketAddr, settings: Arc<Settings>, held: H) {
+/// Serves one accepted connection to its end, on a task of its own. `held` (the open-connection
+/// count and the connection limit's permit) is released when it ends.
+///
+/// A task holds its future for as long as the connection lives, at the size of its largest
+/// state: a plain HTTP/1.1 connection is spawned as `serve_h1` itself (a wrapper around it
+/// would hold the connection's values twice), and the TLS and h2c paths, boxed, are spawned
+/// apart.
+pub fn spawn<H: Send + 'static>(stream: TcpStream, remote: SocketAddr, settings: Arc<Settings>, held: H) {
     let _ = stream.set_nodelay(true);
     // One budget for everything before the first request head: the TLS handshake, the h2c
     // preface check, and the head itself (or an HTTP/2 client's preface).
     let first = tokio::time::Instant::now() + settings.header_timeout;
-    // A task's future is as large as its largest variant, for as long as the connection lives:
-    // the TLS and HTTP/2 paths are boxed, so that a plain HTTP/1.1 connection carries neither.
+    if settings.tls.is_none() && !settings.h2c {
+        tokio::spawn(serve_h1(stream, Peer::with(remote, false, false), settings, held, first));
+    } else {
+        tokio::spawn(Box::pin(serve_other(stream, remote, settings, held, first)));
+    }
+}
+
+/// A connection on a TLS listener, or on a plain one that also takes HTTP/2 with prior knowledge.
+async fn serve_other<H: Send + 'static>(
+    stream: TcpStream,
+    remote: SocketAddr,
+    settings: Arc<Settings>,
+    held: H,
+    first: tokio::time::Instant,
+) {
     match &settings.tls {
         Some(acceptor) => Box::pin(serve_tls(acceptor.clone(), stream, remote, settings, held, first)).await,
-        None if settings.h2c && opens_with_preface(&stream, first).await => {
+        None if opens_with_preface(&stream, first).await => {
             Box::pin(serve_h2(stream, Peer::with(remote, false, true), settings, held, first)).await;
         }
         None => serve_h1(stream, Peer::with(remote, false, false), settings, held, first).await,
@@ -605,47 +624,53 @@ where
 {
     let conn = ServerConn::new(io);
     let limits = Limits { max_head_bytes: settings.max_buf.max(8192), max_headers: settings.max_headers };
-    let mut stop = settings.stop.clone();
-    // One timer for the connection's life, moved on after each response.
-    let head_timer = tokio::time::sleep_until(first);
-    tokio::pin!(head_timer);
+    // The head timer and the stop, held by the thread for all its connections
+    // ([`keyroute_fleet::idle`]): one
+    // timer for the connection's life, moved on after each response.
+    let mut timer = IdleTimer::new(Some(first), &settings.stop);
     let mut first_request = true;
+    // What the wait for a head brought, as the next step; `read` is moved in whole, so that a
+    // head is never held across an await (it would be room in every idle connection's task):
+    // it goes straight into its boxed exchange.
+    let step = |read: Option<Result<RequestHead, ReadError>>, first_request: bool| match read {
+        Some(Ok(head)) => Some(Step::Exchange(Box::pin(exchange(&conn, head, &peer, &settings)))),
+        None if conn.has_partial_head() || first_request => {
+            settings.metrics.header_timeouts.fetch_add(1, Relaxed);
+            Some(Step::Last(TIMEOUT_RESPONSE.to_vec(), false))
+        }
+        Some(Err(ReadError::Head(e))) => {
+            tracing::debug!(remote = %peer.addr, error = %e, "request head refused");
+            Some(Step::Last(refusal(e), true))
+        }
+        None | Some(Err(_)) => None,
+    };
     loop {
         let read = tokio::select! {
             r = conn.read_head(&limits) => Some(r),
-            () = head_timer.as_mut() => None,
-            // The gateway stops: an idle connection closes now (one with a request in progress
-            // finishes it first, below).
-            _ = stopped(&mut stop), if !conn.has_partial_head() => break,
+            // The gateway stops: an idle connection closes now (one with bytes of a head waits
+            // for its deadline; one with a request in progress finishes it first, below).
+            woke = timer.wait(!conn.has_partial_head()) => match woke {
+                Woke::Deadline => None,
+                Woke::Stop => break,
+            },
         };
-        let head = match read {
-            None => {
-                if conn.has_partial_head() || first_request {
-                    settings.metrics.header_timeouts.fetch_add(1, Relaxed);
-                    let _ = conn.write_raw(TIMEOUT_RESPONSE, LAST_WORDS).await;
-                }
+        let next = match step(read, first_request) {
+            Some(Step::Exchange(exchanged)) => exchanged.await,
+            Some(Step::Last(words, linger)) => {
+                Box::pin(last_words(&conn, words, linger)).await;
                 break;
             }
-            Some(Ok(h)) => h,
-            Some(Err(ReadError::Head(e))) => {
-                tracing::debug!(remote = %peer.addr, error = %e, "request head refused");
-                if conn.write_raw(&refusal(e), LAST_WORDS).await.is_ok() {
-                    conn.linger(LINGER.0, LINGER.1).await;
-                }
-                break;
-            }
-            Some(Err(_)) => break,
+            None => break,
         };
         first_request = false;
-        // Boxed: between requests the connection's task is only as large as its wait for a head.
-        match Box::pin(exchange(&conn, head, &peer, &settings)).await {
-            Next::KeepAlive if !*stop.borrow() => {}
+        match next {
+            Next::KeepAlive if !*settings.stop.borrow() => {}
             Next::KeepAlive | Next::Close { linger: false } => {
-                conn.shutdown().await;
+                Box::pin(conn.shutdown()).await;
                 break;
             }
             Next::Close { linger: true } => {
-                conn.linger(LINGER.0, LINGER.1).await;
+                Box::pin(conn.linger(LINGER.0, LINGER.1)).await;
                 break;
             }
             Next::Upgrade(t) => {
@@ -657,9 +682,26 @@ where
             }
             Next::Drop => break,
         }
-        head_timer.as_mut().reset(tokio::time::Instant::now() + settings.header_timeout);
+        timer.reset(Some(tokio::time::Instant::now() + settings.header_timeout));
     }
     drop(held);
+}
+
+/// What a connection does with what its wait for a head brought.
+enum Step<F> {
+    /// A request: its exchange.
+    Exchange(std::pin::Pin<Box<F>>),
+    /// The gateway's last words (a 408, a refusal), lingering after them or not.
+    Last(Vec<u8>, bool),
+}
+
+/// The gateway's own last response on a connection (a 408, a refused head), then, with
+/// `linger`, the rest of what the client sent read and dropped before the close. Boxed by its
+/// callers: it runs once, at the end, and an idle connection's task should not carry its room.
+async fn last_words<S: Transport>(conn: &ServerConn<S>, bytes: Vec<u8>, linger: bool) {
+    if conn.write_raw(&bytes, LAST_WORDS).await.is_ok() && linger {
+        conn.linger(LINGER.0, LINGER.1).await;
+    }
 }
 
 async fn serve_h2<S, H>(io: S, peer: Peer, settings: Arc<Settings>, held: H, first: tokio::time::Instant)

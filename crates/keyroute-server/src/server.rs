@@ -71,6 +71,28 @@ pub struct Gateway {
     listeners: Vec<TcpListener>,
     acceptors: Vec<Option<Arc<rustls::ServerConfig>>>,
     admin: TcpListener,
+    trim: Option<Trim>,
+}
+
+/// Memory given back by each runtime thread, now and then: see [`Gateway::trim_memory`].
+#[derive(Clone, Copy, Debug)]
+struct Trim {
+    every: Duration,
+    give_back: fn(),
+}
+
+impl Trim {
+    /// Calls `give_back` on this thread every `every`, for as long as the runtime runs.
+    fn spawn(self) {
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + self.every, self.every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                (self.give_back)();
+            }
+        });
+    }
 }
 
 /// A handle to a running gateway: reload it, change membership, inspect it, stop it.
@@ -88,6 +110,18 @@ fn default_connection_limit(open_files: Option<u64>, listeners: usize) -> usize 
 }
 
 impl Gateway {
+    /// Has every runtime thread call `give_back` every `every`, on itself: the hook by which
+    /// the program's allocator returns the memory a thread freed to the system. An allocator
+    /// that keeps freed pages for reuse and purges them only when it is next called (mimalloc)
+    /// never purges on a thread whose clients all went idle; purging on every free instead costs
+    /// the request path (measured in BENCHMARKS.md). The library does not choose the allocator:
+    /// the binary that does passes its collect function.
+    #[must_use]
+    pub fn trim_memory(mut self, every: Duration, give_back: fn()) -> Gateway {
+        self.trim = Some(Trim { every, give_back });
+        self
+    }
+
     /// Binds every listener and the admin listener. Raises the open-file limit first.
     ///
     /// # Errors
@@ -215,6 +249,7 @@ impl Gateway {
             shutdown.subscribe(),
         );
         Ok(Gateway {
+            trim: None,
             shared: Arc::new(Shared {
                 fleet,
                 front,
@@ -287,6 +322,7 @@ impl Gateway {
             let shared = Arc::clone(&self.shared);
             let acceptors = self.acceptors.clone();
             let addrs = addrs.clone();
+            let trim = self.trim;
             let first = addrs[0];
             let rt = runtime(i).map_err(|source| GatewayError::Bind { addr: first, source })?;
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -295,6 +331,9 @@ impl Gateway {
                 .spawn(move || {
                     keyroute_gateway::upstream::set_thread_slot(i);
                     rt.block_on(async move {
+                        if let Some(t) = trim {
+                            t.spawn();
+                        }
                         let mut tasks = Vec::new();
                         for (j, (addr, tls)) in addrs.iter().zip(acceptors).enumerate() {
                             match bind_shared(*addr) {
@@ -343,7 +382,9 @@ impl Gateway {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
             let admin = TcpListener::from_std(admin).map_err(|source| GatewayError::Bind { addr: addrs[0], source })?;
-            Gateway { shared: self.shared, listeners, acceptors: self.acceptors, admin }.run(shutdown).await
+            Gateway { shared: self.shared, listeners, acceptors: self.acceptors, admin, trim: self.trim }
+                .run(shutdown)
+                .await
         });
         shared.finished.send_replace(true);
         for h in extra {
@@ -372,6 +413,9 @@ impl Gateway {
         shared.fleet.start();
         keyroute_fleet::membership::source::announce(&shared.fleet);
         tokio::spawn(hot_key_ticks(Arc::downgrade(&shared)));
+        if let Some(t) = self.trim {
+            t.spawn();
+        }
         let mut tasks = Vec::new();
         for (i, (sock, tls)) in self.listeners.into_iter().zip(self.acceptors).enumerate() {
             tasks.push(tokio::spawn(accept_loop(sock, Arc::clone(&shared), Some(i), tls, 0)));
@@ -650,12 +694,9 @@ async fn accept_loop(
         let held = (OpenConn::new(&metrics, &shared.closed), permit);
         match served {
             Listener::Http(settings) => {
-                tokio::spawn(connection::serve(stream, remote, Arc::clone(settings), held));
+                connection::spawn(stream, remote, Arc::clone(settings), held);
             }
-            Listener::Cache(ctx, config) => {
-                let (ctx, config) = (Arc::clone(ctx), Arc::clone(config));
-                tokio::spawn(async move { keyroute_cacheproxy::serve(stream, ctx, &config, held).await });
-            }
+            Listener::Cache(ctx, config) => keyroute_cacheproxy::spawn(stream, Arc::clone(ctx), config, held),
         }
     }
 }
