@@ -101,7 +101,7 @@ pub(crate) fn upstream_head(
     body_end: bool,
     peer: &Peer,
     via: &Via,
-    id: &str,
+    id: &HeaderValue,
 ) {
     let upgrade = upgrade_of(parts.version, &parts.headers, upgrades);
     strip_hop_by_hop(&mut parts.headers);
@@ -127,9 +127,7 @@ pub(crate) fn upstream_head(
     }
     add_forwarded(&mut parts.headers, peer);
     via.append(&mut parts.headers);
-    if let Ok(v) = HeaderValue::try_from(id) {
-        parts.headers.insert(REQUEST_ID.clone(), v);
-    }
+    parts.headers.insert(REQUEST_ID.clone(), id.clone());
 }
 
 /// Whether an offered protocol (`name` or `name/version`) is one of `allowed`. `h2c` never is.
@@ -403,22 +401,28 @@ pub(crate) fn add_forwarded(headers: &mut HeaderMap, peer: &Peer) {
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(if peer.tls { "https" } else { "http" }));
     let host = headers.get(header::HOST).cloned();
-    let mut fwd = peer.forwarded.clone();
+    // `Forwarded`: the previous value, then this hop's `for=...;proto=...` and its quoted host,
+    // written once into a buffer of the exact size (a value whose buffer has spare room is
+    // copied again on its way into a header value).
+    let prev = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()).map(str::as_bytes);
+    let host_text =
+        host.as_ref().map(HeaderValue::as_bytes).filter(|t| t.iter().all(|&b| b.is_ascii_graphic() && b != b'"'));
+    let len = prev.map_or(0, |p| p.len() + 2) + peer.forwarded.len() + host_text.map_or(0, |h| h.len() + 8);
+    let mut fwd = Vec::with_capacity(len);
+    if let Some(p) = prev {
+        fwd.extend_from_slice(p);
+        fwd.extend_from_slice(b", ");
+    }
+    fwd.extend_from_slice(peer.forwarded.as_bytes());
+    if let Some(h) = host_text {
+        fwd.extend_from_slice(b";host=\"");
+        fwd.extend_from_slice(h);
+        fwd.push(b'"');
+    }
     if let Some(h) = host {
-        if let Ok(text) = h.to_str()
-            && text.bytes().all(|b| b.is_ascii_graphic() && b != b'"')
-        {
-            fwd.push_str(";host=\"");
-            fwd.push_str(text);
-            fwd.push('"');
-        }
         headers.insert(X_FORWARDED_HOST.clone(), h);
     }
-    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {fwd}"),
-        None => fwd,
-    };
-    if let Ok(v) = HeaderValue::try_from(value) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(fwd)) {
         headers.insert(header::FORWARDED, v);
     }
 }
@@ -476,16 +480,22 @@ pub(crate) fn random_u64() -> u64 {
 
 pub(crate) use crate::body::REQUEST_ID;
 
-/// The request's id: its `X-Request-Id` when that is 1 to 128 visible ASCII characters, else a
-/// new one (`next` is a process-wide counter, started at a random value, mixed into 16 hex digits).
-pub(crate) fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> String {
-    if let Some(v) = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok())
+/// The request's id, as the header value it is sent in: its `X-Request-Id` when that is 1 to 128
+/// visible ASCII characters (the client's value itself, nothing copied), else a new one (`next`
+/// is a process-wide counter, started at a random value, mixed into 16 hex digits).
+pub(crate) fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> HeaderValue {
+    if let Some(v) = headers.get(&REQUEST_ID)
         && (1..=128).contains(&v.len())
-        && v.bytes().all(|b| b.is_ascii_graphic())
+        && v.as_bytes().iter().all(u8::is_ascii_graphic)
     {
-        return v.to_owned();
+        return v.clone();
     }
-    format!("{:016x}", keyroute::hash::mix64(next()))
+    let mut hex = [0u8; 16];
+    let n = keyroute::hash::mix64(next());
+    for (i, d) in hex.iter_mut().enumerate() {
+        *d = b"0123456789abcdef"[(n >> (60 - 4 * i)) as usize & 0xf];
+    }
+    HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0000000000000000"))
 }
 
 /// A worker's response head as the client gets it: no hop-by-hop headers, and the pool's worker
@@ -634,6 +644,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(&REQUEST_ID, HeaderValue::from_static("abc-123"));
         assert_eq!(request_id(&h, || 1), "abc-123");
+        assert_eq!(request_id(&HeaderMap::new(), || 1), format!("{:016x}", keyroute::hash::mix64(1)).as_str());
         h.insert(&REQUEST_ID, HeaderValue::from_static("has space"));
         assert_eq!(request_id(&h, || 1).len(), 16);
         assert_ne!(request_id(&h, || 1), request_id(&h, || 2));

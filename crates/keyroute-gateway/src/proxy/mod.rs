@@ -127,6 +127,8 @@ pub(super) struct Exchange<'a> {
     pub(super) peer: &'a Peer,
     /// Its request id.
     pub(super) id: &'a str,
+    /// The same, as the header value it is sent in.
+    pub(super) id_value: &'a HeaderValue,
     /// What the access log learns of it, when the listener has one.
     pub(super) placed: Option<&'a mut Placed>,
 }
@@ -139,11 +141,13 @@ where
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
-    let id = headers::request_id(&parts.headers, || front.next_request.fetch_add(1, Relaxed));
+    let id_value = headers::request_id(&parts.headers, || front.next_request.fetch_add(1, Relaxed));
+    // Visible ASCII either way (`request_id`).
+    let id = id_value.to_str().unwrap_or_default();
     let log = front.access_logs.get(listener).and_then(Option::as_ref);
     let mut placed =
-        log.map(|l| Placed { request_id: id.clone(), key: l.wants_key().then(String::new), ..Placed::default() });
-    let mut cx = Exchange { front, listener, peer, id: &id, placed: placed.as_mut() };
+        log.map(|l| Placed { request_id: id.to_owned(), key: l.wants_key().then(String::new), ..Placed::default() });
+    let mut cx = Exchange { front, listener, peer, id, id_value: &id_value, placed: placed.as_mut() };
     let mut resp = route::route_and_forward(&mut cx, &mut parts, body).await;
     if front.draining.load(Relaxed) {
         resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -196,7 +200,7 @@ where
         cache::Looked::Skip => (None, false),
     };
     // Head.
-    headers::upstream_head(parts, route.upgrades, body.is_end_stream(), cx.peer, &cx.front.via, id);
+    headers::upstream_head(parts, route.upgrades, body.is_end_stream(), cx.peer, &cx.front.via, cx.id_value);
     // Steer and attempt, worker after worker.
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
