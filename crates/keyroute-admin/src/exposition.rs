@@ -26,7 +26,8 @@ pub(crate) struct Scrape {
     pub(crate) caches: Vec<(String, Arc<HotCache>)>,
     pub(crate) listeners: Vec<(String, u64, Arc<ListenerMetrics>)>,
     /// Client connections accepted by each runtime thread, by thread index.
-    pub(crate) threads: Vec<u64>,
+    /// Each thread's connections: accepted, open (served now), handed over.
+    pub(crate) threads: Vec<(u64, u64, u64)>,
     pub(crate) admin_auth_failures: u64,
     /// Subscribers of the dashboard's feed now.
     pub(crate) dashboard_viewers: u64,
@@ -467,7 +468,21 @@ impl Scrape {
             "keyroute_thread_connections_accepted",
             "Client connections accepted by each runtime thread (every listener): how the kernel spreads them.",
             MetricType::Counter,
-            self.threads.iter().enumerate().map(|(i, n)| (labels(&[("thread", &i.to_string())]), Value::Int(*n))),
+            self.threads.iter().enumerate().map(|(i, n)| (labels(&[("thread", &i.to_string())]), Value::Int(n.0))),
+        )?;
+        family(
+            encoder,
+            "keyroute_thread_connections_open",
+            "Client connections each runtime thread serves now, whoever accepted them.",
+            MetricType::Gauge,
+            self.threads.iter().enumerate().map(|(i, n)| (labels(&[("thread", &i.to_string())]), Value::Int(n.1))),
+        )?;
+        family(
+            encoder,
+            "keyroute_thread_connections_handed_over",
+            "Client connections a thread accepted while it served two more than the least busy thread, and handed to it.",
+            MetricType::Counter,
+            self.threads.iter().enumerate().map(|(i, n)| (labels(&[("thread", &i.to_string())]), Value::Int(n.2))),
         )?;
         family(
             encoder,

@@ -84,8 +84,8 @@ pub(crate) const MAX_BODY: usize = 1 << 20;
 pub struct ServerView {
     /// The client listeners, in configuration order.
     pub listeners: Vec<ListenerView>,
-    /// Client connections accepted by each runtime thread (the index is the thread's).
-    pub threads: Arc<parking_lot::Mutex<Vec<Arc<std::sync::atomic::AtomicU64>>>>,
+    /// Each runtime thread's client connections (the index is the thread's).
+    pub threads: Arc<parking_lot::Mutex<Vec<Arc<keyroute_fleet::metrics::ThreadMetrics>>>>,
     /// Each TLS listener's name and certificates.
     pub certificates: Vec<(String, Arc<keyroute_gateway::tls::Certificates>)>,
     /// Set once the server shuts down: `/readyz` says not ready.
@@ -602,7 +602,13 @@ fn metrics(shared: &Admin, pools: &[Arc<Pool>]) -> Response<ProxyBody> {
             .iter()
             .map(|l| (l.name.clone(), l.limit as u64, Arc::clone(&l.metrics)))
             .collect(),
-        threads: shared.server.threads.lock().iter().map(|n| n.load(Relaxed)).collect(),
+        threads: shared
+            .server
+            .threads
+            .lock()
+            .iter()
+            .map(|t| (t.accepted.load(Relaxed), t.open.load(Relaxed), t.handed_over.load(Relaxed)))
+            .collect(),
         admin_auth_failures: shared.auth.failures.load(Relaxed),
         dashboard_viewers: shared.dashboard.viewers() as u64,
         certificates: shared

@@ -143,6 +143,17 @@ pub struct SourceMetrics {
     pub compactions: AtomicU64,
 }
 
+/// One runtime thread's client connections (every listener's).
+#[derive(Debug, Default)]
+pub struct ThreadMetrics {
+    /// Accepted on this thread's sockets: how the kernel spreads them.
+    pub accepted: AtomicU64,
+    /// Served by this thread now, whoever accepted them (a busy thread hands new ones over).
+    pub open: AtomicU64,
+    /// Accepted here and handed over to a less busy thread.
+    pub handed_over: AtomicU64,
+}
+
 /// One listener's counters.
 #[derive(Debug, Default)]
 pub struct ListenerMetrics {

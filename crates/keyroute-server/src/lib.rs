@@ -17,6 +17,8 @@
 //!   a prefix, with workers that register themselves (see [`membership`]).
 //! - **Limits**: one connection limit per listener across threads, back-off when the process runs
 //!   out of file descriptors, the soft open-file limit raised to the hard one at start.
+//! - **Threads**: each accepts on a socket of its own (`SO_REUSEPORT`); a thread that accepts a
+//!   connection while it serves two more than the least busy one hands it over, as HAProxy does.
 //! - **Reload** (`SIGHUP` or [`GatewayHandle::reload`]): a new file is validated whole before any
 //!   of it applies; what cannot change without a restart (a listener's address, the admin API's
 //!   address) is refused with the reason, and the running configuration stays.
@@ -34,6 +36,7 @@
 //! | [`config`] | `raw` (serde structs), `validate` (one function per section), `nutcracker` (twemproxy files converted), the validated [`Config`] |
 //! | `error` | the errors of starting and reloading |
 //! | `listener` | accepting within limits (connection limits, back-off, open files) |
+//! | `balance` | a listener's connections spread over the threads by how many each serves (a busy thread hands a new one over) |
 //! | `probe` | each pool's active check, in its protocol |
 //! | `state` | what the running server's tasks share |
 //! | `server` | [`Gateway`] and [`GatewayHandle`]: binding, accept loops, the ticker, reload, shutdown |
@@ -41,6 +44,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod balance;
 pub mod config;
 mod error;
 mod listener;

@@ -9,15 +9,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
+use crate::balance::{Balance, Serving};
 use crate::config::{Config, ListenerConfig, RouteConfig, Serves, WorkerConfig};
 use crate::error::{GatewayError, ReloadError};
 use crate::listener::{self, Backoff, OpenConn};
 use crate::state::Shared;
-use keyroute_fleet::metrics::ListenerMetrics;
+use keyroute_fleet::metrics::{ListenerMetrics, ThreadMetrics};
 use keyroute_fleet::pool::Pool;
 use keyroute_gateway::connection::{self, App, Settings};
 use keyroute_gateway::proxy::{Front, ProxyService};
@@ -185,6 +186,7 @@ impl Gateway {
         }
         // One limit per listener, whatever the number of runtime threads accepting on it.
         let connection_permits = connection_limits.iter().map(|n| Arc::new(Semaphore::new(*n))).collect();
+        let balance = connection_limits.iter().map(|_| Balance::default()).collect();
         let listener_metrics: Vec<Arc<ListenerMetrics>> = bound.iter().map(|_| Arc::default()).collect();
         let mut acceptors = Vec::new();
         let mut certificates = Vec::new();
@@ -215,7 +217,7 @@ impl Gateway {
             .map(|(l, m)| (l.http().map_or(Duration::ZERO, |h| h.tunnel_idle_timeout), Arc::clone(m)))
             .collect();
         let front = Arc::new(Front::new(routing, access_logs, tunnels));
-        let thread_accepted: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
+        let threads: Arc<Mutex<Vec<Arc<ThreadMetrics>>>> = Arc::default();
         let not_ready = Arc::new(AtomicBool::new(false));
         let admin_metrics: Arc<ListenerMetrics> = Arc::default();
         let view = keyroute_admin::ServerView {
@@ -231,7 +233,7 @@ impl Gateway {
                     limit: *limit,
                 })
                 .collect(),
-            threads: Arc::clone(&thread_accepted),
+            threads: Arc::clone(&threads),
             certificates: bound
                 .iter()
                 .zip(&certificates)
@@ -257,11 +259,12 @@ impl Gateway {
                 epoch,
                 listener_metrics,
                 admin_metrics,
-                thread_accepted,
+                threads,
                 certificates,
                 listeners: bound,
                 connection_limits,
                 connection_permits,
+                balance,
                 admin_listen,
                 not_ready,
                 shutdown,
@@ -608,7 +611,17 @@ async fn accept_loop(
         };
         (Listener::Http(Arc::new(probes)), Arc::new(Semaphore::new(ADMIN_PROBE_CONNECTIONS)))
     });
-    let thread_accepted = index.map(|_| shared.thread_accepted(thread));
+    let thread_metrics = index.map(|_| shared.thread_metrics(thread));
+    // The connections this thread serves on a client listener, and the sockets other threads
+    // hand it (`balance`); the admin listener is not balanced.
+    let balance = index.map(|i| &shared.balance[i]);
+    let (serving, mut inbox) = match balance {
+        Some(b) => {
+            let (open, inbox) = b.join(thread);
+            (Some(open), Some(inbox))
+        }
+        None => (None, None),
+    };
     let limit = index.map_or(ADMIN_CONNECTIONS, |i| shared.connection_limits[i]);
     let mut backoff = Backoff::default();
     let mut at_limit = false;
@@ -619,17 +632,43 @@ async fn accept_loop(
         // thread holds at most the one connection it accepted; the kernel's backlog holds the
         // rest.
         // `wait_for` sees a shutdown that happened before this loop subscribed.
-        let accepted = tokio::select! {
-            a = sock.accept() => a,
+        let handed_in = async {
+            match inbox.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let (accepted, handed) = tokio::select! {
+            a = sock.accept() => (a, false),
+            Some((std, remote)) = handed_in => match TcpStream::from_std(std) {
+                Ok(stream) => (Ok((stream, remote)), true),
+                Err(e) => {
+                    tracing::debug!(listener = %name, error = %e, "a connection handed over could not be registered");
+                    if let Some(s) = &serving {
+                        s.fetch_sub(1, Relaxed);
+                    }
+                    continue;
+                }
+            },
             _ = rx.wait_for(|stop| *stop) => return,
         };
         let (stream, remote) = match accepted {
-            Ok(x) => {
+            Ok((stream, remote)) if handed => (stream, remote),
+            Ok((stream, remote)) => {
                 backoff.reset();
-                if let Some(n) = &thread_accepted {
-                    n.fetch_add(1, Relaxed);
+                if let Some(t) = &thread_metrics {
+                    t.accepted.fetch_add(1, Relaxed);
                 }
-                x
+                // Served here, or by a thread that serves at least two fewer (`balance`).
+                match hand_over(balance, serving.as_ref(), thread, stream, remote) {
+                    Some(stream) => (stream, remote),
+                    None => {
+                        if let Some(t) = &thread_metrics {
+                            t.handed_over.fetch_add(1, Relaxed);
+                        }
+                        continue;
+                    }
+                }
             }
             Err(e) => {
                 metrics.accept_errors.fetch_add(1, Relaxed);
@@ -691,12 +730,48 @@ async fn accept_loop(
                 }
             }
         };
-        let held = (OpenConn::new(&metrics, &shared.closed), permit);
+        let held = (
+            OpenConn::new(&metrics, &shared.closed),
+            permit,
+            serving
+                .as_ref()
+                .zip(thread_metrics.as_ref())
+                .map(|(s, t)| if handed { Serving::adopt(s, t) } else { Serving::new(s, t) }),
+        );
         match served {
             Listener::Http(settings) => {
                 connection::spawn(stream, remote, Arc::clone(settings), held);
             }
             Listener::Cache(ctx, config) => keyroute_cacheproxy::spawn(stream, Arc::clone(ctx), config, held),
+        }
+    }
+}
+
+/// Hands a socket just accepted over to a less busy thread (see [`crate::balance`]): `None` when
+/// it went, else the socket back, to be served here.
+fn hand_over(
+    balance: Option<&Balance>,
+    serving: Option<&Arc<std::sync::atomic::AtomicUsize>>,
+    thread: usize,
+    stream: TcpStream,
+    remote: SocketAddr,
+) -> Option<TcpStream> {
+    let (Some(balance), Some(serving)) = (balance, serving) else { return Some(stream) };
+    let Some(to) = balance.elsewhere(thread, serving.load(Relaxed)) else { return Some(stream) };
+    let std = match stream.into_std() {
+        Ok(s) => s,
+        // Deregistered and not movable: it cannot be served anywhere.
+        Err(_) => {
+            to.unsent();
+            return None;
+        }
+    };
+    match to.inbox.send((std, remote)) {
+        Ok(()) => None,
+        // That thread has stopped accepting: served here after all.
+        Err(mpsc::error::SendError((std, _))) => {
+            to.unsent();
+            TcpStream::from_std(std).ok()
         }
     }
 }

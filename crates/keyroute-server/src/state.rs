@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::ListenerConfig;
-use keyroute_fleet::metrics::ListenerMetrics;
+use keyroute_fleet::metrics::{ListenerMetrics, ThreadMetrics};
 use keyroute_gateway::proxy::Front;
 
 /// State shared by every connection, the admin API and background tasks.
@@ -30,11 +30,14 @@ pub(crate) struct Shared {
     pub(crate) admin_metrics: Arc<ListenerMetrics>,
     /// Client connections accepted by each runtime thread (the index is the thread's), as
     /// Envoy counts per worker: shows how the kernel spreads connections over the threads.
-    pub(crate) thread_accepted: Arc<Mutex<Vec<Arc<AtomicU64>>>>,
+    pub(crate) threads: Arc<Mutex<Vec<Arc<ThreadMetrics>>>>,
     /// Each listener's connection limit in force.
     pub(crate) connection_limits: Vec<usize>,
     /// Each listener's connection permits: one semaphore shared by every thread accepting on it.
     pub(crate) connection_permits: Vec<Arc<tokio::sync::Semaphore>>,
+    /// Each listener's threads: the connections each serves, and where a busy one hands a new
+    /// connection over.
+    pub(crate) balance: Vec<crate::balance::Balance>,
     /// Each TLS listener's certificates, which a reload replaces.
     pub(crate) certificates: Vec<Option<Arc<keyroute_gateway::tls::Certificates>>>,
     pub(crate) admin_listen: SocketAddr,
@@ -56,9 +59,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Runtime thread `thread`'s accepted-connection counter (made on first use).
-    pub(crate) fn thread_accepted(&self, thread: usize) -> Arc<AtomicU64> {
-        let mut v = self.thread_accepted.lock();
+    /// Runtime thread `thread`'s connection counters (made on first use).
+    pub(crate) fn thread_metrics(&self, thread: usize) -> Arc<ThreadMetrics> {
+        let mut v = self.threads.lock();
         while v.len() <= thread {
             v.push(Arc::default());
         }
