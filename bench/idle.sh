@@ -6,6 +6,8 @@
 # keep-alive, `hash $arg_k consistent`) and keyroute serve --threads 1 (rendezvous on {query.k})
 # in front of them; each client sends one keep-alive `GET /?k=N`, reads the answer and stays
 # open. nginx's figure is its worker's resident memory (its master holds no connection).
+# TLS=1 (with PROTOCOL=http): the clients speak HTTPS (a self-signed P-256 certificate made with
+# openssl; TLS 1.3), to nginx `listen ... ssl` and to keyroute's [[listener.tls.certificate]].
 #
 # 4 servers, nutcracker and keyroute serve --threads 1 in front of them (as bench/memcache.sh sets
 # them up). For each proxy: its resident memory (VmRSS) with no client, then with CLIENTS client
@@ -30,6 +32,8 @@ BASE_PORT=${BASE_PORT:-24211}
 # How long the clients are idle before the proxy's memory is read: keyroute's threads give freed
 # pages back every 2 s (mimalloc purges pages freed more than 1 s before).
 SETTLE=${SETTLE:-5}
+TLS=${TLS:-0}
+[[ $TLS == 0 || $PROTOCOL == http ]] || { echo "TLS=1 needs PROTOCOL=http" >&2; exit 64; }
 [[ $PROTOCOL == memcached || $PROTOCOL == redis || $PROTOCOL == http ]] || { echo "PROTOCOL is memcached, redis or http" >&2; exit 64; }
 ulimit -n "$(ulimit -Hn)"
 
@@ -67,6 +71,12 @@ if [[ $PROTOCOL == http ]]; then
         printf '}\n'
     }
     for i in 0 1 2 3; do SERVERS+=("127.0.0.1:$((BASE_PORT + i))"); done
+    LISTEN_EXTRA=""
+    if [[ $TLS == 1 ]]; then
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=bench.test \
+            -addext subjectAltName=DNS:bench.test -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
+        LISTEN_EXTRA=" ssl"
+    fi
     for s in "${SERVERS[@]}"; do printf '    server { listen %s; location / { return 200 "ok\\n"; } }\n' "$s"; done |
         nginx_conf "$TMP/backends" >"$TMP/backends.conf"
     nginx -p "$TMP/backends" -c "$TMP/backends.conf" -g 'daemon off;' &
@@ -74,7 +84,9 @@ if [[ $PROTOCOL == http ]]; then
     {
         printf '    upstream backends {\n        hash $arg_k consistent;\n        keepalive 64;\n'
         for s in "${SERVERS[@]}"; do printf '        server %s;\n' "$s"; done
-        printf '    }\n    server {\n        listen 127.0.0.1:%s;\n        location / {\n' "$NUT_PORT"
+        printf '    }\n    server {\n        listen 127.0.0.1:%s%s;\n' "$NUT_PORT" "$LISTEN_EXTRA"
+        [[ $TLS == 1 ]] && printf '        ssl_certificate %s;\n        ssl_certificate_key %s;\n' "$TMP/cert.pem" "$TMP/key.pem"
+        printf '        location / {\n'
         printf '            proxy_pass http://backends;\n            proxy_http_version 1.1;\n            proxy_set_header Connection "";\n'
         printf '        }\n    }\n'
     } | nginx_conf "$TMP/nginx" >"$TMP/nginx.conf"
@@ -82,7 +94,9 @@ if [[ $PROTOCOL == http ]]; then
     NGINX_MASTER=$!
     PIDS+=("$NGINX_MASTER")
     {
-        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nheader_timeout_ms = 3600000\n\n' $((BASE_PORT + 13)) "$KR_PORT"
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nheader_timeout_ms = 3600000\n' $((BASE_PORT + 13)) "$KR_PORT"
+        [[ $TLS == 1 ]] && printf '[[listener.tls.certificate]]\ncert = "%s"\nkey = "%s"\n' "$TMP/cert.pem" "$TMP/key.pem"
+        printf '\n'
         printf '[[pool]]\nname = "bench"\nstrategy = "rendezvous"\nkey = "{query.k}"\n'
         for s in "${SERVERS[@]}"; do printf '[[pool.worker]]\nname = "%s"\naddress = "%s"\n' "$s" "$s"; done
     } >"$TMP/keyroute.toml"
@@ -136,7 +150,7 @@ server_conns() {
 
 echo "# memory per idle client connection ($PROTOCOL)"
 echo
-echo "- command: \`CLIENTS=$CLIENTS PROTOCOL=$PROTOCOL bench/idle.sh\`; 4 servers, each proxy with --threads 1 / one process"
+echo "- command: \`CLIENTS=$CLIENTS PROTOCOL=$PROTOCOL TLS=$TLS bench/idle.sh\`; 4 servers, each proxy with --threads 1 / one process"
 echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); keyroute $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (+ uncommitted changes)')"
 echo
 echo "| proxy | RSS before (KiB) | RSS with $CLIENTS idle clients (KiB) | per client (bytes) | server-side connections |"
@@ -146,12 +160,17 @@ for target in $PEER keyroute; do
     [[ $target == keyroute ]] && port=$KR_PORT pid=$KR_PID
     before=$(rss_kib "$pid")
     conns_before=$(server_conns)
-    python3 - "$port" "$CLIENTS" "$PROTOCOL" "$TMP/$target.ready" <<'PY' &
-import socket, sys, time, os
-port, n, proto, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    python3 - "$port" "$CLIENTS" "$PROTOCOL" "$TMP/$target.ready" "$TLS" <<'PY' &
+import socket, ssl, sys, time, os
+port, n, proto, ready, tls = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
 socks = []
 for i in range(n):
     s = socket.create_connection(("127.0.0.1", port))
+    if tls:
+        s = ctx.wrap_socket(s, server_hostname="bench.test")
     key = b"idle:%d" % i
     if proto == "memcached":
         s.sendall(b"get " + key + b"\r\n")
