@@ -625,8 +625,8 @@ where
     let conn = ServerConn::new(io);
     let limits = Limits { max_head_bytes: settings.max_buf.max(8192), max_headers: settings.max_headers };
     // The head timer and the stop, held by the thread for all its connections
-    // ([`keyroute_fleet::idle`]): one
-    // timer for the connection's life, moved on after each response.
+    // ([`keyroute_fleet::idle`]): one timer for the connection's life, moved on after each
+    // response.
     let mut timer = IdleTimer::new(Some(first), &settings.stop);
     let mut first_request = true;
     // What the wait for a head brought, as the next step; `read` is moved in whole, so that a
