@@ -441,6 +441,46 @@ fn check_target(method: &[u8], target: &[u8]) -> Result<(), HeadError> {
     if scheme_ok && target[colon..].starts_with(b"://") { Ok(()) } else { Err(HeadError::Syntax) }
 }
 
+/// The most field indexes a thread keeps for the next heads, and the largest it keeps.
+const SPARE_INDEXES: usize = 64;
+const SPARE_FIELDS: usize = 128;
+
+thread_local! {
+    /// Field indexes of heads that were dropped on this thread, for the next heads parsed here:
+    /// a proxy parses a request and a response head a request, and each would allocate one.
+    static SPARE: std::cell::RefCell<Vec<Vec<Field>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty index with room for `n` fields: a spare one of this thread's if it has one.
+fn spare_index(n: usize) -> Vec<Field> {
+    let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
+    match spare {
+        Some(mut v) => {
+            v.reserve(n);
+            v
+        }
+        None => Vec::with_capacity(n.max(16)),
+    }
+}
+
+impl Drop for Fields {
+    /// The index goes back to this thread's spares (not one larger than [`SPARE_FIELDS`]).
+    fn drop(&mut self) {
+        if self.fields.capacity() == 0 || self.fields.capacity() > SPARE_FIELDS {
+            return;
+        }
+        let mut index = std::mem::take(&mut self.fields);
+        index.clear();
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < SPARE_INDEXES
+            {
+                s.push(index);
+            }
+        });
+    }
+}
+
 /// The spans of every field (name, value, whole line) and of the first line.
 fn index(
     base: &[u8],
@@ -448,7 +488,7 @@ fn index(
     headers: &[httparse::Header<'_>],
     len: usize,
 ) -> Result<(Vec<Field>, Span), HeadError> {
-    let mut fields = Vec::with_capacity(headers.len());
+    let mut fields = spare_index(headers.len());
     for h in headers {
         let name = Span::of(base, h.name.as_bytes());
         // The line runs from the name to its LF (OWS after the value and the CR included); a
@@ -724,6 +764,27 @@ mod tests {
             Parsed::Complete(h, _) => Ok(h),
             Parsed::Partial => panic!("partial: {text:?}"),
         }
+    }
+
+    #[test]
+    fn a_dropped_heads_index_serves_the_next_head() {
+        let first = req("GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\n\r\n").expect("parsed");
+        let at = first.fields().fields.as_ptr();
+        drop(first);
+        let next = req("GET /b HTTP/1.1\r\nHost: b\r\n\r\n").expect("parsed");
+        assert_eq!(next.fields().fields.as_ptr(), at, "the index was reused, not allocated again");
+        assert_eq!(next.fields().iter().collect::<Vec<_>>(), vec![("Host", &b"b"[..])], "and holds only its own");
+        drop(next);
+        // An index larger than a thread keeps is freed.
+        let many: String = (0..SPARE_FIELDS + 1).map(|i| format!("X-{i}: v\r\n")).collect();
+        let limits = Limits { max_headers: SPARE_FIELDS + 10, ..Limits::default() };
+        let text = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        let spares = SPARE.with(|s| s.borrow().len());
+        match parse_request(&Bytes::from(text), &limits) {
+            Ok(Parsed::Complete(h, _)) => drop(h),
+            other => panic!("{other:?}"),
+        }
+        assert!(SPARE.with(|s| s.borrow().len()) < spares, "took a spare and kept none back");
     }
 
     #[test]
