@@ -4,13 +4,14 @@
 //! An idle connection should cost its socket and its registration and little else (issue 33). A
 //! tokio `Sleep` is 112 bytes inside each connection's task and a wait on a `watch` channel 160
 //! more; here a connection holds an [`IdleTimer`] (a registry handle and a slot number, 16 bytes)
-//! and its thread's registry holds one slot per connection: a deadline and a waker, 32 bytes. One driver task per registry sleeps until the earliest deadline (no sooner
-//! than [`GRAIN`] after its last pass, so that connections whose deadlines are spread out cost
-//! one pass per grain, not one wake-up each), wakes the connections whose deadline has passed,
-//! and wakes every connection when the gateway stops.
+//! and its thread's registry holds one slot per connection: a deadline, a waker and whether the
+//! deadline has passed. One driver task per registry sleeps until the earliest deadline (no
+//! sooner than [`GRAIN`] after its last pass, so that connections whose deadlines are spread out
+//! cost one pass per grain, not one wake-up each), marks and wakes the connections whose
+//! deadline has passed, and wakes every connection when the gateway stops.
 //!
 //! So a head timeout fires up to [`GRAIN`] late, and resetting a timer (after each response) is
-//! a store, not a reinsertion in a timer wheel. A pass looks at every slot: about a nanosecond a
+//! a store, not a reinsertion in a timer wheel; a wait reads no clock. A pass looks at every slot: about a nanosecond a
 //! connection, at most one pass a grain, and none while no connection waits.
 //!
 //! A registry serves one stop channel (one gateway); a thread running several gateways (tests)
@@ -43,6 +44,8 @@ struct Slot {
     deadline: Option<Instant>,
     /// Set while the connection waits.
     waker: Option<Waker>,
+    /// The driver found the deadline passed (cleared when it is moved).
+    fired: bool,
 }
 
 #[derive(Default)]
@@ -117,7 +120,8 @@ impl IdleTimer {
         let slot = {
             let mut s = registry.lock();
             s.used += 1;
-            let entry = Some(Slot { deadline, waker: None });
+            wake_driver_before(&mut s, deadline);
+            let entry = Some(Slot { deadline, waker: None, fired: false });
             match s.free.pop() {
                 Some(i) => {
                     s.slots[i as usize] = entry;
@@ -131,7 +135,6 @@ impl IdleTimer {
         };
         let timer = IdleTimer { registry, slot };
         timer.start_driver();
-        wake_driver_before(&mut timer.registry.lock(), deadline);
         timer
     }
 
@@ -140,6 +143,7 @@ impl IdleTimer {
         let mut s = self.registry.lock();
         if let Some(Some(slot)) = s.slots.get_mut(self.slot as usize) {
             slot.deadline = deadline;
+            slot.fired = false;
         }
         wake_driver_before(&mut s, deadline);
     }
@@ -162,7 +166,7 @@ impl IdleTimer {
             return Poll::Ready(Woke::Stop);
         }
         let Some(Some(slot)) = s.slots.get_mut(self.slot as usize) else { return Poll::Ready(Woke::Deadline) };
-        if slot.deadline.is_some_and(|d| d <= Instant::now()) {
+        if slot.fired {
             slot.waker = None;
             return Poll::Ready(Woke::Deadline);
         }
@@ -223,17 +227,27 @@ fn poke(s: &mut Slots) {
     }
 }
 
-/// Marks the registry's driver stopped when its task ends, even when the runtime drops it: a
-/// later connection on this thread then starts another.
-struct Running(Arc<Registry>);
+/// Marks the registry's driver stopped when the runtime drops its task (a later connection on
+/// this thread then starts another). A driver that ends by itself says so under the lock it
+/// found no connection under, so that a connection registered right after starts a new one.
+struct Running {
+    registry: Arc<Registry>,
+    ended: bool,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let mut s = self.0.lock();
-        s.running = false;
-        s.planned = None;
-        s.driver = None;
+        if !self.ended {
+            end(&mut self.registry.lock());
+        }
     }
+}
+
+/// The registry has no driver now.
+fn end(s: &mut Slots) {
+    s.running = false;
+    s.planned = None;
+    s.driver = None;
 }
 
 /// A registry's driver: a pass (waking the connections whose deadline passed, and all of them
@@ -241,7 +255,7 @@ impl Drop for Running {
 /// the stop, or a poke (a shorter deadline, the last connection gone); until no connection is
 /// left.
 async fn drive(registry: Arc<Registry>) {
-    let _running = Running(Arc::clone(&registry));
+    let mut running = Running { registry: Arc::clone(&registry), ended: false };
     let mut stop = registry.stop.clone();
     let mut stop_open = true;
     loop {
@@ -251,6 +265,8 @@ async fn drive(registry: Arc<Registry>) {
         let next = {
             let mut s = registry.lock();
             if s.used == 0 {
+                end(&mut s);
+                running.ended = true;
                 break;
             }
             let newly = stopping && !s.stopped;
@@ -259,6 +275,7 @@ async fn drive(registry: Arc<Registry>) {
             let mut next: Option<Instant> = None;
             for slot in s.slots.iter_mut().flatten() {
                 let due = slot.deadline.is_some_and(|d| d <= now);
+                slot.fired |= due;
                 if (due || newly)
                     && let Some(w) = slot.waker.take()
                 {

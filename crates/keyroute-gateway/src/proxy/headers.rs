@@ -491,11 +491,11 @@ pub(crate) fn request_id(headers: &HeaderMap, next: impl FnOnce() -> u64) -> Hea
         return v.clone();
     }
     let mut hex = [0u8; 16];
-    let n = keyroute::hash::mix64(next());
-    for (i, d) in hex.iter_mut().enumerate() {
-        *d = b"0123456789abcdef"[(n >> (60 - 4 * i)) as usize & 0xf];
-    }
-    HeaderValue::from_bytes(&hex).unwrap_or_else(|_| HeaderValue::from_static("0000000000000000"))
+    let _ = std::io::Write::write_fmt(&mut &mut hex[..], format_args!("{:016x}", keyroute::hash::mix64(next())));
+    // Owned by a shared buffer: the request path clones the value into the upstream head, and a
+    // buffer made from a slice would be copied again on its first clone.
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(hex))
+        .unwrap_or_else(|_| HeaderValue::from_static("0000000000000000"))
 }
 
 /// A worker's response head as the client gets it: no hop-by-hop headers, and the pool's worker
