@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use crate::body::{BoxError, ProxyBody};
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::head::Answer;
 use keyroute_fleet::metrics::ListenerMetrics;
 
 /// What the request path learnt about a request: put in the response's extensions by the proxy,
@@ -390,27 +391,17 @@ pub(crate) struct Pending {
 
 impl Pending {
     /// Notes a request as it arrives.
-    pub(crate) fn new<B>(req: &http::Request<B>, conn: Conn) -> Pending {
-        Pending {
-            time: SystemTime::now(),
-            started: Instant::now(),
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            conn,
-        }
+    pub(crate) fn new(method: &http::Method, uri: &http::Uri, conn: Conn) -> Pending {
+        Pending { time: SystemTime::now(), started: Instant::now(), method: method.clone(), uri: uri.clone(), conn }
     }
 }
 
 /// Wraps a response so that its line is offered to `log` when its body ends or is dropped; a
 /// tunnel's line (a 101 with a [`TunnelLine`]) when the tunnel closes, with its bytes each way.
-pub(crate) fn logged(
-    log: &Arc<AccessLog>,
-    pending: Pending,
-    mut resp: http::Response<ProxyBody>,
-) -> http::Response<ProxyBody> {
-    let placed = resp.extensions_mut().remove::<Placed>().unwrap_or_default();
-    let status = resp.status().as_u16();
-    if let Some(end) = resp.extensions_mut().remove::<TunnelLine>().and_then(|t| t.take()) {
+pub(crate) fn logged(log: &Arc<AccessLog>, pending: Pending, mut resp: Answer) -> Answer {
+    let placed = resp.head.extensions.remove::<Placed>().unwrap_or_default();
+    let status = resp.head.status.as_u16();
+    if let Some(end) = resp.head.extensions.remove::<TunnelLine>().and_then(|t| t.take()) {
         let log = Arc::clone(log);
         tokio::spawn(async move {
             let tunnel = end.await.unwrap_or_default();

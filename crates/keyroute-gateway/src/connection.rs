@@ -22,22 +22,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use keyroute_http1::{
-    HeadError, Limits, ReadError, RequestHead, Respond, RespondError, ServerConn, Transport, Version,
-};
+use keyroute_http1::{HeadError, Limits, ReadError, RequestHead, Respond, RespondError, ServerConn, Transport};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::access::{self, Pending};
 use crate::body::ProxyBody;
+use crate::head::{Answer, ReqHead};
 use crate::proxy::{self, Front, Peer, tunnel};
 use keyroute_fleet::idle::{IdleTimer, Woke};
 use keyroute_fleet::metrics::ListenerMetrics;
@@ -524,34 +522,6 @@ fn refusal(e: HeadError) -> Vec<u8> {
     .into_bytes()
 }
 
-/// The most fields the request path adds to a request's head on its way to the worker.
-const ADDED_FIELDS: usize = 8;
-
-/// A parsed head as an `http` request whose body reads from the connection; `None` for a head
-/// `http` cannot represent (answered 400).
-fn to_request<B>(head: &RequestHead, body: B) -> Option<Request<B>> {
-    let method = Method::from_bytes(head.method().as_bytes()).ok()?;
-    let uri = head.uri().clone();
-    let mut req = Request::new(body);
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.version_mut() = match head.version() {
-        Version::Http10 => http::Version::HTTP_10,
-        Version::Http11 => http::Version::HTTP_11,
-    };
-    let fields = head.fields();
-    let headers = req.headers_mut();
-    // Room for what the request path adds (`X-Forwarded-*`, `Forwarded`, `Via`, the request
-    // id, framing), so that the map is not grown again on the way to the worker.
-    headers.reserve(fields.len() + ADDED_FIELDS);
-    for (i, (name, _)) in fields.iter().enumerate() {
-        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
-        let value = HeaderValue::from_maybe_shared(fields.value_bytes(i)?).ok()?;
-        headers.append(name, value);
-    }
-    Some(req)
-}
-
 /// What an HTTP/1.1 connection does after a request.
 enum Next {
     /// Another request may come.
@@ -568,31 +538,32 @@ enum Next {
 async fn exchange<S: Transport>(conn: &ServerConn<S>, head: RequestHead, peer: &Peer, settings: &Settings) -> Next {
     let respond =
         Respond { head_request: head.method() == "HEAD", version: head.version(), keep_alive: head.keep_alive() };
-    let Some(req) = to_request(&head, conn.body(&head)) else {
+    let body = conn.body(&head);
+    // The head stays as received: the request path reads it and keeps its edits beside it.
+    let Some(head) = ReqHead::from_http1(head) else {
         let _ = conn.write_raw(&refusal(HeadError::Syntax), LAST_WORDS).await;
         return Next::Drop;
     };
-    drop(head);
-    let req = req.map(|b| b.map_err(crate::body::BoxError::from).boxed_unsync());
-    let resp: Response<ProxyBody> = match &settings.app {
+    let body = body.map_err(crate::body::BoxError::from).boxed_unsync();
+    let resp: Answer = match &settings.app {
         App::Proxy { front, listener } => {
             let log = front.access_logs.get(*listener).and_then(Option::as_ref);
-            let pending = log.map(|_| Pending::new(&req, access_conn(peer)));
-            let fut: std::pin::Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> =
-                Box::pin(proxy::handle(front, *listener, req, peer));
+            let pending = log.map(|_| Pending::new(&head.method, &head.uri, access_conn(peer)));
+            let fut: std::pin::Pin<Box<dyn Future<Output = Answer> + Send + '_>> =
+                Box::pin(proxy::handle_head(front, *listener, head, body, peer));
             let resp = fut.await;
             match (log, pending) {
                 (Some(log), Some(p)) => access::logged(log, p, resp),
                 _ => resp,
             }
         }
-        App::Service(service) => service.call(req, peer.addr).await,
+        App::Service(service) => service.call(Request::from_parts(head.to_parts(), body), peer.addr).await.into(),
     };
-    let (mut parts, body) = resp.into_parts();
-    let tunnel = (parts.status == StatusCode::SWITCHING_PROTOCOLS)
-        .then(|| parts.extensions.remove::<tunnel::Pending>())
-        .flatten();
-    match conn.respond(&parts, body, respond, settings.send_timeout).await {
+    // A worker's head goes back as it came, with the request path's edits (`crate::head`).
+    let Answer { mut head, body } = resp;
+    let tunnel =
+        (head.status == StatusCode::SWITCHING_PROTOCOLS).then(|| head.extensions.remove::<tunnel::Pending>()).flatten();
+    match conn.respond(&head, body, respond, settings.send_timeout).await {
         Ok(_) if tunnel.is_some() => {
             settings.metrics.upgrades.fetch_add(1, Relaxed);
             tunnel.map_or(Next::Drop, Next::Upgrade)
@@ -734,12 +705,14 @@ where
         let open = Streams::open(&streams);
         async move {
             let log = front.access_logs.get(index).and_then(Option::as_ref);
-            let pending = log.map(|_| Pending::new(&req, access_conn(&peer)));
-            let resp = proxy::handle(&front, index, req, &peer).await;
+            let pending = log.map(|_| Pending::new(req.method(), req.uri(), access_conn(&peer)));
+            let (parts, body) = req.into_parts();
+            let resp = proxy::handle_head(&front, index, ReqHead::from_parts(parts), body, &peer).await;
             let resp = match (log, pending) {
                 (Some(log), Some(p)) => access::logged(log, p, resp),
                 _ => resp,
-            };
+            }
+            .into_response();
             // The stream counts as open until its response body ends.
             Ok::<_, std::convert::Infallible>(resp.map(|b| http_body_util::BodyExt::boxed_unsync(OnEnd::new(b, open))))
         }

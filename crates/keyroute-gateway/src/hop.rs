@@ -3,8 +3,9 @@
 
 use http::{HeaderName, header};
 
-/// The hop-by-hop headers, besides those a `Connection` header names.
-pub(crate) const HOP_BY_HOP: [HeaderName; 8] = [
+/// The hop-by-hop headers, besides those a `Connection` header names (a `static`: a `const`
+/// array would be a new temporary at each use).
+pub(crate) static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),

@@ -7,48 +7,77 @@
 
 use std::net::IpAddr;
 
+use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;
+use http::{Method, Uri};
 pub use keyroute::key::{KeyTemplate, MissingPart, Request, TemplateError, percent_decode, query_value};
+
+use crate::head::{Fields, ReqHead};
 
 /// A request head and its client, as a key template reads them.
 #[derive(Clone, Copy, Debug)]
 pub struct HttpRequest<'a> {
-    parts: &'a Parts,
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: Headers<'a>,
     client: IpAddr,
+}
+
+/// A head's fields, in either form.
+#[derive(Clone, Copy, Debug)]
+enum Headers<'a> {
+    Map(&'a HeaderMap),
+    Fields(&'a Fields),
+}
+
+impl<'a> Headers<'a> {
+    fn get_all(self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let (map, fields) = match self {
+            Headers::Map(m) => (Some(m.get_all(name).iter().map(http::HeaderValue::as_bytes)), None),
+            Headers::Fields(f) => (None, Some(f.get_all(name))),
+        };
+        map.into_iter().flatten().chain(fields.into_iter().flatten())
+    }
 }
 
 impl<'a> HttpRequest<'a> {
     /// The view of `parts` from `client`.
     pub fn new(parts: &'a Parts, client: IpAddr) -> Self {
-        HttpRequest { parts, client }
+        HttpRequest { method: &parts.method, uri: &parts.uri, headers: Headers::Map(&parts.headers), client }
+    }
+
+    /// The view of a head on the request path from `client`.
+    pub(crate) fn of(head: &'a ReqHead, client: IpAddr) -> Self {
+        HttpRequest { method: &head.method, uri: &head.uri, headers: Headers::Fields(&head.fields), client }
     }
 }
 
 impl Request for HttpRequest<'_> {
     fn method(&self) -> &str {
-        self.parts.method.as_str()
+        self.method.as_str()
     }
     fn path(&self) -> &str {
-        self.parts.uri.path()
+        self.uri.path()
     }
     fn query(&self) -> &str {
-        self.parts.uri.query().unwrap_or("")
+        self.uri.query().unwrap_or("")
     }
     fn path_and_query(&self) -> &str {
-        self.parts.uri.path_and_query().map_or("/", |p| p.as_str())
+        self.uri.path_and_query().map_or("/", |p| p.as_str())
     }
     fn host(&self) -> Option<&str> {
-        self.parts.uri.host().or_else(|| self.parts.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()))
+        self.uri.host().or_else(|| self.headers.get_all(&header::HOST).next().and_then(|h| std::str::from_utf8(h).ok()))
     }
     fn header(&self, name: &str) -> Option<&[u8]> {
-        self.parts.headers.get(name).map(http::HeaderValue::as_bytes)
+        match self.headers {
+            Headers::Map(m) => m.get(name).map(http::HeaderValue::as_bytes),
+            Headers::Fields(f) => f.get_named(name),
+        }
     }
     fn cookie(&self, name: &str) -> Option<&str> {
-        self.parts
-            .headers
-            .get_all(http::header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
+        self.headers
+            .get_all(&header::COOKIE)
+            .filter_map(|v| std::str::from_utf8(v).ok())
             .find_map(|line| keyroute::key::cookie_in(line, name))
     }
     fn client_ip(&self) -> Option<IpAddr> {

@@ -46,10 +46,12 @@
 #![deny(missing_docs)]
 
 pub mod access;
+mod arena;
 pub mod body;
 pub mod cache;
 pub mod config;
 pub mod connection;
+mod head;
 mod hop;
 pub mod key;
 pub mod probe;

@@ -33,9 +33,12 @@ impl Check for HttpCheck {
             req.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
             let (parts, body) = req.into_parts();
             // The prober bounds the whole check, the connect included.
-            let Ok(resp) = upstream.send(&parts, body, false, Duration::MAX).await else { return false };
-            let ok = resp.status().is_success();
-            resp.into_body().collect().await.is_ok() && ok
+            let Ok(resp) = upstream.send(&crate::head::ReqHead::from_parts(parts), body, false, Duration::MAX).await
+            else {
+                return false;
+            };
+            let ok = resp.head.status.is_success();
+            resp.body.collect().await.is_ok() && ok
         })
     }
 }

@@ -16,15 +16,16 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode};
+use http::Method;
 use http_body::Body as _;
-use keyroute_http1::{ClientConn, ExchangeError, Limits, Outgoing, ResponseHead};
+use keyroute_http1::buf::Spare;
+use keyroute_http1::{ClientConn, ExchangeError, Limits, Outgoing};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::ProxyBody;
+use crate::head::{Answer, ReqHead};
 
 /// A worker's response body: it owns its connection until it ends (see
 /// [`keyroute_http1::ResponseBody::take_reusable`]).
@@ -196,16 +197,16 @@ impl Upstream {
     /// gateway itself is out of descriptors or memory, [`SendError::Request`] otherwise.
     pub(crate) async fn send(
         &self,
-        parts: &http::request::Parts,
+        req: &ReqHead,
         mut body: ProxyBody,
         reuse: bool,
         connect_timeout: Duration,
-    ) -> Result<Response<UpstreamBody>, SendError> {
-        let (head, outgoing) = request_head(parts, &body, self.addr);
-        let head_request = parts.method == Method::HEAD;
+    ) -> Result<Answer<UpstreamBody>, SendError> {
+        let (head, outgoing) = request_head(req, &body, self.addr);
+        let head_request = req.method == Method::HEAD;
         while reuse && let Some(conn) = self.take_idle() {
             match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
-                Ok(r) => return Ok(response(&r.head, r.body)),
+                Ok(r) => return Ok(Answer::from_worker(r.head, r.body)),
                 // Not sent: the pooled connection had closed. Try the next one.
                 Err(keyroute_http1::SendError::NotSent(_, back)) => body = back,
                 Err(keyroute_http1::SendError::Failed(error)) => {
@@ -215,7 +216,7 @@ impl Upstream {
         }
         let conn = self.connect(connect_timeout).await?;
         match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
-            Ok(r) => Ok(response(&r.head, r.body)),
+            Ok(r) => Ok(Answer::from_worker(r.head, r.body)),
             Err(keyroute_http1::SendError::NotSent(e, _)) => {
                 Err(SendError::Request { error: ExchangeError::Io(e), reused: false })
             }
@@ -240,34 +241,31 @@ fn says_empty_length(method: &Method) -> bool {
 
 /// The HTTP/1.1 head of an upstream request, and how its body goes: chunked when the head says
 /// so, else its `Content-Length`, else none. A request without Host (HTTP/1.0) gets the worker's
-/// address.
-fn request_head(parts: &http::request::Parts, body: &ProxyBody, addr: SocketAddr) -> (Vec<u8>, Outgoing) {
-    let mut out = Vec::with_capacity(512);
-    out.extend_from_slice(parts.method.as_str().as_bytes());
+/// address. The fields go as the request path left them ([`crate::head::Fields::write`]: as received, with its
+/// edits, or from a map).
+fn request_head(req: &ReqHead, body: &ProxyBody, addr: SocketAddr) -> (Spare<Vec<u8>>, Outgoing) {
+    let fields = &req.fields;
+    let mut out = keyroute_http1::buf::head_buffer();
+    out.extend_from_slice(req.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(parts.uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+    out.extend_from_slice(req.uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    fields.write(&mut out);
     let mut outgoing = None;
-    for (name, value) in &parts.headers {
-        if name == http::header::TRANSFER_ENCODING {
-            outgoing = Some(Outgoing::Chunked);
-        } else if name == http::header::CONTENT_LENGTH && outgoing.is_none() {
-            let n = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
-            outgoing = Some(if n == 0 { Outgoing::Empty } else { Outgoing::Length(n) });
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+    if fields.contains(&http::header::TRANSFER_ENCODING) {
+        outgoing = Some(Outgoing::Chunked);
+    } else if let Some(v) = fields.get(&http::header::CONTENT_LENGTH) {
+        let n = std::str::from_utf8(v).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+        outgoing = Some(if n == 0 { Outgoing::Empty } else { Outgoing::Length(n) });
     }
-    if !parts.headers.contains_key(http::header::HOST) {
+    if !fields.contains(&http::header::HOST) {
         use std::io::Write as _;
-        let _ = write!(out, "host: {addr}\r\n");
+        let _ = write!(*out, "host: {addr}\r\n");
     }
     let outgoing = match outgoing {
         Some(o) => o,
         None if body.is_end_stream() => {
-            if says_empty_length(&parts.method) {
+            if says_empty_length(&req.method) {
                 out.extend_from_slice(b"content-length: 0\r\n");
             }
             Outgoing::Empty
@@ -279,34 +277,6 @@ fn request_head(parts: &http::request::Parts, body: &ProxyBody, addr: SocketAddr
     };
     out.extend_from_slice(b"\r\n");
     (out, outgoing)
-}
-
-/// A worker's response head as an `http` response (its fields' values are slices of the head
-/// as read: nothing copied), with its body.
-fn response(head: &ResponseHead, body: UpstreamBody) -> Response<UpstreamBody> {
-    let mut resp = Response::new(body);
-    *resp.status_mut() = StatusCode::from_u16(head.status()).unwrap_or(StatusCode::BAD_GATEWAY);
-    *resp.version_mut() = match head.version() {
-        keyroute_http1::Version::Http10 => http::Version::HTTP_10,
-        keyroute_http1::Version::Http11 => http::Version::HTTP_11,
-    };
-    let headers = resp.headers_mut();
-    let fields = head.fields();
-    headers.reserve(fields.len());
-    for (i, (name, _)) in fields.iter().enumerate() {
-        let (Ok(name), Some(value)) = (HeaderName::from_bytes(name.as_bytes()), fields.value_bytes(i)) else {
-            continue;
-        };
-        // A repeated `Content-Length` (the engine checked the values agree) goes on once, as one
-        // framing: two fields are a smuggling pair to the next reader.
-        if name == http::header::CONTENT_LENGTH && headers.contains_key(http::header::CONTENT_LENGTH) {
-            continue;
-        }
-        if let Ok(value) = HeaderValue::from_maybe_shared(value) {
-            headers.append(name, value);
-        }
-    }
-    resp
 }
 
 /// The bytes of an upgraded connection: the socket, and what the worker sent past its 101.

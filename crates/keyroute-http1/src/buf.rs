@@ -137,3 +137,153 @@ pub async fn write_all(io: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// A value a runtime thread keeps between uses (a head's write buffer, a list, a string): taken
+/// from the thread's spares ([`Spare::take`]) and given back, emptied, when dropped, so that
+/// in steady state the request path allocates none. A pool keeps at most `kept` spares, none with
+/// room for more than `max_room` items (a value grown by an unusual request is freed).
+pub struct Pool<T: 'static> {
+    spares: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    kept: usize,
+    max_room: usize,
+}
+
+impl<T> Pool<T> {
+    /// A pool over a thread-local list of spares.
+    pub const fn new(spares: &'static std::thread::LocalKey<RefCell<Vec<T>>>, kept: usize, max_room: usize) -> Self {
+        Pool { spares, kept, max_room }
+    }
+}
+
+impl<T> std::fmt::Debug for Pool<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("kept", &self.kept).field("max_room", &self.max_room).finish()
+    }
+}
+
+/// What a pooled value must say: how much room it has, and how to empty it for its next use.
+pub trait Reuse: Default {
+    /// Its room (capacity), in items.
+    fn room(&self) -> usize;
+    /// Empties it, keeping its room.
+    fn empty(&mut self);
+}
+
+impl<T> Reuse for Vec<T> {
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+    fn empty(&mut self) {
+        self.clear();
+    }
+}
+
+impl Reuse for String {
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+    fn empty(&mut self) {
+        self.clear();
+    }
+}
+
+/// A value from a [`Pool`], given back to the dropping thread's spares.
+pub struct Spare<T: Reuse + 'static> {
+    value: T,
+    pool: &'static Pool<T>,
+}
+
+impl<T: Reuse> Spare<T> {
+    /// A spare of the thread's, or a new value made by `new`.
+    pub fn take(pool: &'static Pool<T>, new: impl FnOnce() -> T) -> Self {
+        let kept = pool.spares.try_with(|s| s.try_borrow_mut().ok()?.pop()).ok().flatten();
+        Spare { value: kept.unwrap_or_else(new), pool }
+    }
+
+    /// An empty value that takes a spare only when first written to ([`Spare::get_mut`]).
+    pub fn later(pool: &'static Pool<T>) -> Self {
+        Spare { value: T::default(), pool }
+    }
+
+    /// The value, taking a spare for it first if it has no room yet.
+    pub fn get_mut(&mut self) -> &mut T {
+        if self.value.room() == 0
+            && let Some(kept) = self.pool.spares.try_with(|s| s.try_borrow_mut().ok()?.pop()).ok().flatten()
+        {
+            self.value = kept;
+        }
+        &mut self.value
+    }
+}
+
+impl<T: Reuse + std::fmt::Debug> std::fmt::Debug for Spare<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+impl<T: Reuse> std::ops::Deref for Spare<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T: Reuse> std::ops::DerefMut for Spare<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.value
+    }
+}
+
+impl<T: Reuse> Drop for Spare<T> {
+    fn drop(&mut self) {
+        let mut v = std::mem::take(&mut self.value);
+        if v.room() == 0 || v.room() > self.pool.max_room {
+            return;
+        }
+        v.empty();
+        // A thread being torn down keeps nothing.
+        let _ = self.pool.spares.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < self.pool.kept
+            {
+                s.push(v);
+            }
+        });
+    }
+}
+
+thread_local! {
+    static HEAD_SPARES: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Heads' write buffers: a head is written out at once and its buffer given back (64 kept per
+/// thread, none over 16 KiB).
+pub static HEADS: Pool<Vec<u8>> = Pool::new(&HEAD_SPARES, 64, 16 * 1024);
+
+/// A head's write buffer from [`HEADS`].
+pub fn head_buffer() -> Spare<Vec<u8>> {
+    Spare::take(&HEADS, || Vec::with_capacity(512))
+}
+
+#[cfg(test)]
+mod spare_tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_buffer_serves_the_next_head_and_a_grown_one_is_freed() {
+        let mut a = head_buffer();
+        a.extend_from_slice(b"HTTP/1.1 200 OK\r\n\r\n");
+        let (ptr, cap) = (a.as_ptr(), a.capacity());
+        drop(a);
+        let b = head_buffer();
+        assert!(b.is_empty(), "given back empty");
+        assert_eq!((b.as_ptr(), b.capacity()), (ptr, cap), "the same buffer");
+        drop(b);
+        let mut big = head_buffer();
+        big.reserve(64 * 1024);
+        let big_ptr = big.as_ptr();
+        drop(big);
+        assert_ne!(head_buffer().as_ptr(), big_ptr, "a buffer past the limit is not kept");
+    }
+}

@@ -203,6 +203,11 @@ impl Fields {
         self.fields.iter().map(|f| (name_str(&self.bytes[f.name.range()]), &self.bytes[f.value.range()]))
     }
 
+    /// Field `i`: its name as sent (a token: ASCII), its value without surrounding whitespace.
+    pub fn field(&self, i: usize) -> Option<(&[u8], &[u8])> {
+        self.fields.get(i).map(|f| (&self.bytes[f.name.range()], &self.bytes[f.value.range()]))
+    }
+
     /// The first field of that name (ASCII case-insensitive).
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.fields
@@ -229,6 +234,12 @@ impl Fields {
     /// The whole line of field `i`, name to line end, as received (to write it on unchanged).
     pub fn line_bytes(&self, i: usize) -> Option<Bytes> {
         self.fields.get(i).map(|f| self.bytes.slice(f.line.range()))
+    }
+
+    /// Where the whole line of field `i` is in [`Fields::as_bytes`] (name to line end, as
+    /// received): consecutive lines are adjacent ranges.
+    pub fn line_span(&self, i: usize) -> Option<std::ops::Range<usize>> {
+        self.fields.get(i).map(|f| f.line.range())
     }
 
     /// The first line (request or status line), its line end included.
@@ -637,6 +648,17 @@ impl RequestHead {
         &self.uri
     }
 
+    /// Takes the target out of the head (which keeps `/`), for a caller that owns the head and
+    /// keeps the target on its own.
+    pub fn take_uri(&mut self) -> http::Uri {
+        std::mem::take(&mut self.uri)
+    }
+
+    /// The head's bytes and field index, for a caller that has read the rest.
+    pub fn into_fields(self) -> Fields {
+        self.head
+    }
+
     /// HTTP/1.0 or HTTP/1.1.
     pub fn version(&self) -> Version {
         self.head.version
@@ -737,6 +759,11 @@ impl ResponseHead {
     /// The head's bytes and fields.
     pub fn fields(&self) -> &Fields {
         &self.head
+    }
+
+    /// The head's bytes and field index, for a caller that has read the rest.
+    pub fn into_fields(self) -> Fields {
+        self.head
     }
 
     /// The first field of that name (ASCII case-insensitive).

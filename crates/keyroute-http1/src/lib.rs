@@ -38,4 +38,6 @@ pub use head::{
     ConnectionOptions, Fields, Framing, HeadError, Limits, Parsed, RequestHead, ResponseHead, Version, parse_request,
     parse_response,
 };
-pub use server::{Prefixed, ReadBodyError, ReadError, Respond, RespondError, ServerBody, ServerConn, Transport};
+pub use server::{
+    OutgoingHead, Prefixed, ReadBodyError, ReadError, Respond, RespondError, ServerBody, ServerConn, Transport,
+};

@@ -198,17 +198,18 @@ impl<S: Transport> ServerConn<S> {
     ///
     /// The client's transport failed or timed out (`TimedOut`), or the body failed: the
     /// connection cannot go on.
-    pub async fn respond(
+    pub async fn respond<H: OutgoingHead>(
         &self,
-        head: &http::response::Parts,
+        head: &H,
         body: RequestBody,
         req: Respond,
         send_timeout: Duration,
     ) -> Result<bool, RespondError> {
-        let status = head.status.as_u16();
+        let status = head.status().as_u16();
         let bodiless = req.head_request || status < 200 || status == 204 || status == 304;
         let mut body = body;
-        let length = head.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let length =
+            head.field(&http::header::CONTENT_LENGTH).and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
         let framing = if bodiless {
             Framing::Empty
         } else if let Some(n) = length {
@@ -220,13 +221,9 @@ impl<S: Transport> ServerConn<S> {
         } else {
             Framing::UntilClose
         };
-        let says_close = head
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .any(|v| crate::head::list(v.as_bytes()).any(|o| o.eq_ignore_ascii_case(b"close")));
+        let says_close = head.says_close();
         let keep_alive = req.keep_alive && !says_close && framing != Framing::UntilClose && status != 101;
-        let mut out = Vec::with_capacity(256);
+        let mut out = crate::buf::head_buffer();
         encode_head(&mut out, head, framing, length.is_none() && !bodiless, keep_alive, req.version, status == 101);
         let mut writer = Writer { shared: &self.shared, timeout: send_timeout };
         if bodiless {
@@ -386,45 +383,78 @@ fn poll_now(body: &mut RequestBody) -> Option<Option<Result<Frame<Bytes>, BoxErr
     }
 }
 
-/// The response head in HTTP/1.1 form: the status line, the fields (names as `http` keeps
-/// them, lower case), and what the framing and the connection need.
-fn encode_head(
+/// A response head the engine writes ([`ServerConn::respond`]): `http`'s parts, or a caller's
+/// own form of a head (a proxy's, kept as a worker sent it).
+pub trait OutgoingHead {
+    /// The status.
+    fn status(&self) -> http::StatusCode;
+    /// The first value of field `name`.
+    fn field(&self, name: &http::HeaderName) -> Option<&[u8]>;
+    /// Whether a `Connection` field lists `close`.
+    fn says_close(&self) -> bool;
+    /// Writes each field as a line (`name: value` and CRLF) in order, except those whose name
+    /// (as the head holds it: any case) `skip` picks.
+    fn write_fields(&self, out: &mut Vec<u8>, skip: &dyn Fn(&[u8]) -> bool);
+}
+
+impl OutgoingHead for http::response::Parts {
+    fn status(&self) -> http::StatusCode {
+        self.status
+    }
+
+    fn field(&self, name: &http::HeaderName) -> Option<&[u8]> {
+        self.headers.get(name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn says_close(&self) -> bool {
+        let values = self.headers.get_all(http::header::CONNECTION);
+        values.iter().any(|v| crate::head::list(v.as_bytes()).any(|o| o.eq_ignore_ascii_case(b"close")))
+    }
+
+    fn write_fields(&self, out: &mut Vec<u8>, skip: &dyn Fn(&[u8]) -> bool) {
+        for (name, value) in &self.headers {
+            if skip(name.as_str().as_bytes()) {
+                continue;
+            }
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// The response head in HTTP/1.1 form: the status line, the fields as the head writes them, and
+/// what the framing and the connection need.
+fn encode_head<H: OutgoingHead>(
     out: &mut Vec<u8>,
-    head: &http::response::Parts,
+    head: &H,
     framing: Framing,
     add_length: bool,
     keep_alive: bool,
     version: Version,
     switching: bool,
 ) {
+    let status = head.status();
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(head.status.as_str().as_bytes());
+    out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(head.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    let mut has_date = false;
-    for (name, value) in &head.headers {
-        if name == http::header::TRANSFER_ENCODING {
-            continue;
-        }
-        if name == http::header::CONNECTION && !switching {
-            continue;
-        }
-        if name == http::header::CONTENT_LENGTH && framing == Framing::Chunked {
-            continue;
-        }
-        has_date |= name == http::header::DATE;
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    let has_date = head.field(&http::header::DATE).is_some();
+    // The engine frames the body and says what the connection does: the head's own framing and
+    // `Connection` fields do not go (but a 101's `Connection: upgrade` does).
+    let chunked = framing == Framing::Chunked;
+    head.write_fields(out, &|name| {
+        name.eq_ignore_ascii_case(b"transfer-encoding")
+            || (!switching && name.eq_ignore_ascii_case(b"connection"))
+            || (chunked && name.eq_ignore_ascii_case(b"content-length"))
+    });
     match framing {
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         Framing::Length(n) if add_length => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(n.to_string().as_bytes());
-            out.extend_from_slice(b"\r\n");
+            use std::io::Write as _;
+            let _ = write!(out, "content-length: {n}\r\n");
         }
         _ => {}
     }

@@ -14,7 +14,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
-use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
@@ -23,8 +22,12 @@ use super::guarded::{Guarded, Upload};
 use super::headers::worker_head;
 use crate::body::{self, ProxyBody};
 use crate::config::HttpPoolConfig;
+use crate::head::{Answer, ReqHead};
 use crate::upstream::{SendError, Upgraded, UpstreamBody};
 use keyroute_fleet::pool::{InFlight, Snapshot, WorkerState};
+
+/// A worker's own cache result (`HIT` or `MISS`), which slow start reads.
+static X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
 
 pub(super) fn idempotent(m: &Method) -> bool {
     matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
@@ -66,10 +69,10 @@ impl Failure {
 
 /// One try's result.
 pub(super) enum Try {
-    Answered(Response<ProxyBody>),
+    Answered(Answer),
     /// The worker switched protocols (101): the response to send, and the worker's side of the
     /// tunnel with the in-flight count that lasts as long as it does.
-    Upgraded(Response<ProxyBody>, Upgraded, InFlight),
+    Upgraded(Answer, Upgraded, InFlight),
     Failed(Failure),
     /// Not the worker's fault (the client's upload failed or stalled, or the gateway ran out of
     /// resources): answered without blaming the worker, and not retried.
@@ -81,7 +84,7 @@ pub(super) struct TryCtx<'a> {
     pub(super) snap: &'a Arc<Snapshot>,
     pub(super) http: &'a HttpPoolConfig,
     pub(super) worker: &'a Arc<WorkerState>,
-    pub(super) parts: &'a Parts,
+    pub(super) head: &'a ReqHead,
     pub(super) per_try: Duration,
     pub(super) replayable: bool,
     pub(super) upload: &'a Arc<Upload>,
@@ -101,14 +104,14 @@ pub(super) async fn try_once(ctx: TryCtx<'_>, body: &mut Option<ProxyBody>) -> T
 
 /// What a send gave: the worker's response (its body holds the connection), the transport's
 /// error, or the try's own end (timeout, stall).
-type Sent = Result<Result<Response<UpstreamBody>, SendError>, Failure>;
+type Sent = Result<Result<Answer<UpstreamBody>, SendError>, Failure>;
 
 /// Sends the request to the worker and waits for its response head, until the try's deadline or
 /// (for a try that may be abandoned) the worker stalls while another could take the request. A
 /// pooled connection that fails under a replayable, idempotent request is tried once more on a
 /// fresh one: the worker may just have closed it as idle.
 async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> Sent {
-    let TryCtx { snap, worker, parts, per_try, replayable, may_abandon, elsewhere, .. } = *ctx;
+    let TryCtx { snap, worker, head, per_try, replayable, may_abandon, elsewhere, .. } = *ctx;
     // Only a request without a body waits on the worker alone from the start; one with a body may
     // be waiting on its client's upload, which must never make the worker look stalled.
     let _waiting = replayable.then(|| worker.awaiting(sent));
@@ -119,12 +122,12 @@ async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> 
     };
     let connect_timeout = snap.config().connect_timeout;
     let stall = if may_abandon { snap.config().passive.stall } else { Duration::ZERO };
-    let mut fresh_retry = replayable && idempotent(&parts.method);
+    let mut fresh_retry = replayable && idempotent(&head.method);
     let mut fresh = false;
     let until = sent + per_try;
     loop {
         // The head is written straight from the client's (rewritten) one: nothing is cloned.
-        let send = upstream.send(parts, body.take().unwrap_or_else(body::empty), !fresh, connect_timeout);
+        let send = upstream.send(head, body.take().unwrap_or_else(body::empty), !fresh, connect_timeout);
         tokio::pin!(send);
         let r = loop {
             // Wake at the try's deadline, or when the worker would have stalled (re-read after
@@ -162,7 +165,7 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
     let latency = arrived.saturating_duration_since(sent);
     let failure = match result {
         // A 101, asked for or not: the connection is the new protocol's now, never the pool's.
-        Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+        Ok(Ok(resp)) if resp.head.status == StatusCode::SWITCHING_PROTOCOLS => {
             match switched(ctx, resp, arrived, latency, guard) {
                 Ok(upgraded) => return upgraded,
                 Err(f) => {
@@ -173,9 +176,9 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
         }
         Ok(Ok(resp)) => {
             worker.answered(arrived);
-            let status = resp.status();
+            let status = resp.head.status;
             // The worker's own cache result, when it reports one: slow start reads it.
-            if let Some(v) = resp.headers().get("x-cache").map(HeaderValue::as_bytes) {
+            if let Some(v) = resp.head.fields.get(&X_CACHE) {
                 let word = |w: &[u8]| v.len() >= w.len() && v[..w.len()].eq_ignore_ascii_case(w);
                 if word(b"hit") {
                     worker.note_cache(true);
@@ -190,18 +193,20 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
                     tracing::warn!(worker = %worker.name, status = status.as_u16(), "worker ejected after consecutive failures (5xx)");
                 }
             }
-            let (mut head, incoming) = resp.into_parts();
-            worker_head(&mut head, http, worker);
-            let guarded = Guarded::new(
-                incoming,
-                guard,
-                Arc::clone(worker),
-                Arc::clone(snap),
-                status.as_u16(),
-                Arc::clone(upload),
-                http.read_timeout,
-            );
-            return Try::Answered(Response::from_parts(head, guarded.boxed_unsync()));
+            let mut resp = resp;
+            worker_head(&mut resp.head.fields, http, worker);
+            return Try::Answered(resp.map(|incoming| {
+                let guarded = Guarded::new(
+                    incoming,
+                    guard,
+                    Arc::clone(worker),
+                    Arc::clone(snap),
+                    status.as_u16(),
+                    Arc::clone(upload),
+                    http.read_timeout,
+                );
+                guarded.boxed_unsync()
+            }));
         }
         // The client's upload broke: its fault, whatever the connection then reported.
         _ if upload.failed() => {
@@ -263,14 +268,14 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
 /// protocol, so nothing may follow on it) and nothing of it reaches the client.
 fn switched(
     ctx: &TryCtx<'_>,
-    resp: Response<UpstreamBody>,
+    resp: Answer<UpstreamBody>,
     arrived: Instant,
     latency: Duration,
     guard: InFlight,
 ) -> Result<Try, Failure> {
-    let TryCtx { http, worker, parts, .. } = *ctx;
-    let asked = parts.headers.get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
-    let chosen = resp.headers().get(header::UPGRADE).map(HeaderValue::as_bytes).unwrap_or_default();
+    let TryCtx { http, worker, head, .. } = *ctx;
+    let asked = head.fields.get(&header::UPGRADE).unwrap_or_default();
+    let chosen = resp.head.fields.get(&header::UPGRADE).unwrap_or_default();
     let offered = |p: &[u8]| asked.split(|&b| b == b',').any(|a| a.trim_ascii().eq_ignore_ascii_case(p));
     if asked.is_empty() || !offered(chosen.trim_ascii()) {
         return Err(Failure::Unoffered);
@@ -279,13 +284,13 @@ fn switched(
     worker.metrics.record_latency(latency);
     worker.metrics.record_class(Some(101));
     worker.observe_success();
-    let (mut head, body) = resp.into_parts();
+    let Answer { mut head, body } = resp;
     let Some(worker_side) = body.into_upgraded() else { return Err(Failure::Unoffered) };
-    let protocol = head.headers.get(header::UPGRADE).cloned();
-    worker_head(&mut head, http, worker);
-    head.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    let protocol = head.fields.value(&header::UPGRADE);
+    worker_head(&mut head.fields, http, worker);
+    head.fields.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     if let Some(p) = protocol {
-        head.headers.insert(header::UPGRADE, p);
+        head.fields.insert(header::UPGRADE, p);
     }
-    Ok(Try::Upgraded(Response::from_parts(head, body::empty()), worker_side, guard))
+    Ok(Try::Upgraded(Answer { head, body: body::empty() }, worker_side, guard))
 }

@@ -17,6 +17,7 @@ use super::Exchange;
 use super::headers::REQUEST_ID;
 use crate::body::{self, ProxyBody};
 use crate::cache::HotCache;
+use crate::head::ReqHead;
 use crate::routing::HttpPool;
 use keyroute_fleet::pool::Snapshot;
 
@@ -41,7 +42,7 @@ pub(super) async fn look_up(
     snap: &Snapshot,
     hash: Option<u64>,
     key: &str,
-    parts: &Parts,
+    head: &ReqHead,
     body_end: bool,
 ) -> Looked {
     let (http, id) = (&*hp.http, cx.id);
@@ -52,11 +53,13 @@ pub(super) async fn look_up(
     }
     hot.metrics.hot_requests.fetch_add(1, Relaxed);
     let Some(cache) = hp.cache.as_ref().filter(|_| body_end) else { return Looked::Skip };
-    let Some(ck) = cache.store.request_key(parts) else { return Looked::Skip };
+    // The cache keeps heads as maps: made here, for hot keys only.
+    let parts = head.to_parts();
+    let Some(ck) = cache.store.request_key(&parts) else { return Looked::Skip };
     let ck = ck.with_scheme(if cx.peer.tls { "https" } else { "http" });
     let ck = if http.key.reads_beyond_url() { ck.varying_on(key) } else { ck };
     let wait = cache.settings.coalesce_timeout.min(snap.config().retry.deadline);
-    match consult(Arc::clone(cache), ck, parts, id, wait, http.worker_header.as_ref()).await {
+    match consult(Arc::clone(cache), ck, &parts, id, wait, http.worker_header.as_ref()).await {
         Consulted::Hit(resp) => Looked::Hit(resp),
         Consulted::Lead(c) => Looked::Lead(c),
         Consulted::Pass => Looked::Waited,

@@ -3,10 +3,9 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use http::request::Parts;
-
 use super::headers::Peer;
 use crate::config::{HttpPoolConfig, MissingKey};
+use crate::head::ReqHead;
 use keyroute_fleet::pool::{Pool, Snapshot};
 
 /// The key's hash, `None` when the strategy does not place by key or the key is missing
@@ -15,14 +14,14 @@ pub(super) fn key_hash(
     pool: &Pool,
     http: &HttpPoolConfig,
     snap: &Snapshot,
-    parts: &Parts,
+    head: &ReqHead,
     peer: &Peer,
     key: &mut String,
 ) -> Result<Option<u64>, crate::key::MissingPart> {
     if !snap.policy().strategy().uses_key() {
         return Ok(None);
     }
-    let rendered = http.key.render(&crate::key::HttpRequest::new(parts, peer.addr.ip()), key).and_then(|()| {
+    let rendered = http.key.render(&crate::key::HttpRequest::of(head, peer.addr.ip()), key).and_then(|()| {
         // nginx and HAProxy do not hash an empty key (they go round robin): neither does their mode.
         match snap.policy().strategy().hashes_key(key.as_bytes()) {
             true => Ok(()),

@@ -33,7 +33,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -44,6 +43,7 @@ use self::guarded::{ClientBody, Upload};
 pub(crate) use self::headers::Peer;
 use crate::access::{AccessLog, Placed};
 use crate::body::{BoxError, ProxyBody};
+use crate::head::{Answer, ReqHead};
 use crate::routing::{HttpPool, Routing};
 
 /// What the request path shares with the rest of the server.
@@ -140,32 +140,35 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
-    let (mut parts, body) = req.into_parts();
-    let id_value = headers::request_id(&parts.headers, || front.next_request.fetch_add(1, Relaxed));
+    let (parts, body) = req.into_parts();
+    handle_head(front, listener, ReqHead::from_parts(parts), body, peer).await.into_response()
+}
+
+/// A request whose head is already the request path's ([`ReqHead`]), answered (see [`handle`]).
+pub(crate) async fn handle_head<B>(front: &Front, listener: usize, mut head: ReqHead, body: B, peer: &Peer) -> Answer
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let id_value = headers::request_id(&head.fields, || front.next_request.fetch_add(1, Relaxed));
     // Visible ASCII either way (`request_id`).
     let id = id_value.to_str().unwrap_or_default();
     let log = front.access_logs.get(listener).and_then(Option::as_ref);
     let mut placed =
         log.map(|l| Placed { request_id: id.to_owned(), key: l.wants_key().then(String::new), ..Placed::default() });
     let mut cx = Exchange { front, listener, peer, id, id_value: &id_value, placed: placed.as_mut() };
-    let mut resp = route::route_and_forward(&mut cx, &mut parts, body).await;
+    let mut resp = route::route_and_forward(&mut cx, &mut head, body).await;
     if front.draining.load(Relaxed) {
-        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        resp.head.fields.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     if let Some(p) = placed {
-        resp.extensions_mut().insert(p);
+        resp.head.extensions.insert(p);
     }
     resp
 }
 
 /// A routed request, stage by stage (see the [module documentation](self)).
-async fn forward<B>(
-    cx: &mut Exchange<'_>,
-    hp: &HttpPool,
-    route: Route<'_>,
-    parts: &mut Parts,
-    body: B,
-) -> Response<ProxyBody>
+async fn forward<B>(cx: &mut Exchange<'_>, hp: &HttpPool, route: Route<'_>, head: &mut ReqHead, body: B) -> Answer
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
@@ -174,10 +177,10 @@ where
     let snap = pool.snapshot();
     let started = Instant::now();
     // Key.
-    let mut key = String::new();
-    let hash = match key::key_hash(pool, http, &snap, parts, cx.peer, &mut key) {
+    let mut key = crate::arena::key_text();
+    let hash = match key::key_hash(pool, http, &snap, head, cx.peer, &mut key) {
         Ok(h) => h,
-        Err(missing) => return respond::missing_key(pool, &missing, id),
+        Err(missing) => return respond::missing_key(pool, &missing, id).into(),
     };
     if let Some(p) = cx.placed.as_deref_mut() {
         p.pool = Some(Arc::from(pool.name.as_str()));
@@ -187,20 +190,20 @@ where
         }
     }
     // Cache (hot keys).
-    let looked = cache::look_up(cx, hp, &snap, hash, &key, parts, body.is_end_stream());
+    let looked = cache::look_up(cx, hp, &snap, hash, &key, head, body.is_end_stream());
     let (caching, waited) = match looked.await {
         cache::Looked::Hit(resp) => {
             if let Some(p) = cx.placed.as_deref_mut() {
                 p.decision = "cache";
             }
-            return resp;
+            return resp.into();
         }
         cache::Looked::Lead(c) => (Some(*c), false),
         cache::Looked::Waited => (None, true),
         cache::Looked::Skip => (None, false),
     };
     // Head.
-    headers::upstream_head(parts, route.upgrades, body.is_end_stream(), cx.peer, &cx.front.via, cx.id_value);
+    headers::upstream_head(head, route.upgrades, body.is_end_stream(), cx.peer, &cx.front.via, cx.id_value);
     // Steer and attempt, worker after worker.
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
@@ -226,28 +229,28 @@ where
             snap: &snap,
             http,
             worker: &worker,
-            parts,
+            head,
             per_try: retry.per_try_timeout.min(deadline - now),
             replayable,
             upload: &upload,
             id,
-            may_abandon: replayable && idempotent(&parts.method) && attempt + 1 < attempts,
+            may_abandon: replayable && idempotent(&head.method) && attempt + 1 < attempts,
             // Abandon a stalled worker only when there is somewhere else to go (asked only then).
             elsewhere: &|| snap.has_other(&tried, decision.node, Instant::now()),
         };
         // Respond.
         match try_once(ctx, &mut body).await {
             Try::Answered(resp) => {
-                tracing::trace!(request_id = %id, worker = %worker.name, attempt, key = %key, "proxied");
-                return respond::answered(hp.cache.as_deref(), parts, resp, caching, waited).await;
+                tracing::trace!(request_id = %id, worker = %worker.name, attempt, key = %*key, "proxied");
+                return respond::answered(hp.cache.as_deref(), head, resp, caching, waited).await;
             }
             Try::Upgraded(resp, worker_side, in_flight) => {
                 return respond::upgraded(resp, worker_side, in_flight, &worker, &route, id, cx.placed.is_some());
             }
-            Try::ClientFault(resp) => return resp,
+            Try::ClientFault(resp) => return resp.into(),
             Try::Failed(f) => {
                 tracing::warn!(request_id = %id, pool = %pool.name, worker = %worker.name, attempt, failure = %f, "try failed");
-                let stop = f.may_have_reached_worker() && !idempotent(&parts.method);
+                let stop = f.may_have_reached_worker() && !idempotent(&head.method);
                 last = Some(f);
                 tried.push(decision.node);
                 if attempt + 1 == attempts || stop {
@@ -257,5 +260,5 @@ where
             }
         }
     }
-    respond::failed(pool, &snap, last, id)
+    respond::failed(pool, &snap, last, id).into()
 }

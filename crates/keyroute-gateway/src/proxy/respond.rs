@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use http::header::HeaderValue;
-use http::request::Parts;
 use http::{Response, StatusCode};
 use tokio::time::Instant;
 
@@ -17,6 +16,7 @@ use super::cache::{Caching, X_CACHE};
 use super::{Route, tunnel};
 use crate::body::{self, ProxyBody};
 use crate::cache::HotCache;
+use crate::head::{Answer, ReqHead};
 use keyroute_fleet::pool::{InFlight, Pool, Snapshot, WorkerState};
 
 /// The request lacks a part of its key, and the pool rejects such requests.
@@ -30,21 +30,22 @@ pub(super) fn missing_key(pool: &Pool, missing: &crate::key::MissingPart, id: &s
 /// another's miss in vain says so.
 pub(super) async fn answered(
     cache: Option<&HotCache>,
-    parts: &Parts,
-    mut resp: Response<ProxyBody>,
+    head: &ReqHead,
+    mut resp: Answer,
     caching: Option<Caching>,
     waited: bool,
-) -> Response<ProxyBody> {
-    if !parts.method.is_safe()
+) -> Answer {
+    if !head.method.is_safe()
         && let Some(c) = cache
     {
-        c.store.invalidate(parts, resp.status());
+        c.store.invalidate(&head.to_parts(), resp.head.status);
     }
     match caching {
-        Some(c) => c.store(resp).await,
+        // The cache keeps heads as maps.
+        Some(c) => c.store(resp.into_response()).await.into(),
         None => {
             if waited {
-                resp.headers_mut().insert(X_CACHE, HeaderValue::from_static("miss"));
+                resp.head.fields.insert(X_CACHE, HeaderValue::from_static("miss"));
             }
             resp
         }
@@ -56,17 +57,17 @@ pub(super) async fn answered(
 /// in-flight count until it closes. With an access log, the request's line waits for the
 /// tunnel's end.
 pub(super) fn upgraded(
-    mut resp: Response<ProxyBody>,
+    mut resp: Answer,
     worker_side: crate::upstream::Upgraded,
     in_flight: InFlight,
     worker: &Arc<WorkerState>,
     route: &Route<'_>,
     id: &str,
     logged: bool,
-) -> Response<ProxyBody> {
+) -> Answer {
     let end = logged.then(|| {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        resp.extensions_mut().insert(crate::access::TunnelLine::new(rx));
+        resp.head.extensions.insert(crate::access::TunnelLine::new(rx));
         tx
     });
     let t = tunnel::Tunnel {
@@ -77,7 +78,7 @@ pub(super) fn upgraded(
         end,
         metrics: route.tunnel.map(|t| Arc::clone(&t.1)),
     };
-    resp.extensions_mut().insert(tunnel::Pending::new(worker_side, t));
+    resp.head.extensions.insert(tunnel::Pending::new(worker_side, t));
     resp
 }
 

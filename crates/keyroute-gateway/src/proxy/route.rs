@@ -3,37 +3,38 @@
 //! and path prefix to a pool and its route.
 
 use bytes::Bytes;
-use http::request::Parts;
-use http::{Response, StatusCode};
+use http::StatusCode;
 use http_body::Body;
 
 use super::headers;
 use super::{Exchange, Route, forward};
-use crate::body::{self, BoxError, ProxyBody};
+use crate::body::{self, BoxError};
+use crate::head::{Answer, ReqHead};
 
-pub(super) async fn route_and_forward<B>(cx: &mut Exchange<'_>, parts: &mut Parts, body: B) -> Response<ProxyBody>
+pub(super) async fn route_and_forward<B>(cx: &mut Exchange<'_>, head: &mut ReqHead, body: B) -> Answer
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
     let (front, peer, id) = (cx.front, cx.peer, cx.id);
-    if front.via.looped(&parts.headers) {
+    if front.via.looped(&head.fields) {
         tracing::warn!(request_id = %id, client = %peer.addr, "request looped back to this gateway");
-        return body::error(StatusCode::LOOP_DETECTED, "the request looped back to this gateway", "loop", id);
+        return body::error(StatusCode::LOOP_DETECTED, "the request looped back to this gateway", "loop", id).into();
     }
     // The listener's parser has checked the framing already; a caller of `ProxyService::call`
     // may not have.
-    if !headers::framing_ok(&parts.headers, body.size_hint().exact()) {
-        return body::error(StatusCode::BAD_REQUEST, "the Content-Length is invalid", "invalid_content_length", id);
+    if !headers::framing_ok(&head.fields, body.size_hint().exact()) {
+        return body::error(StatusCode::BAD_REQUEST, "the Content-Length is invalid", "invalid_content_length", id)
+            .into();
     }
-    if let Err(bad) = headers::canonicalize(parts.version, &mut parts.uri, &mut parts.headers) {
+    if let Err(bad) = headers::canonicalize(head.version, &mut head.uri, &mut head.fields) {
         tracing::debug!(request_id = %id, client = %peer.addr, reason = bad.reason(), "bad request head");
-        return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), id);
+        return body::error(StatusCode::BAD_REQUEST, bad.message(), bad.reason(), id).into();
     }
     let routing = front.routing.load_full();
-    let Some((route, pool)) = routing.route(cx.listener, headers::host_of(&parts.headers), parts.uri.path()) else {
-        return body::error(StatusCode::NOT_FOUND, "no route for this host and path", "no_route", id);
+    let Some((route, pool)) = routing.route(cx.listener, headers::host_of(&head.fields), head.uri.path()) else {
+        return body::error(StatusCode::NOT_FOUND, "no route for this host and path", "no_route", id).into();
     };
     let route = Route { upgrades: &route.upgrades, tunnel: front.tunnels.get(cx.listener) };
-    forward(cx, pool, route, parts, body).await
+    forward(cx, pool, route, head, body).await
 }
