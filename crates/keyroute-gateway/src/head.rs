@@ -16,8 +16,9 @@
 //!
 //! Both answer the same questions the same way ([`Fields::get`] is the first value, as
 //! `HeaderMap::get`; [`Fields::insert`] replaces every line of the name; names match ASCII
-//! case-insensitively), so every stage reads one type; `tests::both_forms_rewrite_alike` holds
-//! them to it. The response cache, which keeps heads, takes a map ([`ReqHead::to_parts`]): it
+//! case-insensitively), so every stage reads one type; the tests `both_forms_rewrite_alike` and
+//! `both_forms_of_a_response_rewrite_alike` (in `proxy::headers`) hold them to it. The response
+//! cache, which keeps heads, takes a map ([`ReqHead::to_parts`], [`Answer::into_response`]): it
 //! serves hot keys only, so the copy is made for them alone.
 
 use bytes::Bytes;
@@ -126,6 +127,13 @@ fn map_of(fields: &keyroute_http1::Fields) -> Option<HeaderMap> {
         map.append(name, value);
     }
     Some(map)
+}
+
+/// A field value as text, as `HeaderValue::to_str` reads one: only when every byte is visible
+/// ASCII, a space or a tab (a value with other bytes is not read as text anywhere, in either
+/// form, so that both forms, and the gateway before them, agree).
+pub(crate) fn text(value: &[u8]) -> Option<&str> {
+    if value.iter().all(|&b| b == b'\t' || (b' '..=b'~').contains(&b)) { std::str::from_utf8(value).ok() } else { None }
 }
 
 /// Whether a field name as received is `name` (whose text is lowercase).
@@ -430,8 +438,9 @@ pub(crate) struct Answer<B = ProxyBody> {
 impl<B> Answer<B> {
     /// A worker's response, its fields kept as it sent them (a map when it has more than the edit
     /// set can mark, or a line that ended in a bare LF, which is read but not passed on as it
-    /// came). A repeated `Content-Length` (the engine checked the values agree) goes on once: two
-    /// are a smuggling pair to the next reader.
+    /// came). A repeated `Content-Length` goes on once, the first: two are a smuggling pair to
+    /// the next reader. (The engine checked the values agree when the length frames the body; a
+    /// response that has none, to HEAD or a 1xx, 204 or 304, is framed empty whatever it says.)
     pub(crate) fn from_worker(head: ResponseHead, body: B) -> Answer<B> {
         let status = StatusCode::from_u16(head.status()).unwrap_or(StatusCode::BAD_GATEWAY);
         let f = head.fields();
@@ -508,5 +517,20 @@ impl keyroute_http1::OutgoingHead for RespHead {
 
     fn write_fields(&self, out: &mut Vec<u8>, skip: &dyn Fn(&[u8]) -> bool) {
         self.fields.write_except(out, skip);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value is text as `HeaderValue::to_str` reads it, so that no stage reads more of a head
+    /// as received than it read of a map.
+    #[test]
+    fn text_is_what_header_values_call_text() {
+        for v in [&b"a b\tc"[..], b"", b"~!", b"caf\xc3\xa9", b"\x7f", b"a\x01", b"\xff"] {
+            let map = HeaderValue::from_bytes(v).ok().and_then(|h| h.to_str().ok().map(str::to_owned));
+            assert_eq!(text(v).map(str::to_owned), map, "{v:?}");
+        }
     }
 }

@@ -12,7 +12,7 @@ use http::request::Parts;
 use http::{Method, Uri};
 pub use keyroute::key::{KeyTemplate, MissingPart, Request, TemplateError, percent_decode, query_value};
 
-use crate::head::{Fields, ReqHead};
+use crate::head::{Fields, ReqHead, text};
 
 /// A request head and its client, as a key template reads them.
 #[derive(Clone, Copy, Debug)]
@@ -66,7 +66,7 @@ impl Request for HttpRequest<'_> {
         self.uri.path_and_query().map_or("/", |p| p.as_str())
     }
     fn host(&self) -> Option<&str> {
-        self.uri.host().or_else(|| self.headers.get_all(&header::HOST).next().and_then(|h| std::str::from_utf8(h).ok()))
+        self.uri.host().or_else(|| self.headers.get_all(&header::HOST).next().and_then(text))
     }
     fn header(&self, name: &str) -> Option<&[u8]> {
         match self.headers {
@@ -75,10 +75,7 @@ impl Request for HttpRequest<'_> {
         }
     }
     fn cookie(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get_all(&header::COOKIE)
-            .filter_map(|v| std::str::from_utf8(v).ok())
-            .find_map(|line| keyroute::key::cookie_in(line, name))
+        self.headers.get_all(&header::COOKIE).filter_map(text).find_map(|line| keyroute::key::cookie_in(line, name))
     }
     fn client_ip(&self) -> Option<IpAddr> {
         Some(self.client)

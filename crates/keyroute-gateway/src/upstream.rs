@@ -255,7 +255,7 @@ fn request_head(req: &ReqHead, body: &ProxyBody, addr: SocketAddr) -> (Spare<Vec
     if fields.contains(&http::header::TRANSFER_ENCODING) {
         outgoing = Some(Outgoing::Chunked);
     } else if let Some(v) = fields.get(&http::header::CONTENT_LENGTH) {
-        let n = std::str::from_utf8(v).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+        let n = crate::head::text(v).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
         outgoing = Some(if n == 0 { Outgoing::Empty } else { Outgoing::Length(n) });
     }
     if !fields.contains(&http::header::HOST) {

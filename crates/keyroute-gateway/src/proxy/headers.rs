@@ -26,7 +26,7 @@ use http::uri::PathAndQuery;
 use http::{Uri, Version};
 use smallvec::SmallVec;
 
-use crate::head::{Fields, ReqHead, name_is};
+use crate::head::{Fields, ReqHead, name_is, text};
 
 pub(crate) use crate::hop::HOP_BY_HOP;
 
@@ -151,7 +151,7 @@ pub(crate) fn upgrade_allowed(protocol: &[u8], allowed: &[String]) -> bool {
 pub(crate) fn framing_ok(fields: &Fields, exact: Option<u64>) -> bool {
     let mut length = None;
     for v in fields.get_all(&header::CONTENT_LENGTH) {
-        let Some(n) = std::str::from_utf8(v).ok().and_then(|t| t.trim().parse::<u64>().ok()) else { return false };
+        let Some(n) = text(v).and_then(|t| t.trim().parse::<u64>().ok()) else { return false };
         if length.is_some_and(|l| l != n) {
             return false;
         }
@@ -223,7 +223,7 @@ pub(crate) fn canonicalize(version: Version, uri: &mut Uri, fields: &mut Fields)
     // An HTTP/2 request names its host by `:authority` (the URI's, here) or Host, and must name
     // one (RFC 9113 section 8.3.1), as an HTTP/1.1 request must send Host.
     match first {
-        Some(h) if valid_authority(std::str::from_utf8(h).map_err(|_| BadHead::InvalidHost)?) => {}
+        Some(h) if valid_authority(text(h).ok_or(BadHead::InvalidHost)?) => {}
         Some(_) => return Err(BadHead::InvalidHost),
         None if version == Version::HTTP_11 => return Err(BadHead::MissingHost),
         None if version >= Version::HTTP_2 && uri.authority().is_none() => return Err(BadHead::MissingHost),
@@ -288,7 +288,7 @@ fn valid_authority(text: &str) -> bool {
 
 /// The request's host without its port, lowercased by the caller as needed.
 pub(crate) fn host_of(fields: &Fields) -> Option<&str> {
-    let h = std::str::from_utf8(fields.get(&header::HOST)?).ok()?;
+    let h = text(fields.get(&header::HOST)?)?;
     if h.starts_with('[') {
         return Some(h.split_once(']').map_or(h, |(v6, _)| &h[..v6.len() + 1]));
     }
@@ -399,7 +399,7 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 
 /// Adds `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Forwarded`.
 pub(crate) fn add_forwarded(fields: &mut Fields, peer: &Peer) {
-    let xff = match fields.get(&X_FORWARDED_FOR).and_then(|v| std::str::from_utf8(v).ok()) {
+    let xff = match fields.get(&X_FORWARDED_FOR).and_then(text) {
         Some(prev) => HeaderValue::try_from(format!("{prev}, {}", peer.addr.ip())).ok(),
         None => Some(peer.xff.clone()),
     };
@@ -411,7 +411,7 @@ pub(crate) fn add_forwarded(fields: &mut Fields, peer: &Peer) {
     // `Forwarded`: the previous value, then this hop's `for=...;proto=...` and its quoted host,
     // written once into a buffer of the exact size (a value whose buffer has spare room is
     // copied again on its way into a header value).
-    let prev = fields.get(&header::FORWARDED).filter(|v| std::str::from_utf8(v).is_ok());
+    let prev = fields.get(&header::FORWARDED).filter(|v| text(v).is_some());
     let host_text =
         host.as_ref().map(HeaderValue::as_bytes).filter(|t| t.iter().all(|&b| b.is_ascii_graphic() && b != b'"'));
     let len = prev.map_or(0, |p| p.len() + 2) + peer.forwarded.len() + host_text.map_or(0, |h| h.len() + 8);
@@ -453,11 +453,7 @@ impl Via {
 
     /// Whether `headers` already passed through this gateway.
     pub(crate) fn looped(&self, fields: &Fields) -> bool {
-        fields
-            .get_all(&header::VIA)
-            .filter_map(|v| std::str::from_utf8(v).ok())
-            .flat_map(|v| v.split(','))
-            .any(|e| e.trim() == self.entry)
+        fields.get_all(&header::VIA).filter_map(text).flat_map(|v| v.split(',')).any(|e| e.trim() == self.entry)
     }
 
     /// Appends the entry.
@@ -467,7 +463,7 @@ impl Via {
             return;
         }
         let joined = {
-            let prev: Vec<&str> = fields.get_all(&header::VIA).filter_map(|v| std::str::from_utf8(v).ok()).collect();
+            let prev: Vec<&str> = fields.get_all(&header::VIA).filter_map(text).collect();
             if prev.is_empty() { self.entry.clone() } else { format!("{}, {}", prev.join(", "), self.entry) }
         };
         if let Ok(v) = HeaderValue::try_from(joined) {
