@@ -16,6 +16,8 @@
 #                                            Redis listener (twemproxy placement); the load is
 #                                            redis-benchmark -t set,get -P DEPTH -c CONNECTIONS
 #                                            -d VALUE_BYTES -r KEYS for REQUESTS requests
+#         PROTOCOL=redis REDIS_TESTS=mset bench/memcache.sh   redis-benchmark's tests to run
+#                                            (default set,get; mset: MSET of 10 keys, one op each)
 #         SERVERS_N=8 MULTI=100 bench/memcache.sh   8 servers; every GET a multi-get of 100 keys
 #                                            (MGET for redis, through mc_load)
 #         RATE=20000 bench/memcache.sh       open loop: 20,000 commands/s, latency p50/p99/p999
@@ -41,6 +43,8 @@ KEYS=${KEYS:-10000}
 BASE_PORT=${BASE_PORT:-21211}
 PROTOCOL=${PROTOCOL:-memcached}
 REQUESTS=${REQUESTS:-400000}
+REDIS_TESTS=${REDIS_TESTS:-set,get}
+REDIS_TEST_COUNT=$(tr "," "\n" <<<"$REDIS_TESTS" | grep -c .)
 SERVERS_N=${SERVERS_N:-4}
 MULTI=${MULTI:-1}
 RATE=${RATE:-}
@@ -146,11 +150,11 @@ for round in $(seq "$ROUNDS"); do
         [[ $pid != 0 ]] && before=$(cpu_ticks "$pid")
         if [[ $PROTOCOL == redis && -z $RATE && $MULTI == 1 ]]; then
             start=$(date +%s.%N)
-            rb=$(redis-benchmark -h 127.0.0.1 -p "${PORT[$target]}" -t set,get -P "$DEPTH" -c "$CONNECTIONS" \
-                -d "$VALUE_BYTES" -r "$KEYS" -n "$REQUESTS" -q 2>&1 | tr '\r' '\n' | grep -E '^(SET|GET):' || true)
+            rb=$(redis-benchmark -h 127.0.0.1 -p "${PORT[$target]}" -t "$REDIS_TESTS" -P "$DEPTH" -c "$CONNECTIONS" \
+                -d "$VALUE_BYTES" -r "$KEYS" -n "$REQUESTS" -q 2>&1 | tr '\r' '\n' | grep -E '^(SET|GET|MSET[^:]*):' || true)
             secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')
-            done_ops=$((2 * REQUESTS))
-            [[ $(grep -c 'requests per second' <<<"$rb") == 2 ]] || done_ops=0
+            done_ops=$((REDIS_TEST_COUNT * REQUESTS))
+            [[ $(grep -c 'requests per second' <<<"$rb") == "$REDIS_TEST_COUNT" ]] || done_ops=0
             out="ops=$done_ops seconds=$secs ops_per_sec=$(awk -v o="$done_ops" -v s="$secs" 'BEGIN { printf "%.0f", o / s }') misses=0 errors=$((done_ops == 0))"
         else
             out=$(MC_PROTOCOL=$PROTOCOL MC_MULTI=$MULTI MC_RATE=$RATE \

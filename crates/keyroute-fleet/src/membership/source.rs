@@ -132,11 +132,16 @@ enum Ended {
 struct Running {
     fleet: Weak<Fleet>,
     name: String,
+    /// Cleared when the task took its name off itself (a task of the same name may be running
+    /// by the time this one is dropped).
+    armed: bool,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(s) = self.fleet.upgrade() {
+        if self.armed
+            && let Some(s) = self.fleet.upgrade()
+        {
             s.sources.lock().retain(|n| *n != self.name);
         }
     }
@@ -149,12 +154,32 @@ async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
     let mut down_since: Option<Instant> = None;
     let Some(name) = pool.upgrade().map(|p| p.name.clone()) else { return };
     // However this task ends, a pool of the same name may get a task of its own again.
-    let _running = Running { fleet: fleet.clone(), name: name.clone() };
+    let mut guard = Running { fleet: fleet.clone(), name: name.clone(), armed: true };
     loop {
         let Some(p) = pool.upgrade() else { return };
-        let in_service = fleet.upgrade().is_some_and(|f| f.pools().iter().any(|q| Arc::ptr_eq(q, &p)));
-        let source = if in_service { p.snapshot().config().membership.clone() } else { MembershipConfig::Static };
-        let MembershipConfig::Etcd(cfg) = source else { return };
+        let source = |p: &Arc<Pool>| {
+            let in_service = fleet.upgrade().is_some_and(|f| f.pools().iter().any(|q| Arc::ptr_eq(q, p)));
+            if in_service { p.snapshot().config().membership.clone() } else { MembershipConfig::Static }
+        };
+        let cfg = match source(&p) {
+            MembershipConfig::Etcd(cfg) => cfg,
+            _ => {
+                // Ending: the name comes off the running list under its lock, after one more
+                // look at the source. A reload that made the pool etcd-backed again between the
+                // look above and now found the name still running and started no task: this one
+                // goes on instead.
+                let Some(f) = fleet.upgrade() else { return };
+                let mut running = f.sources.lock();
+                match source(&p) {
+                    MembershipConfig::Etcd(cfg) => cfg,
+                    _ => {
+                        running.retain(|n| *n != name);
+                        guard.armed = false;
+                        return;
+                    }
+                }
+            }
+        };
         if current.as_ref().is_none_or(|c| c.prefix != cfg.prefix) {
             // A new prefix: nothing read so far counts.
             records = Records::default();
@@ -171,7 +196,9 @@ async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
         let ended = session(&p, &fleet, &cfg, &client, &mut records, &mut down_since, &mut backoff).await;
         match ended {
             Ended::Gone => return,
-            Ended::Reconfigured => continue,
+            // The pool's members may be another source's now (a switch to static and back):
+            // read the prefix again and apply it, rather than wait for a change to apply.
+            Ended::Reconfigured => records.revision = 0,
             Ended::Compacted => {
                 p.source.compactions.fetch_add(1, Relaxed);
                 tracing::info!(pool = %name, "membership source: watch revision compacted; reading the prefix again");
