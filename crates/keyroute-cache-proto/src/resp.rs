@@ -322,16 +322,32 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
 /// A bulk string.
 pub fn bulk(out: &mut Vec<u8>, b: &[u8]) {
     out.push(b'$');
-    out.extend_from_slice(b.len().to_string().as_bytes());
+    decimal(out, b.len());
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(b);
     out.extend_from_slice(b"\r\n");
 }
 
+/// `n` in decimal digits, written without an allocation (a length is written for every argument
+/// of every command a proxy sends).
+fn decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
 /// A command of these arguments, as an array of bulk strings.
 pub fn command<'a>(out: &mut Vec<u8>, args: impl ExactSizeIterator<Item = &'a [u8]>) {
     out.push(b'*');
-    out.extend_from_slice(args.len().to_string().as_bytes());
+    decimal(out, args.len());
     out.extend_from_slice(b"\r\n");
     for a in args {
         bulk(out, a);
@@ -398,6 +414,18 @@ pub fn check_invariants(bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_are_written_in_decimal() {
+        for n in [0usize, 1, 9, 10, 99, 100, 12_345, usize::MAX] {
+            let mut out = Vec::new();
+            decimal(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
+        let mut out = Vec::new();
+        command(&mut out, [&b"SET"[..], b"k", &[b'v'; 12]].into_iter());
+        assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$12\r\nvvvvvvvvvvvv\r\n");
+    }
 
     /// The invariants over 20,000 seeded mutations of real requests and replies (libFuzzer runs
     /// the same check longer: `fuzz/run.sh resp_codec`).

@@ -63,6 +63,7 @@ use std::time::Duration;
 use keyroute_cache_proto::commands::{self, Access};
 use keyroute_cache_proto::resp as codec;
 use keyroute_fleet::pool::{Pool, Snapshot};
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::conn::Lost;
@@ -79,13 +80,16 @@ pub(crate) enum Pending {
     One { server: usize, node: usize, written: Option<Written> },
     /// A split command's parts: (server, node, the client's positions of its keys), and the keys
     /// it writes in a pool with hot keys, whose copies are deleted once the servers answered.
-    Split { how: Merge, parts: Vec<(usize, usize, Vec<usize>)>, n: usize, written: Vec<(Written, usize)> },
+    Split { how: Merge, parts: Vec<(usize, usize, Positions)>, n: usize, written: Vec<(Written, usize)> },
     /// A hot key's `GET` on a replica (`node`) that is not its owner: a miss there is read from
     /// the owner, answered, and copied to the replica.
     HotGet { server: usize, node: usize, owner: usize, hash: u64, key: Vec<u8> },
     /// A reply read and dropped (a hot key's copy deleted on a replica).
     Discard { server: usize },
 }
+
+/// A split command's part: the client's positions of its keys (a few, on the stack).
+type Positions = SmallVec<[usize; 8]>;
 
 /// A key a command writes: its hash and its bytes.
 type Written = (u64, Vec<u8>);
@@ -497,12 +501,10 @@ async fn serve_command(b: &mut Batch<'_, Redis>, pw: Option<&str>, name: &str, a
         }
         "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" if arity(2) => {
             let how = if name == "MGET" { Merge::Values } else { Merge::Sum };
-            let keys: Vec<&[u8]> = args[1..].to_vec();
-            return split(b, pw, how, args[0], &keys, 1).await;
+            return split(b, pw, how, args[0], &args[1..], 1).await;
         }
         "MSET" if arity(3) && args.len() % 2 == 1 => {
-            let pairs: Vec<&[u8]> = args[1..].to_vec();
-            return split(b, pw, Merge::Ok, args[0], &pairs, 2).await;
+            return split(b, pw, Merge::Ok, args[0], &args[1..], 2).await;
         }
         "MSETNX" if arity(3) && args.len() % 2 == 1 => {
             let keys: Vec<&[u8]> = args[1..].iter().step_by(2).copied().collect();
@@ -757,8 +759,8 @@ async fn split(
     items: &[&[u8]],
     stride: usize,
 ) -> Pending {
-    // node -> the client's positions of its keys
-    let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
+    // node -> the client's positions of its keys (a few servers, a few keys each, on the stack)
+    let mut by_node: SmallVec<[(usize, Positions); 4]> = SmallVec::new();
     let n = items.len() / stride;
     let writes = matches!(how, Merge::Ok) || verb.eq_ignore_ascii_case(b"DEL") || verb.eq_ignore_ascii_case(b"UNLINK");
     let mut written = Vec::new();
@@ -781,12 +783,12 @@ async fn split(
         }
         match by_node.iter_mut().find(|(x, _)| *x == node) {
             Some((_, positions)) => positions.push(i),
-            None => by_node.push((node, vec![i])),
+            None => by_node.push((node, smallvec::smallvec![i])),
         }
     }
     // Every server's connection first: a part sent is a reply owed, so nothing is sent unless
     // every part can be.
-    let mut conns = Vec::with_capacity(by_node.len());
+    let mut conns: SmallVec<[usize; 4]> = SmallVec::with_capacity(by_node.len());
     for (node, _) in &by_node {
         match b.connect(*node).await {
             Some(server) => conns.push(server),
@@ -798,15 +800,31 @@ async fn split(
         b.sent(node);
         let words = std::iter::once(verb)
             .chain(positions.iter().flat_map(|&i| items[i * stride..(i + 1) * stride].iter().copied()));
-        let words: Vec<&[u8]> = words.collect();
-        codec::command(&mut b.servers.0[server].out, words.into_iter());
+        codec::command(&mut b.servers.0[server].out, Counted(words, 1 + positions.len() * stride));
         parts.push((server, node, positions));
     }
     Pending::Split { how, parts, n, written }
 }
 
+/// An iterator whose length is known ahead (a command's words, for its array header).
+struct Counted<I>(I, usize);
+
+impl<'a, I: Iterator<Item = &'a [u8]>> Iterator for Counted<I> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let next = self.0.next();
+        self.1 = self.1.saturating_sub(usize::from(next.is_some()));
+        next
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.1, Some(self.1))
+    }
+}
+
+impl<'a, I: Iterator<Item = &'a [u8]>> ExactSizeIterator for Counted<I> {}
+
 /// A split command's reply from its servers' replies.
-fn merge(how: Merge, replies: &[(&[u8], Vec<usize>)], n: usize, failure: Option<&str>, out: &mut Vec<u8>) {
+fn merge(how: Merge, replies: &[(&[u8], Positions)], n: usize, failure: Option<&str>, out: &mut Vec<u8>) {
     if let Some(why) = failure {
         out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
         return;
@@ -823,7 +841,7 @@ fn merge(how: Merge, replies: &[(&[u8], Vec<usize>)], n: usize, failure: Option<
                 .iter()
                 .filter_map(|(r, _)| std::str::from_utf8(r.strip_prefix(b":")?).ok()?.trim().parse::<i64>().ok())
                 .sum();
-            out.extend_from_slice(format!(":{sum}\r\n").as_bytes());
+            let _ = std::io::Write::write_fmt(out, format_args!(":{sum}\r\n"));
         }
         Merge::Values => {
             let mut values: Vec<&[u8]> = vec![b"$-1\r\n"; n];
@@ -833,7 +851,7 @@ fn merge(how: Merge, replies: &[(&[u8], Vec<usize>)], n: usize, failure: Option<
                     values[i] = e;
                 }
             }
-            out.extend_from_slice(format!("*{n}\r\n").as_bytes());
+            let _ = std::io::Write::write_fmt(out, format_args!("*{n}\r\n"));
             for v in values {
                 out.extend_from_slice(v);
             }
