@@ -558,6 +558,12 @@ pub(crate) fn placed_part(strategy: keyroute::Strategy, key: &[u8]) -> &[u8] {
 /// [`read_through`]), or its placement on the batch's table; `None` when no server is available.
 async fn node_for(b: &mut Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<usize> {
     let hash = placed(b.pool, b.snap, key);
+    node_of(b, pw, hash, key).await
+}
+
+/// [`node_for`] of a key already placed (hashed once, and counted once in the pool's key
+/// statistics and hot-key detection).
+async fn node_of(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: &[u8]) -> Option<usize> {
     if let Some(node) = read_through(b, pw, hash, key).await {
         return Some(node);
     }
@@ -766,15 +772,17 @@ async fn split(
     let mut written = Vec::new();
     for i in 0..n {
         let key = items[i * stride];
+        // One hash a key (twemproxy's placement is an MD5 of it), counted once.
+        let hash = placed(b.pool, b.snap, key);
         let mut hot_hash = None;
         if writes
-            && let Some(h) = placed(b.pool, b.snap, key).0
+            && let Some(h) = hash.0
             && let Some(r) = b.snap.hot().map(|hot| hot.replicas(h))
         {
             invalidate_copies(b, h, r, key).await;
             hot_hash = Some(h);
         }
-        let Some(node) = node_for(b, pw, key).await else {
+        let Some(node) = node_of(b, pw, hash, key).await else {
             b.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
         };
