@@ -8,6 +8,10 @@
 # open. nginx's figure is its worker's resident memory (its master holds no connection).
 # TLS=1 (with PROTOCOL=http): the clients speak HTTPS (a self-signed P-256 certificate made with
 # openssl; TLS 1.3), to nginx `listen ... ssl` and to keyroute's [[listener.tls.certificate]].
+# WS=1 (with PROTOCOL=http): each client opens a WebSocket (an `Upgrade: websocket` GET, answered
+# 101 by the backend: 4 Python listeners that accept the handshake and hold the connection) and
+# leaves the tunnel idle; nginx proxies it with `proxy_set_header Upgrade/Connection`, keyroute
+# by its default route (`upgrades = ["websocket"]`). A proxy then holds two sockets per client.
 #
 # 4 servers, nutcracker and keyroute serve --threads 1 in front of them (as bench/memcache.sh sets
 # them up). For each proxy: its resident memory (VmRSS) with no client, then with CLIENTS client
@@ -33,7 +37,9 @@ BASE_PORT=${BASE_PORT:-24211}
 # pages back every 2 s (mimalloc purges pages freed more than 1 s before).
 SETTLE=${SETTLE:-5}
 TLS=${TLS:-0}
+WS=${WS:-0}
 [[ $TLS == 0 || $PROTOCOL == http ]] || { echo "TLS=1 needs PROTOCOL=http" >&2; exit 64; }
+[[ $WS == 0 || $PROTOCOL == http ]] || { echo "WS=1 needs PROTOCOL=http" >&2; exit 64; }
 [[ $PROTOCOL == memcached || $PROTOCOL == redis || $PROTOCOL == http ]] || { echo "PROTOCOL is memcached, redis or http" >&2; exit 64; }
 ulimit -n "$(ulimit -Hn)"
 
@@ -77,24 +83,51 @@ if [[ $PROTOCOL == http ]]; then
             -addext subjectAltName=DNS:bench.test -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
         LISTEN_EXTRA=" ssl"
     fi
-    for s in "${SERVERS[@]}"; do printf '    server { listen %s; location / { return 200 "ok\\n"; } }\n' "$s"; done |
-        nginx_conf "$TMP/backends" >"$TMP/backends.conf"
-    nginx -p "$TMP/backends" -c "$TMP/backends.conf" -g 'daemon off;' &
-    PIDS+=($!)
+    if [[ $WS == 1 ]]; then
+        # WebSocket backends: answer the handshake (RFC 6455 section 4.2.2) and hold the connection.
+        python3 - "${SERVERS[@]}" <<'PY' &
+import asyncio, base64, hashlib, sys
+async def serve(reader, writer):
+    head = await reader.readuntil(b"\r\n\r\n")
+    key = b""
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"sec-websocket-key:"):
+            key = line.split(b":", 1)[1].strip()
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    await writer.drain()
+    await reader.read()
+async def main():
+    servers = [await asyncio.start_server(serve, a.split(":")[0], int(a.split(":")[1]), backlog=4096) for a in sys.argv[1:]]
+    await asyncio.gather(*(s.serve_forever() for s in servers))
+asyncio.run(main())
+PY
+        PIDS+=($!)
+    else
+        for s in "${SERVERS[@]}"; do printf '    server { listen %s; location / { return 200 "ok\\n"; } }\n' "$s"; done |
+            nginx_conf "$TMP/backends" >"$TMP/backends.conf"
+        nginx -p "$TMP/backends" -c "$TMP/backends.conf" -g 'daemon off;' &
+        PIDS+=($!)
+    fi
     {
         printf '    upstream backends {\n        hash $arg_k consistent;\n        keepalive 64;\n'
         for s in "${SERVERS[@]}"; do printf '        server %s;\n' "$s"; done
         printf '    }\n    server {\n        listen 127.0.0.1:%s%s;\n' "$NUT_PORT" "$LISTEN_EXTRA"
         [[ $TLS == 1 ]] && printf '        ssl_certificate %s;\n        ssl_certificate_key %s;\n' "$TMP/cert.pem" "$TMP/key.pem"
         printf '        location / {\n'
-        printf '            proxy_pass http://backends;\n            proxy_http_version 1.1;\n            proxy_set_header Connection "";\n'
+        printf '            proxy_pass http://backends;\n            proxy_http_version 1.1;\n'
+        if [[ $WS == 1 ]]; then
+            printf '            proxy_set_header Upgrade $http_upgrade;\n            proxy_set_header Connection "upgrade";\n            proxy_read_timeout 3600s;\n'
+        else
+            printf '            proxy_set_header Connection "";\n'
+        fi
         printf '        }\n    }\n'
     } | nginx_conf "$TMP/nginx" >"$TMP/nginx.conf"
     nginx -p "$TMP/nginx" -c "$TMP/nginx.conf" -g 'daemon off;' &
     NGINX_MASTER=$!
     PIDS+=("$NGINX_MASTER")
     {
-        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nheader_timeout_ms = 3600000\n' $((BASE_PORT + 13)) "$KR_PORT"
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n[[listener]]\nlisten = "127.0.0.1:%s"\nheader_timeout_ms = 3600000\ntunnel_idle_timeout_ms = 3600000\n' $((BASE_PORT + 13)) "$KR_PORT"
         [[ $TLS == 1 ]] && printf '[[listener.tls.certificate]]\ncert = "%s"\nkey = "%s"\n' "$TMP/cert.pem" "$TMP/key.pem"
         printf '\n'
         printf '[[pool]]\nname = "bench"\nstrategy = "rendezvous"\nkey = "{query.k}"\n'
@@ -150,7 +183,7 @@ server_conns() {
 
 echo "# memory per idle client connection ($PROTOCOL)"
 echo
-echo "- command: \`CLIENTS=$CLIENTS PROTOCOL=$PROTOCOL TLS=$TLS bench/idle.sh\`; 4 servers, each proxy with --threads 1 / one process"
+echo "- command: \`CLIENTS=$CLIENTS PROTOCOL=$PROTOCOL TLS=$TLS WS=$WS bench/idle.sh\`; 4 servers, each proxy with --threads 1 / one process"
 echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); keyroute $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (+ uncommitted changes)')"
 echo
 echo "| proxy | RSS before (KiB) | RSS with $CLIENTS idle clients (KiB) | per client (bytes) | server-side connections |"
@@ -160,9 +193,10 @@ for target in $PEER keyroute; do
     [[ $target == keyroute ]] && port=$KR_PORT pid=$KR_PID
     before=$(rss_kib "$pid")
     conns_before=$(server_conns)
-    python3 - "$port" "$CLIENTS" "$PROTOCOL" "$TMP/$target.ready" "$TLS" <<'PY' &
+    python3 - "$port" "$CLIENTS" "$PROTOCOL" "$TMP/$target.ready" "$TLS" "$WS" <<'PY' &
 import socket, ssl, sys, time, os
 port, n, proto, ready, tls = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+ws = sys.argv[6] == "1"
 ctx = ssl.create_default_context()
 ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
@@ -176,12 +210,16 @@ for i in range(n):
         s.sendall(b"get " + key + b"\r\n")
     elif proto == "redis":
         s.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key))
+    elif ws:
+        s.sendall(b"GET /?k=%d HTTP/1.1\r\nHost: bench\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                  b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n" % i)
     else:
         s.sendall(b"GET /?k=%d HTTP/1.1\r\nHost: bench\r\n\r\n" % i)
     socks.append(s)
 for s in socks:
     got = b""
-    while not (got.endswith(b"END\r\n") or got.endswith(b"$-1\r\n") or got.endswith(b"\r\n\r\nok\n")):
+    while not (got.endswith(b"END\r\n") or got.endswith(b"$-1\r\n") or got.endswith(b"\r\n\r\nok\n")
+               or (ws and got.startswith(b"HTTP/1.1 101") and got.endswith(b"\r\n\r\n"))):
         chunk = s.recv(4096)
         if not chunk:
             raise SystemExit("closed")
