@@ -32,6 +32,8 @@
 //! |---|---|
 //! | [`body`] | the body type, and the responses the gateway makes itself |
 //! | `hop` | the hop-by-hop headers (never forwarded, never stored) |
+//! | `arena` | per-request buffers the runtime thread keeps between requests (key text, small values) |
+//! | `head` | a request's and a response's head: as received with the request path's edits (HTTP/1.1), or as a map |
 //! | [`key`] | key templates over HTTP requests: the core's key language ([`keyroute::key`]) |
 //! | [`tls`] | certificates, their validity, and SNI selection (rustls, `ring`) |
 //! | [`config`] | a pool's and a route's HTTP settings |
