@@ -475,7 +475,7 @@ fn spare_index(n: usize) -> Vec<Field> {
 }
 
 impl Drop for Fields {
-    /// The index goes back to this thread's spares (not one larger than [`SPARE_FIELDS`]).
+    /// The index goes back to this thread's spares (not one larger than `SPARE_FIELDS`).
     fn drop(&mut self) {
         if self.fields.capacity() == 0 || self.fields.capacity() > SPARE_FIELDS {
             return;
