@@ -26,7 +26,6 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri, Version};
 use keyroute_http1::buf::{Pool, Spare};
 use keyroute_http1::{RequestHead, ResponseHead};
-use smallvec::SmallVec;
 use std::cell::RefCell;
 
 use crate::body::ProxyBody;
@@ -97,7 +96,7 @@ impl ReqHead {
         let fields = if head.fields().len() <= MAX_RAW_FIELDS {
             Fields::Raw(Raw::new(head.into_fields()))
         } else {
-            Fields::Map(map_of(head.fields())?)
+            Fields::Map(map_of(head.fields(), false)?)
         };
         Some(ReqHead { method, uri, version, fields })
     }
@@ -118,12 +117,23 @@ impl ReqHead {
     }
 }
 
-/// A parsed head's fields as a map; `None` for a field `http` refuses.
-fn map_of(fields: &keyroute_http1::Fields) -> Option<HeaderMap> {
+/// A parsed head's fields as a map. A request's: `None` for a field `http` refuses (the request
+/// is answered 400). A worker's response's (`response`): such a field is left out, and a repeated
+/// `Content-Length` goes once (see [`Answer::from_worker`]).
+fn map_of(fields: &keyroute_http1::Fields, response: bool) -> Option<HeaderMap> {
     let mut map = HeaderMap::with_capacity(fields.len() + ADDED_ROOM);
     for (i, (name, _)) in fields.iter().enumerate() {
-        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
-        let value = HeaderValue::from_maybe_shared(fields.value_bytes(i)?).ok()?;
+        let name = HeaderName::from_bytes(name.as_bytes()).ok();
+        let value = fields.value_bytes(i).and_then(|v| HeaderValue::from_maybe_shared(v).ok());
+        let (Some(name), Some(value)) = (name, value) else {
+            if response {
+                continue;
+            }
+            return None;
+        };
+        if response && name == http::header::CONTENT_LENGTH && map.contains_key(http::header::CONTENT_LENGTH) {
+            continue;
+        }
         map.append(name, value);
     }
     Some(map)
@@ -174,12 +184,13 @@ impl<'a> Iterator for Values<'a> {
             Source::Raw { raw, name, next } => {
                 let fields = &raw.head;
                 let received = fields.len();
+                let want = name.as_str().as_bytes();
                 while *next < received {
                     let i = *next;
                     *next += 1;
                     if raw.dropped & (1u128 << i) == 0
                         && let Some((n, v)) = fields.field(i)
-                        && name_is(n, name.as_str().as_bytes())
+                        && name_is(n, want)
                     {
                         return Some(v);
                     }
@@ -447,27 +458,17 @@ impl<B> Answer<B> {
         let crlf = (0..f.len()).all(|i| f.line_span(i).is_some_and(|l| f.as_bytes()[l].ends_with(b"\r\n")));
         let fields = if f.len() <= MAX_RAW_FIELDS && crlf {
             let mut raw = Raw::new(head.into_fields());
-            let lengths = (0..raw.head.len()).filter(|&i| {
-                raw.head.field(i).is_some_and(|(n, _)| name_is(n, http::header::CONTENT_LENGTH.as_str().as_bytes()))
-            });
-            for i in lengths.skip(1).collect::<SmallVec<[usize; 2]>>() {
-                raw.dropped |= 1u128 << i;
+            let length = http::header::CONTENT_LENGTH.as_str().as_bytes();
+            if raw.seen & name_bit(length) != 0 {
+                let head = &raw.head;
+                let lengths = (0..head.len()).filter(|&i| head.field(i).is_some_and(|(n, _)| name_is(n, length)));
+                for i in lengths.skip(1) {
+                    raw.dropped |= 1u128 << i;
+                }
             }
             Fields::Raw(raw)
         } else {
-            let mut map = HeaderMap::with_capacity(f.len());
-            for (i, (name, _)) in f.iter().enumerate() {
-                let (Ok(name), Some(value)) = (HeaderName::from_bytes(name.as_bytes()), f.value_bytes(i)) else {
-                    continue;
-                };
-                if name == http::header::CONTENT_LENGTH && map.contains_key(http::header::CONTENT_LENGTH) {
-                    continue;
-                }
-                if let Ok(value) = HeaderValue::from_maybe_shared(value) {
-                    map.append(name, value);
-                }
-            }
-            Fields::Map(map)
+            Fields::Map(map_of(f, true).unwrap_or_default())
         };
         Answer { head: RespHead { status, fields, extensions: http::Extensions::new() }, body }
     }

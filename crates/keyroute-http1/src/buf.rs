@@ -216,6 +216,13 @@ impl<T: Reuse> Spare<T> {
     }
 }
 
+impl<T: Reuse + Clone> Clone for Spare<T> {
+    /// A copy, given back to the same pool when dropped.
+    fn clone(&self) -> Self {
+        Spare { value: self.value.clone(), pool: self.pool }
+    }
+}
+
 impl<T: Reuse + std::fmt::Debug> std::fmt::Debug for Spare<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.value.fmt(f)

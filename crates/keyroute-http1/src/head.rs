@@ -36,6 +36,8 @@
 
 use bytes::Bytes;
 
+use crate::buf::{Pool, Spare};
+
 /// How far a head may grow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -191,7 +193,7 @@ pub struct ConnectionOptions {
 pub struct Fields {
     bytes: Bytes,
     version: Version,
-    fields: Vec<Field>,
+    fields: Spare<Vec<Field>>,
     connection: ConnectionOptions,
     /// The first line, CRLF included.
     first: Span,
@@ -452,44 +454,24 @@ fn check_target(method: &[u8], target: &[u8]) -> Result<(), HeadError> {
     if scheme_ok && target[colon..].starts_with(b"://") { Ok(()) } else { Err(HeadError::Syntax) }
 }
 
-/// The most field indexes a thread keeps for the next heads, and the largest it keeps.
-const SPARE_INDEXES: usize = 64;
+/// The largest field index a thread keeps for the next heads.
 const SPARE_FIELDS: usize = 128;
 
 thread_local! {
     /// Field indexes of heads that were dropped on this thread, for the next heads parsed here:
     /// a proxy parses a request and a response head a request, and each would allocate one.
-    static SPARE: std::cell::RefCell<Vec<Vec<Field>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static INDEX_SPARES: std::cell::RefCell<Vec<Vec<Field>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// An empty index with room for `n` fields: a spare one of this thread's if it has one.
-fn spare_index(n: usize) -> Vec<Field> {
-    let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
-    match spare {
-        Some(mut v) => {
-            v.reserve(n);
-            v
-        }
-        None => Vec::with_capacity(n.max(16)),
-    }
-}
+/// Heads' field indexes (64 kept per thread, none over [`SPARE_FIELDS`] fields).
+static INDEXES: Pool<Vec<Field>> = Pool::new(&INDEX_SPARES, 64, SPARE_FIELDS);
 
-impl Drop for Fields {
-    /// The index goes back to this thread's spares (not one larger than `SPARE_FIELDS`).
-    fn drop(&mut self) {
-        if self.fields.capacity() == 0 || self.fields.capacity() > SPARE_FIELDS {
-            return;
-        }
-        let mut index = std::mem::take(&mut self.fields);
-        index.clear();
-        let _ = SPARE.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut()
-                && s.len() < SPARE_INDEXES
-            {
-                s.push(index);
-            }
-        });
-    }
+/// An empty index with room for `n` fields: a spare one of this thread's if it has one (it goes
+/// back when its head is dropped).
+fn spare_index(n: usize) -> Spare<Vec<Field>> {
+    let mut index = Spare::take(&INDEXES, || Vec::with_capacity(n.max(16)));
+    index.reserve(n);
+    index
 }
 
 /// The spans of every field (name, value, whole line) and of the first line.
@@ -498,7 +480,7 @@ fn index(
     first_start: u32,
     headers: &[httparse::Header<'_>],
     len: usize,
-) -> Result<(Vec<Field>, Span), HeadError> {
+) -> Result<(Spare<Vec<Field>>, Span), HeadError> {
     let mut fields = spare_index(headers.len());
     for h in headers {
         let name = Span::of(base, h.name.as_bytes());
@@ -556,7 +538,7 @@ fn read_framing_fields(head: &mut Fields) -> (FramingFields, Option<Span>) {
     let mut ff = FramingFields::default();
     let mut expect = None;
     let mut connection = ConnectionOptions::default();
-    for f in &head.fields {
+    for f in head.fields.iter() {
         let name = &head.bytes[f.name.range()];
         let value = &head.bytes[f.value.range()];
         if name.eq_ignore_ascii_case(b"content-length") {
@@ -806,12 +788,12 @@ mod tests {
         let many: String = (0..SPARE_FIELDS + 1).map(|i| format!("X-{i}: v\r\n")).collect();
         let limits = Limits { max_headers: SPARE_FIELDS + 10, ..Limits::default() };
         let text = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
-        let spares = SPARE.with(|s| s.borrow().len());
+        let spares = INDEX_SPARES.with(|s| s.borrow().len());
         match parse_request(&Bytes::from(text), &limits) {
             Ok(Parsed::Complete(h, _)) => drop(h),
             other => panic!("{other:?}"),
         }
-        assert!(SPARE.with(|s| s.borrow().len()) < spares, "took a spare and kept none back");
+        assert!(INDEX_SPARES.with(|s| s.borrow().len()) < spares, "took a spare and kept none back");
     }
 
     #[test]

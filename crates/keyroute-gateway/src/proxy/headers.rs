@@ -487,10 +487,9 @@ pub(crate) use crate::body::REQUEST_ID;
 /// visible ASCII characters (the client's value itself, nothing copied), else a new one (`next`
 /// is a process-wide counter, started at a random value, mixed into 16 hex digits).
 pub(crate) fn request_id(fields: &Fields, next: impl FnOnce() -> u64) -> HeaderValue {
-    if let Some(v) = fields.get(&REQUEST_ID)
+    if let Some(v) = fields.value(&REQUEST_ID)
         && (1..=128).contains(&v.len())
-        && v.iter().all(u8::is_ascii_graphic)
-        && let Some(v) = fields.value(&REQUEST_ID)
+        && v.as_bytes().iter().all(u8::is_ascii_graphic)
     {
         return v;
     }
