@@ -47,6 +47,16 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody
     resp
 }
 
+/// Marks a response the gateway made itself (an error), with its fixed message and reason: a
+/// gRPC call gets it as a gRPC status instead (`proxy::grpc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatewayError {
+    /// The message (fixed text).
+    pub message: &'static str,
+    /// The reason class.
+    pub reason: &'static str,
+}
+
 /// A public error response: `{"error": message, "reason": class, "status", "request_id"}`.
 ///
 /// `message` and `reason` are fixed text chosen by the gateway, never input-derived.
@@ -55,6 +65,7 @@ pub fn error(status: StatusCode, message: &'static str, reason: &'static str, re
         status,
         &serde_json::json!({ "error": message, "reason": reason, "status": status.as_u16(), "request_id": request_id }),
     );
+    resp.extensions_mut().insert(GatewayError { message, reason });
     if let Ok(v) = HeaderValue::try_from(request_id) {
         resp.headers_mut().insert(REQUEST_ID.clone(), v);
     }

@@ -2,6 +2,7 @@
 //! the server's): what the HTTP listeners need beyond the fleet's pool settings.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -119,6 +120,44 @@ pub struct HttpPoolConfig {
     pub read_timeout: Duration,
     /// The gateway's response cache for hot keys (`[pool.hot_keys.cache]`), if on.
     pub cache: Option<CacheSettings>,
+    /// How the gateway talks to the workers (`[pool.upstream]`).
+    pub upstream: Arc<UpstreamConfig>,
+}
+
+/// `[pool.upstream]`: the protocol spoken to a pool's workers, and TLS.
+#[derive(Debug, Default)]
+pub struct UpstreamConfig {
+    /// HTTP/1.1, HTTP/2, or (over TLS) whichever ALPN settles on.
+    pub protocol: UpstreamProtocol,
+    /// TLS to the workers, loaded; plain TCP if `None`.
+    pub tls: Option<crate::upstream::tls::ClientTls>,
+    /// HTTP/2: streams a connection carries before another connection to the same worker is
+    /// opened (the worker's own `SETTINGS_MAX_CONCURRENT_STREAMS` still applies: past it, streams
+    /// wait on their connection).
+    pub max_streams: u32,
+}
+
+/// The HTTP version spoken to workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (`http1`, the default).
+    #[default]
+    Http1,
+    /// HTTP/2 (`h2`): with prior knowledge over plain TCP, by ALPN over TLS.
+    H2,
+    /// Over TLS only: `h2` if the worker's ALPN picks it, else HTTP/1.1 (`auto`).
+    Auto,
+}
+
+impl UpstreamProtocol {
+    /// The ALPN protocols offered over TLS, most preferred first.
+    pub fn alpn(self) -> &'static [&'static [u8]] {
+        match self {
+            UpstreamProtocol::Http1 => &[b"http/1.1"],
+            UpstreamProtocol::H2 => &[b"h2"],
+            UpstreamProtocol::Auto => &[b"h2", b"http/1.1"],
+        }
+    }
 }
 
 /// `[pool.hot_keys.cache]`.

@@ -41,6 +41,9 @@ pub(crate) struct ReqHead {
     pub(crate) version: Version,
     /// The fields.
     pub(crate) fields: Fields,
+    /// The client said it accepts trailers (`TE: trailers`): read before the hop-by-hop fields
+    /// go, for an HTTP/2 worker, which gets it (gRPC servers require it).
+    pub(crate) trailers: bool,
 }
 
 /// The most fields a head as received may have: one bit each in [`Raw::dropped`].
@@ -98,12 +101,18 @@ impl ReqHead {
         } else {
             Fields::Map(map_of(head.fields(), false)?)
         };
-        Some(ReqHead { method, uri, version, fields })
+        Some(ReqHead { method, uri, version, fields, trailers: false })
     }
 
     /// A head whose fields are a map (HTTP/2, [`crate::ProxyService::call`]).
     pub(crate) fn from_parts(parts: http::request::Parts) -> ReqHead {
-        ReqHead { method: parts.method, uri: parts.uri, version: parts.version, fields: Fields::Map(parts.headers) }
+        ReqHead {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            fields: Fields::Map(parts.headers),
+            trailers: false,
+        }
     }
 
     /// The head as `http` parts with its fields in a map (a copy: the response cache keeps it).

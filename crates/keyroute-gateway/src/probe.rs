@@ -18,6 +18,8 @@ use keyroute_fleet::prober::Check;
 pub struct HttpCheck {
     /// The path (`[pool.health] path`).
     pub path: String,
+    /// How the pool's workers are reached (`[pool.upstream]`).
+    pub upstream: Arc<crate::config::UpstreamConfig>,
 }
 
 impl Check for HttpCheck {
@@ -33,7 +35,9 @@ impl Check for HttpCheck {
             req.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
             let (parts, body) = req.into_parts();
             // The prober bounds the whole check, the connect included.
-            let Ok(resp) = upstream.send(&crate::head::ReqHead::from_parts(parts), body, false, Duration::MAX).await
+            let Ok(resp) = upstream
+                .send(&self.upstream, &crate::head::ReqHead::from_parts(parts), body, false, Duration::MAX)
+                .await
             else {
                 return false;
             };

@@ -97,6 +97,11 @@ impl Certificate {
         Ok(Certificate { cert: cert.to_owned(), key: key.to_owned(), valid, loaded: Arc::new(loaded) })
     }
 
+    /// The chain and key, loaded.
+    pub(crate) fn certified_key(&self) -> Arc<CertifiedKey> {
+        Arc::clone(&self.loaded)
+    }
+
     /// Whether `now` is within the certificate's validity.
     pub fn valid_at(&self, now: SystemTime) -> bool {
         self.valid.0 <= now && now <= self.valid.1

@@ -15,7 +15,10 @@ pub(crate) fn set_checks(config: &Config, pools: &[Arc<Pool>]) {
         let check: Option<Arc<dyn Check>> = match config.cache_listeners().find(|c| c.pool == pool.name) {
             Some(c) => Some(keyroute_cacheproxy::check(c, pool)),
             None => config.pools.iter().zip(&config.http).find(|(p, _)| p.name == pool.name).map(|(_, http)| {
-                Arc::new(keyroute_gateway::probe::HttpCheck { path: http.health_path.clone() }) as Arc<dyn Check>
+                Arc::new(keyroute_gateway::probe::HttpCheck {
+                    path: http.health_path.clone(),
+                    upstream: Arc::clone(&http.upstream),
+                }) as Arc<dyn Check>
             }),
         };
         pool.set_check(check);

@@ -3,8 +3,10 @@
 //! a logged request is the gateway's key of the same request.
 //!
 //! A template is literal text with placeholders: `{path}`, `{query.NAME}`, `{header.NAME}`,
-//! `{cookie.NAME}`, `{client_ip}`, `{host}`, `{method}`, `{uri}` (path and query). `{{` and `}}`
-//! are literal braces. The thumbnail service's key is `{path}?w={query.w}&h={query.h}`: the same
+//! `{cookie.NAME}`, `{client_ip}`, `{host}`, `{method}`, `{uri}` (path and query), and for gRPC
+//! calls (whose path is `/package.Service/Method`) `{grpc.service}` (`package.Service`) and
+//! `{grpc.method}` (`package.Service/Method`, the full method name). `{{` and `}}` are literal
+//! braces. The thumbnail service's key is `{path}?w={query.w}&h={query.h}`: the same
 //! image at the same size is the same key, so it lands on the worker that has it cached.
 //!
 //! A placeholder whose part is absent (no such query parameter, header or cookie; a logged request
@@ -63,6 +65,10 @@ enum Part {
     /// Lowercase.
     Header(String),
     Cookie(String),
+    /// `package.Service` of a gRPC path.
+    GrpcService,
+    /// `package.Service/Method` of a gRPC path.
+    GrpcMethod,
 }
 
 /// Why a key template was refused.
@@ -189,6 +195,18 @@ impl KeyTemplate {
                 Part::Path => self.push(out, req.path()),
                 Part::Uri => self.push(out, req.path_and_query()),
                 Part::Method => out.push_str(req.method()),
+                Part::GrpcService => match grpc_method(req.path()) {
+                    Some((service, _)) => out.push_str(service),
+                    None => return Err(MissingPart("grpc.service (the path is not /package.Service/Method)".into())),
+                },
+                Part::GrpcMethod => match grpc_method(req.path()) {
+                    Some((service, method)) => {
+                        out.push_str(service);
+                        out.push('/');
+                        out.push_str(method);
+                    }
+                    None => return Err(MissingPart("grpc.method (the path is not /package.Service/Method)".into())),
+                },
                 Part::ClientIp => match req.client_ip() {
                     Some(ip) => {
                         use std::fmt::Write as _;
@@ -231,8 +249,10 @@ impl KeyTemplate {
 }
 
 fn placeholder(name: &str) -> Result<Part, String> {
-    let known = "{path}, {uri}, {host}, {method}, {client_ip}, {query.NAME}, {header.NAME}, {cookie.NAME}";
+    let known = "{path}, {uri}, {host}, {method}, {client_ip}, {query.NAME}, {header.NAME}, {cookie.NAME}, {grpc.service}, {grpc.method}";
     Ok(match name {
+        "grpc.service" => Part::GrpcService,
+        "grpc.method" => Part::GrpcMethod,
         "path" => Part::Path,
         "uri" => Part::Uri,
         "host" => Part::Host,
@@ -253,6 +273,13 @@ fn placeholder(name: &str) -> Result<Part, String> {
             }
         }
     })
+}
+
+/// The service and method of a gRPC call's path (`/package.Service/Method`): two non-empty
+/// segments, nothing more.
+fn grpc_method(path: &str) -> Option<(&str, &str)> {
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some((service, method))
 }
 
 /// A byte of an HTTP token (RFC 9110 §5.6.2): what a header name is made of.
@@ -359,6 +386,19 @@ mod tests {
             assert!(e.to_string().contains(needle), "{t}: {e}");
         }
         assert!(matches!(KeyTemplate::parse("{path}", &["upper".into()]), Err(TemplateError::Normalize(_))));
+    }
+
+    #[test]
+    fn grpc_parts_are_the_service_and_the_full_method() {
+        let t = KeyTemplate::parse("{grpc.method}|{grpc.service}", &[]).expect("valid");
+        let mut out = String::new();
+        let call = |uri| LoggedRequest { method: "POST", uri, client: None };
+        t.render(&call("/shop.v1.Cart/Get"), &mut out).expect("a gRPC path");
+        assert_eq!(out, "shop.v1.Cart/Get|shop.v1.Cart");
+        for not_grpc in ["/", "/shop.v1.Cart", "/shop.v1.Cart/", "//Get", "/a/b/c"] {
+            let e = t.render(&call(not_grpc), &mut out).expect_err(not_grpc);
+            assert!(e.0.starts_with("grpc.method"), "{not_grpc}: {e}");
+        }
     }
 
     #[test]

@@ -176,7 +176,7 @@ impl Guarded {
     }
 
     /// The worker's body failed mid-way: an upstream failure.
-    fn fail(&mut self, error: &keyroute_http1::ExchangeError) {
+    fn fail(&mut self, error: &dyn std::fmt::Display) {
         if let Some(f) = self.state.take() {
             // The client's own upload broke the exchange, or a 5xx already counted as a failure:
             // nothing more against the worker.
@@ -232,7 +232,7 @@ impl Body for Guarded {
             }
             Poll::Ready(Some(Err(e))) => {
                 self.fail(&e);
-                Poll::Ready(Some(Err(Box::new(e))))
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Pending => {
                 let timeout = self.read_timeout;

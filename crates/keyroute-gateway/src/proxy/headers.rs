@@ -113,6 +113,10 @@ pub(crate) fn upstream_head(
     id: &HeaderValue,
 ) {
     let upgrade = upgrade_of(head.version, &head.fields, upgrades);
+    head.trailers = head.fields.get_all(&header::TE).any(|v| {
+        v.split(|&b| b == b',')
+            .any(|t| t.split(|&b| b == b';').next().is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers")))
+    });
     let fields = &mut head.fields;
     strip_hop_by_hop(fields);
     let websocket = upgrade.as_ref().is_some_and(|u| {

@@ -17,6 +17,7 @@
 
 mod attempt;
 mod cache;
+mod grpc;
 pub(crate) mod guarded;
 pub(crate) mod headers;
 mod key;
@@ -157,7 +158,11 @@ where
     let mut placed =
         log.map(|l| Placed { request_id: id.to_owned(), key: l.wants_key().then(String::new), ..Placed::default() });
     let mut cx = Exchange { front, listener, peer, id, id_value: &id_value, placed: placed.as_mut() };
+    let grpc = head.version == http::Version::HTTP_2 && grpc::is_call(&head);
     let mut resp = route::route_and_forward(&mut cx, &mut head, body).await;
+    if grpc {
+        grpc::as_call_error(&mut resp);
+    }
     if front.draining.load(Relaxed) {
         resp.head.fields.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
@@ -203,7 +208,9 @@ where
         cache::Looked::Skip => (None, false),
     };
     // Head.
-    headers::upstream_head(head, route.upgrades, body.is_end_stream(), cx.peer, &cx.front.via, cx.id_value);
+    // No upgrade is offered to workers reached through hyper (HTTP/2, TLS): see `upstream::mux`.
+    let upgrades = if crate::upstream::through_mux(&http.upstream) { &[] } else { route.upgrades };
+    headers::upstream_head(head, upgrades, body.is_end_stream(), cx.peer, &cx.front.via, cx.id_value);
     // Steer and attempt, worker after worker.
     let replayable = body.is_end_stream();
     let upload = Arc::new(Upload::default());
@@ -211,7 +218,9 @@ where
     // A request that waited for another's miss in vain has spent its patience: one try, never
     // abandoned (forty followers of a slow worker must not become forty times the retries).
     let attempts = if replayable && !waited { retry.attempts } else { 1 };
-    let deadline = started + retry.deadline;
+    // A gRPC call's own deadline bounds it too.
+    let call_timeout = if head.version == http::Version::HTTP_2 { grpc::timeout(head) } else { None };
+    let deadline = started + call_timeout.map_or(retry.deadline, |t| t.min(retry.deadline));
     let mut body = Some(ClientBody::new(body, Arc::clone(&upload)).boxed_unsync());
     let mut tried: Vec<usize> = Vec::new();
     let mut last: Option<Failure> = None;

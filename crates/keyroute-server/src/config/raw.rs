@@ -107,8 +107,23 @@ pub(super) struct RawPool {
     pub(super) slow_start: Option<RawSlowStart>,
     pub(super) handoff: Option<RawHandoff>,
     pub(super) compat: Option<RawCompat>,
+    pub(super) upstream: Option<RawUpstream>,
     #[serde(default)]
     pub(super) worker: Vec<RawWorker>,
+}
+
+/// `[pool.upstream]`: the protocol spoken to the workers, and TLS.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstream {
+    pub(super) protocol: Option<Spanned<String>>,
+    pub(super) max_streams: Option<Spanned<u32>>,
+    pub(super) tls: Option<Spanned<bool>>,
+    pub(super) ca_file: Option<Spanned<String>>,
+    pub(super) server_name: Option<Spanned<String>>,
+    pub(super) client_cert: Option<Spanned<String>>,
+    pub(super) client_key: Option<Spanned<String>>,
+    pub(super) min_version: Option<Spanned<String>>,
 }
 
 /// `[pool.compat]`: the parameters of the compatibility strategies.

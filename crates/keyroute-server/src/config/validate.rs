@@ -11,6 +11,7 @@ use toml::Spanned;
 
 use super::raw::{RawConfig, RawPool};
 use super::*;
+use keyroute_gateway::config::{UpstreamConfig, UpstreamProtocol};
 use keyroute_gateway::key::KeyTemplate;
 
 /// Errors carry the file and compute lines from byte offsets.
@@ -167,6 +168,17 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
                 cache.pool
             );
             return ctx.err(Some(at), format!("listener.{}.pool", l.name), msg);
+        }
+        if let Some(u) = &raw_pool.upstream {
+            // memcached and Redis servers are reached in their own protocols, never HTTP or TLS.
+            let listener_at = raw_listener.pool.as_ref().map_or_else(|| raw_listener.listen.span(), Spanned::span);
+            let at = u.protocol.as_ref().map(Spanned::span).or_else(|| u.tls.as_ref().map(Spanned::span));
+            let at = at.unwrap_or(listener_at);
+            let msg = format!(
+                "pool '{}' has [pool.upstream] (HTTP and TLS to workers), which a cache listener does not use: remove it",
+                cache.pool
+            );
+            return ctx.err(Some(at), format!("pool.{}.upstream", cache.pool), msg);
         }
         if cache.protocol == CacheProtocol::Redis {
             store_defaults(&mut pools[at], raw_pool);
@@ -598,8 +610,103 @@ fn validate_pool(
         health_path,
         read_timeout: timeout(ctx, p.read_timeout_ms.as_ref(), 60_000, field("read_timeout_ms"))?,
         cache: cache.flatten(),
+        upstream: std::sync::Arc::new(validate_upstream(ctx, p, name)?),
     };
     Ok((pool, http))
+}
+
+/// `[pool.upstream]`: HTTP/1.1 or HTTP/2 to the workers, and TLS (its files loaded now, so a
+/// missing or bad one is an error naming its field).
+fn validate_upstream(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<UpstreamConfig, ConfigError> {
+    use keyroute_gateway::upstream::tls::{ClientTls, ClientTlsSettings, MinVersion, NameRule};
+    let field = |f: &str| format!("pool.{name}.upstream.{f}");
+    let Some(u) = &p.upstream else { return Ok(UpstreamConfig { max_streams: 100, ..UpstreamConfig::default() }) };
+    let tls_on = u.tls.as_ref().is_some_and(|t| *t.get_ref());
+    let protocol = match u.protocol.as_ref().map(|s| (s, s.get_ref().as_str())) {
+        None | Some((_, "http1")) => UpstreamProtocol::Http1,
+        Some((_, "h2")) => UpstreamProtocol::H2,
+        Some((s, "auto")) if !tls_on => {
+            let msg = "auto picks by ALPN, which needs TLS: set tls = true, or say http1 or h2";
+            return ctx.err(Some(s.span()), field("protocol"), msg);
+        }
+        Some((_, "auto")) => UpstreamProtocol::Auto,
+        Some((s, other)) => {
+            let msg = format!("'{}' is not one of: http1, h2, auto", other.escape_debug());
+            return ctx.err(Some(s.span()), field("protocol"), msg);
+        }
+    };
+    let max_streams = match &u.max_streams {
+        None => 100,
+        Some(m) if (1..=10_000).contains(m.get_ref()) => *m.get_ref(),
+        Some(m) => return ctx.err(Some(m.span()), field("max_streams"), "must be in 1..=10000"),
+    };
+    let tls_fields = [
+        ("ca_file", &u.ca_file),
+        ("server_name", &u.server_name),
+        ("client_cert", &u.client_cert),
+        ("client_key", &u.client_key),
+        ("min_version", &u.min_version),
+    ];
+    if !tls_on {
+        if let Some((f, Some(v))) = tls_fields.iter().find(|(_, v)| v.is_some()) {
+            return ctx.err(Some(v.span()), field(f), "a TLS setting without tls = true: say tls = true, or remove it");
+        }
+        return Ok(UpstreamConfig { protocol, tls: None, max_streams });
+    }
+    let server_name = match &u.server_name {
+        None => NameRule::Address,
+        Some(s) => match NameRule::parse(s.get_ref()) {
+            Some(n) => n,
+            None => {
+                let msg = format!(
+                    "'{}' is not a DNS name or an IP address ({{worker}}: each worker's name)",
+                    s.get_ref().escape_debug()
+                );
+                return ctx.err(Some(s.span()), field("server_name"), msg);
+            }
+        },
+    };
+    let min_version = match u.min_version.as_ref().map(|s| (s, s.get_ref().as_str())) {
+        None | Some((_, "1.2")) => MinVersion::Tls12,
+        Some((_, "1.3")) => MinVersion::Tls13,
+        Some((s, other)) => {
+            return ctx.err(
+                Some(s.span()),
+                field("min_version"),
+                format!("'{}' is not one of: 1.2, 1.3", other.escape_debug()),
+            );
+        }
+    };
+    let client_cert = match (&u.client_cert, &u.client_key) {
+        (None, None) => None,
+        (Some(c), Some(k)) => Some((relative_to(ctx, c.get_ref()), relative_to(ctx, k.get_ref()))),
+        (Some(c), None) => return ctx.err(Some(c.span()), field("client_key"), "client_cert needs client_key"),
+        (None, Some(k)) => return ctx.err(Some(k.span()), field("client_cert"), "client_key needs client_cert"),
+    };
+    let settings = ClientTlsSettings {
+        ca_file: u.ca_file.as_ref().map(|c| relative_to(ctx, c.get_ref())),
+        client_cert,
+        server_name,
+        min_version,
+    };
+    match ClientTls::load(settings, protocol.alpn()) {
+        Ok(tls) => {
+            if let Some(w) = tls.client_cert.as_ref().and_then(|c| c.warning(std::time::SystemTime::now())) {
+                ctx.warn(u.client_cert.as_ref().map(Spanned::span), field("client_cert"), w);
+            }
+            Ok(UpstreamConfig { protocol, tls: Some(tls), max_streams })
+        }
+        Err(e) => {
+            let span = match e.field {
+                "ca_file" => u.ca_file.as_ref(),
+                "client_cert" => u.client_cert.as_ref(),
+                "client_key" => u.client_key.as_ref(),
+                _ => u.min_version.as_ref(),
+            };
+            let span = span.map(Spanned::span).or_else(|| u.tls.as_ref().map(Spanned::span));
+            ctx.err(span, field(e.field), e.message)
+        }
+    }
 }
 
 /// The strategy and its options (`strategy`, `hash`, `scheme`, `vnodes`, `maglev_size`,

@@ -19,17 +19,80 @@ use bytes::Bytes;
 use http::Method;
 use http_body::Body as _;
 use keyroute_http1::buf::Spare;
-use keyroute_http1::{ClientConn, ExchangeError, Limits, Outgoing};
+use keyroute_http1::{ClientConn, Limits, Outgoing};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::body::ProxyBody;
+use crate::body::{BoxError, ProxyBody};
+use crate::config::{UpstreamConfig, UpstreamProtocol};
 use crate::head::{Answer, ReqHead};
 
+pub(crate) mod mux;
+pub mod tls;
+
 /// A worker's response body: it owns its connection until it ends (see
-/// [`keyroute_http1::ResponseBody::take_reusable`]).
-pub(crate) type UpstreamBody = keyroute_http1::ResponseBody;
+/// [`UpstreamBody::take_reusable`]).
+pub(crate) enum UpstreamBody {
+    /// From keyroute's own HTTP/1.1 engine (plain HTTP/1.1).
+    Plain(keyroute_http1::ResponseBody),
+    /// Through hyper (HTTP/2, TLS).
+    Mux(mux::MuxBody),
+}
+
+/// A connection whose exchange ended cleanly, on its way back to its idle list.
+pub(crate) enum Reusable {
+    Plain(ClientConn),
+    Http1(hyper::client::conn::http1::SendRequest<ProxyBody>),
+}
+
+impl UpstreamBody {
+    /// The connection, once the body has ended and its request has gone out whole.
+    pub(crate) fn take_reusable(&mut self) -> Option<Reusable> {
+        match self {
+            UpstreamBody::Plain(b) => b.take_reusable().map(Reusable::Plain),
+            UpstreamBody::Mux(b) => b.take_reusable().map(Reusable::Http1),
+        }
+    }
+
+    /// The socket of a connection that switched protocols (plain HTTP/1.1 only: no upgrade is
+    /// offered through hyper).
+    pub(crate) fn into_upgraded(self) -> Option<(TcpStream, Bytes)> {
+        match self {
+            UpstreamBody::Plain(b) => b.into_upgraded(),
+            UpstreamBody::Mux(_) => None,
+        }
+    }
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::Plain(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Mux(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Plain(b) => b.is_end_stream(),
+            UpstreamBody::Mux(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            UpstreamBody::Plain(b) => b.size_hint(),
+            UpstreamBody::Mux(b) => b.size_hint(),
+        }
+    }
+}
 
 /// The limits on a worker's response head: hyper's client's (100 fields), in 64 KiB.
 const RESPONSE_LIMITS: Limits = Limits { max_head_bytes: 64 * 1024, max_headers: 100 };
@@ -80,7 +143,7 @@ pub(crate) enum SendError {
     /// closed as idle just then: worth one more try on a fresh connection, for a replayable request.
     Request {
         /// The error.
-        error: ExchangeError,
+        error: BoxError,
         /// Whether the connection came from the pool.
         reused: bool,
     },
@@ -93,6 +156,10 @@ pub(crate) enum ConnectError {
     Io(std::io::Error),
     /// No connection within the pool's connect timeout.
     TimedOut(Duration),
+    /// The TLS handshake failed: why, in an operator's words (expired, wrong name, unknown CA).
+    Tls(String),
+    /// The HTTP/2 or HTTP/1.1 handshake over the new connection failed.
+    Handshake(String),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -100,6 +167,8 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::Io(e) => write!(f, "{e}"),
             ConnectError::TimedOut(t) => write!(f, "timed out after {t:?}"),
+            ConnectError::Tls(why) => write!(f, "TLS: {why}"),
+            ConnectError::Handshake(why) => write!(f, "handshake: {why}"),
         }
     }
 }
@@ -111,7 +180,7 @@ impl std::fmt::Display for SendError {
             SendError::Local { addr, error } => write!(f, "local, connecting to {addr}: {error}"),
             SendError::Request { error: e, .. } => {
                 write!(f, "{e}")?;
-                let mut cur = std::error::Error::source(e);
+                let mut cur = std::error::Error::source(&**e);
                 while let Some(c) = cur {
                     write!(f, ": {c}")?;
                     cur = c.source();
@@ -136,29 +205,43 @@ pub fn set_thread_slot(i: usize) {
     SLOT.with(|s| s.set(i % SLOTS));
 }
 
-fn slot() -> usize {
+pub(crate) fn slot() -> usize {
     SLOT.with(std::cell::Cell::get)
 }
 
 type Idle = Mutex<Vec<(Instant, ClientConn)>>;
 
-/// A worker's connection pool.
+/// A worker's connection pool: keyroute's own engine's connections (plain HTTP/1.1), and hyper's
+/// ([`mux`]: HTTP/2, TLS).
 #[derive(Debug)]
 pub(crate) struct Upstream {
     addr: SocketAddr,
+    /// The worker's name (the TLS name checked under `server_name = "{worker}"`).
+    name: String,
     idle: [Idle; SLOTS],
+    mux: mux::Mux,
 }
 
 /// The connection pool of a worker served over HTTP: the worker's protocol slot, made on first
 /// use. `None` only if another protocol's state took the slot (a pool is served by one).
 pub(crate) fn of(worker: &keyroute_fleet::pool::WorkerState) -> Option<&Upstream> {
-    worker.protocol_or(|w| Upstream::new(w.address))
+    worker.protocol_or(|w| Upstream::new(w.address, &w.name))
+}
+
+/// Whether a pool's requests go through [`mux`] (HTTP/2 or TLS) rather than the plain engine.
+pub(crate) fn through_mux(cfg: &UpstreamConfig) -> bool {
+    cfg.tls.is_some() || cfg.protocol != UpstreamProtocol::Http1
 }
 
 impl Upstream {
-    /// An empty pool for `addr`.
-    pub(crate) fn new(addr: SocketAddr) -> Self {
-        Upstream { addr, idle: std::array::from_fn(|_| Mutex::new(Vec::new())) }
+    /// An empty pool for the worker `name` at `addr`.
+    pub(crate) fn new(addr: SocketAddr, name: &str) -> Self {
+        Upstream {
+            addr,
+            name: name.to_owned(),
+            idle: std::array::from_fn(|_| Mutex::new(Vec::new())),
+            mux: mux::Mux::new(),
+        }
     }
 
     async fn connect(&self, timeout: Duration) -> Result<ClientConn, SendError> {
@@ -197,35 +280,47 @@ impl Upstream {
     /// gateway itself is out of descriptors or memory, [`SendError::Request`] otherwise.
     pub(crate) async fn send(
         &self,
+        cfg: &std::sync::Arc<UpstreamConfig>,
         req: &ReqHead,
         mut body: ProxyBody,
         reuse: bool,
         connect_timeout: Duration,
     ) -> Result<Answer<UpstreamBody>, SendError> {
+        if through_mux(cfg) {
+            // Boxed: the plain path's future stays the size it was.
+            let send = self.mux.send(self, cfg, req, body, reuse, connect_timeout);
+            return Box::pin(send).await;
+        }
         let (head, outgoing) = request_head(req, &body, self.addr);
         let head_request = req.method == Method::HEAD;
         while reuse && let Some(conn) = self.take_idle() {
             match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
-                Ok(r) => return Ok(Answer::from_worker(r.head, r.body)),
+                Ok(r) => return Ok(Answer::from_worker(r.head, UpstreamBody::Plain(r.body))),
                 // Not sent: the pooled connection had closed. Try the next one.
                 Err(keyroute_http1::SendError::NotSent(_, back)) => body = back,
                 Err(keyroute_http1::SendError::Failed(error)) => {
-                    return Err(SendError::Request { error, reused: true });
+                    return Err(SendError::Request { error: Box::new(error), reused: true });
                 }
             }
         }
         let conn = self.connect(connect_timeout).await?;
         match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
-            Ok(r) => Ok(Answer::from_worker(r.head, r.body)),
+            Ok(r) => Ok(Answer::from_worker(r.head, UpstreamBody::Plain(r.body))),
             Err(keyroute_http1::SendError::NotSent(e, _)) => {
-                Err(SendError::Request { error: ExchangeError::Io(e), reused: false })
+                Err(SendError::Request { error: Box::new(e), reused: false })
             }
-            Err(keyroute_http1::SendError::Failed(error)) => Err(SendError::Request { error, reused: false }),
+            Err(keyroute_http1::SendError::Failed(error)) => {
+                Err(SendError::Request { error: Box::new(error), reused: false })
+            }
         }
     }
 
     /// Returns a connection whose exchange ended cleanly.
-    pub(crate) fn checkin(&self, conn: ClientConn) {
+    pub(crate) fn checkin(&self, conn: Reusable) {
+        let conn = match conn {
+            Reusable::Plain(c) => c,
+            Reusable::Http1(send) => return self.mux.checkin(send),
+        };
         let mut idle = self.idle[slot()].lock();
         if idle.len() < MAX_IDLE {
             idle.push((Instant::now(), conn));
