@@ -11,6 +11,8 @@
 #   same way, and compare their placements with keyroute's.
 #   memcached, nutcracker: the memcached listener's tests (keyroute-server/tests/memcache.rs)
 #   start real memcached servers, and real twemproxy beside keyroute on the same servers.
+#   grpcio (from PyPI, for python3): keyroute-server/tests/grpc.rs runs real gRPC servers and
+#   clients (tests/support/grpc_peer.py) through the gateway.
 #   chromium, chromium-driver (and a font): the dashboard's browser test
 #   (keyroute-server/tests/dashboard.rs) drives headless Chromium through ChromeDriver on
 #   127.0.0.1, both started by the test and stopped by pid.
@@ -50,6 +52,12 @@ if ((${#need[@]})); then
     if [ "$created_policy" -eq 1 ]; then
         $sudo rm -f "$policy"
     fi
+fi
+
+if ! python3 -c "import grpc" >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing grpcio (PyPI: the gRPC tests' real peers)" >&2
+    python3 -m pip install --quiet --disable-pip-version-check grpcio \
+        || python3 -m pip install --quiet --disable-pip-version-check --user grpcio
 fi
 
 # The rendezvous kernels' tests cannot run a vector level the CPU lacks. This says which level
