@@ -11,6 +11,8 @@
 #   same way, and compare their placements with keyroute's.
 #   memcached, nutcracker: the memcached listener's tests (keyroute-server/tests/memcache.rs)
 #   start real memcached servers, and real twemproxy beside keyroute on the same servers.
+#   dnsmasq (package dnsmasq-base: the program, no service): keyroute-server/tests/dns.rs serves
+#   the SRV and address records a DNS-backed pool follows, on a loopback port.
 #   grpcio (from PyPI, for python3): keyroute-server/tests/grpc.rs runs real gRPC servers and
 #   clients (tests/support/grpc_peer.py) through the gateway.
 #   chromium, chromium-driver (and a font): the dashboard's browser test
@@ -33,6 +35,7 @@ have haproxy || need+=(haproxy)
 { have chromium && have chromedriver; } || need+=(chromium chromium-driver)
 have memcached || need+=(memcached)
 have nutcracker || need+=(nutcracker)
+have dnsmasq || need+=(dnsmasq-base)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
 if ((${#need[@]})); then

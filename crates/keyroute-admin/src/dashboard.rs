@@ -382,12 +382,14 @@ impl Sampler {
         let point = serde_json::Value::Object(point);
         let source = match snap.config().membership {
             keyroute_fleet::config::MembershipConfig::Static => serde_json::json!({ "kind": "static" }),
-            keyroute_fleet::config::MembershipConfig::Etcd(_) => {
+            ref m @ (keyroute_fleet::config::MembershipConfig::Etcd(_)
+            | keyroute_fleet::config::MembershipConfig::Dns(_)) => {
+                let kind = if matches!(m, keyroute_fleet::config::MembershipConfig::Dns(_)) { "dns" } else { "etcd" };
                 let s = &pool.source;
                 let now_ms = now.saturating_duration_since(pool.epoch()).as_millis() as u64;
                 let current = s.current_at_ms.load(Relaxed);
                 serde_json::json!({
-                    "kind": "etcd",
+                    "kind": kind,
                     "up": s.up.load(Relaxed) == 1,
                     "revision": s.revision.load(Relaxed),
                     "age_s": (current > 0).then(|| round2(now_ms.saturating_sub(current) as f64 / 1000.0)),

@@ -321,7 +321,10 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
     // No etcd-backed pool: no empty families.
     let sourced: Vec<&Arc<Pool>> = snaps
         .iter()
-        .filter(|(_, s)| matches!(s.config().membership, keyroute_fleet::config::MembershipConfig::Etcd(_)))
+        .filter(|(_, s)| {
+            use keyroute_fleet::config::MembershipConfig;
+            matches!(s.config().membership, MembershipConfig::Etcd(_) | MembershipConfig::Dns(_))
+        })
         .map(|(p, _)| *p)
         .collect();
     if !sourced.is_empty() {

@@ -454,6 +454,14 @@ pub(crate) async fn handle(
         (Endpoint::Workers | Endpoint::Worker, _) if etcd_of(&pool).is_some() => {
             etcd_change(shared, pool, endpoint, req, worker_name).await
         }
+        (Endpoint::Workers, Method::POST) | (Endpoint::Worker, _)
+            if matches!(pool.snapshot().config().membership, MembershipConfig::Dns(_)) =>
+        {
+            fail(
+                StatusCode::CONFLICT,
+                "the pool's members come from DNS ([pool.membership] source = \"dns\"): change its records",
+            )
+        }
         (Endpoint::Placement, Method::POST) => place_batch(&pool, req).await,
         (Endpoint::Placement, _) => match (param(&req, "key"), what_if_of(&req)) {
             (None, _) => fail(StatusCode::BAD_REQUEST, "?key= is required"),
@@ -917,7 +925,7 @@ struct PlaceBatch {
 fn etcd_of(pool: &Pool) -> Option<EtcdConfig> {
     match &pool.snapshot().config().membership {
         MembershipConfig::Etcd(c) => Some(c.clone()),
-        MembershipConfig::Static => None,
+        MembershipConfig::Static | MembershipConfig::Dns(_) => None,
     }
 }
 

@@ -111,6 +111,7 @@ impl Fleet {
     pub fn start(self: &Arc<Self>) {
         prober::spawn_probers(self);
         membership::source::spawn_sources(self);
+        membership::dns::spawn_sources(self);
     }
 
     /// What the server's clocks count from.

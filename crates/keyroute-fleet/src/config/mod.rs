@@ -100,6 +100,49 @@ pub enum MembershipConfig {
     Static,
     /// Keys under a prefix in etcd, watched (see [`crate::membership::record`] for the layout).
     Etcd(EtcdConfig),
+    /// What a DNS name resolves to, asked again at its TTL (see [`crate::membership::dns`]).
+    Dns(DnsConfig),
+}
+
+/// A DNS membership source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// The name asked.
+    pub name: String,
+    /// SRV or address records.
+    pub record: DnsRecord,
+    /// The workers' port, for address records.
+    pub port: Option<u16>,
+    /// The resolver asked.
+    pub server: std::net::SocketAddr,
+    /// The shortest wait between resolutions, whatever the TTL (also the wait after a failure).
+    pub ttl_floor: Duration,
+    /// The longest wait between resolutions, whatever the TTL.
+    pub ttl_ceiling: Duration,
+    /// A query unanswered for this long has failed.
+    pub timeout: Duration,
+    /// The workers' names: a template over `{host}`, `{ip}` and `{port}`.
+    pub worker_name: String,
+    /// What an SRV record's priority means.
+    pub priority: SrvPriority,
+}
+
+/// The records a DNS source asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DnsRecord {
+    /// SRV: target, port, weight and priority per worker.
+    Srv,
+    /// A, then AAAA: one worker per address.
+    Address,
+}
+
+/// What an SRV record's priority means to the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SrvPriority {
+    /// Only the records of the lowest value are members (RFC 2782: the rest are fallbacks).
+    Lowest,
+    /// Every record is a member, in zone `priority-N`.
+    Zone,
 }
 
 /// An etcd membership source.

@@ -1,4 +1,5 @@
-//! Pool members from a membership source other than the configuration file: etcd.
+//! Pool members from a membership source other than the configuration file: etcd, or DNS
+//! ([`dns`]).
 //!
 //! Every source gives whole member sets, and the pool applies them by one function
 //! ([`crate::pool`]'s `carry`: the same worker keeps its state): the configuration file (at
@@ -11,6 +12,7 @@
 //!   snapshot swap.
 //! - `saved`: the last applied members on local disk, for a start while etcd is down.
 
+pub mod dns;
 pub mod record;
 pub mod saved;
 pub mod source;

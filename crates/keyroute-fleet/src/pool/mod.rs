@@ -505,7 +505,7 @@ impl Pool {
                 .map(|w| Member { worker: w.clone(), draining: false, at_this_gateway: false })
                 .collect(),
             // The members are the source's: a reload changes only the pool's settings.
-            MembershipConfig::Etcd(_) => old.members(),
+            MembershipConfig::Etcd(_) | MembershipConfig::Dns(_) => old.members(),
         };
         let config = Arc::new(config);
         let (members, kept, _) = self.carry(&old, &config, &members, false);

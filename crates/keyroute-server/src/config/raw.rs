@@ -187,6 +187,15 @@ pub(super) struct RawMembership {
     pub(super) prefix: Option<Spanned<String>>,
     pub(super) state_file: Option<Spanned<String>>,
     pub(super) debounce_ms: Option<Spanned<u64>>,
+    pub(super) name: Option<Spanned<String>>,
+    pub(super) record: Option<Spanned<String>>,
+    pub(super) port: Option<Spanned<u16>>,
+    pub(super) server: Option<Spanned<String>>,
+    pub(super) ttl_floor_ms: Option<Spanned<u64>>,
+    pub(super) ttl_ceiling_ms: Option<Spanned<u64>>,
+    pub(super) timeout_ms: Option<Spanned<u64>>,
+    pub(super) worker_name: Option<Spanned<String>>,
+    pub(super) srv_priority: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

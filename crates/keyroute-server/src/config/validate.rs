@@ -1018,11 +1018,15 @@ fn check_members(
     let field = |f: &str| format!("pool.{name}.{f}");
     if *membership != MembershipConfig::Static {
         if let Some(w) = p.worker.first() {
-            return ctx.err(
-                Some(w.name.span()),
-                field("worker"),
-                "an etcd-backed pool takes its workers from etcd: remove its [[pool.worker]] entries (add them with `keyroute members add`)",
-            );
+            let msg = match membership {
+                MembershipConfig::Dns(_) => {
+                    "a DNS-backed pool takes its workers from DNS: remove its [[pool.worker]] entries (publish records instead)"
+                }
+                _ => {
+                    "an etcd-backed pool takes its workers from etcd: remove its [[pool.worker]] entries (add them with `keyroute members add`)"
+                }
+            };
+            return ctx.err(Some(w.name.span()), field("worker"), msg);
         }
     } else if workers.is_empty() {
         return ctx.err(Some(p.name.span()), field("worker"), "a pool needs at least one [[pool.worker]]");
@@ -1308,20 +1312,37 @@ fn validate_handoff(
 fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<MembershipConfig, ConfigError> {
     let field = |f: &str| format!("pool.{name}.membership.{f}");
     let Some(m) = &p.membership else { return Ok(MembershipConfig::Static) };
-    match m.source.get_ref().as_str() {
-        "static" => {
-            for (present, what) in [
-                (m.endpoints.as_ref().map(Spanned::span), "endpoints"),
-                (m.prefix.as_ref().map(Spanned::span), "prefix"),
-                (m.state_file.as_ref().map(Spanned::span), "state_file"),
-                (m.debounce_ms.as_ref().map(Spanned::span), "debounce_ms"),
-            ] {
-                if let Some(span) = present {
-                    return ctx.err(Some(span), field(what), "only an etcd source takes this (source = \"etcd\")");
-                }
-            }
-            Ok(MembershipConfig::Static)
-        }
+    let etcd_only = [
+        (m.endpoints.as_ref().map(Spanned::span), "endpoints"),
+        (m.prefix.as_ref().map(Spanned::span), "prefix"),
+        (m.state_file.as_ref().map(Spanned::span), "state_file"),
+        (m.debounce_ms.as_ref().map(Spanned::span), "debounce_ms"),
+    ];
+    let dns_only = [
+        (m.name.as_ref().map(Spanned::span), "name"),
+        (m.record.as_ref().map(Spanned::span), "record"),
+        (m.port.as_ref().map(Spanned::span), "port"),
+        (m.server.as_ref().map(Spanned::span), "server"),
+        (m.ttl_floor_ms.as_ref().map(Spanned::span), "ttl_floor_ms"),
+        (m.ttl_ceiling_ms.as_ref().map(Spanned::span), "ttl_ceiling_ms"),
+        (m.timeout_ms.as_ref().map(Spanned::span), "timeout_ms"),
+        (m.worker_name.as_ref().map(Spanned::span), "worker_name"),
+        (m.srv_priority.as_ref().map(Spanned::span), "srv_priority"),
+    ];
+    let source = m.source.get_ref().as_str();
+    if source != "etcd"
+        && let Some((Some(span), what)) = etcd_only.iter().find(|(s, _)| s.is_some())
+    {
+        return ctx.err(Some(span.clone()), field(what), "only an etcd source takes this (source = \"etcd\")");
+    }
+    if source != "dns"
+        && let Some((Some(span), what)) = dns_only.iter().find(|(s, _)| s.is_some())
+    {
+        return ctx.err(Some(span.clone()), field(what), "only a DNS source takes this (source = \"dns\")");
+    }
+    match source {
+        "static" => Ok(MembershipConfig::Static),
+        "dns" => validate_dns(ctx, m, name).map(MembershipConfig::Dns),
         "etcd" => {
             let Some(endpoints) = &m.endpoints else {
                 return ctx.err(
@@ -1392,9 +1413,145 @@ fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Members
         other => ctx.err(
             Some(m.source.span()),
             field("source"),
-            format!("unknown source '{}' (expected \"static\" or \"etcd\")", other.escape_debug()),
+            format!("unknown source '{}' (expected \"static\", \"etcd\" or \"dns\")", other.escape_debug()),
         ),
     }
+}
+
+/// `[pool.membership] source = "dns"`: the name, its records, the resolver and the timing.
+fn validate_dns(
+    ctx: &Ctx<'_>,
+    m: &super::raw::RawMembership,
+    pool: &str,
+) -> Result<keyroute_fleet::config::DnsConfig, ConfigError> {
+    use keyroute_fleet::config::{DnsConfig, DnsRecord, SrvPriority};
+    let field = |f: &str| format!("pool.{pool}.membership.{f}");
+    let Some(name) = &m.name else {
+        let msg =
+            "a DNS source needs the name to resolve, for example name = \"_http._tcp.web.default.svc.cluster.local\"";
+        return ctx.err(Some(m.source.span()), field("name"), msg);
+    };
+    let text = name.get_ref().trim_end_matches('.');
+    if keyroute_fleet::membership::dns::wire::query(0, text, 1).is_err() {
+        return ctx.err(Some(name.span()), field("name"), format!("'{}' is not a DNS name", text.escape_debug()));
+    }
+    let record = match m.record.as_ref().map(|r| (r, r.get_ref().as_str())) {
+        None if text.starts_with('_') => DnsRecord::Srv,
+        None => DnsRecord::Address,
+        Some((_, "srv")) => DnsRecord::Srv,
+        Some((_, "a")) => DnsRecord::Address,
+        Some((r, other)) => {
+            return ctx.err(
+                Some(r.span()),
+                field("record"),
+                format!("'{}' is not one of: srv, a", other.escape_debug()),
+            );
+        }
+    };
+    let port = match (record, &m.port) {
+        (DnsRecord::Address, None) => {
+            let msg = "address records carry no port: say the workers' port = N";
+            return ctx.err(Some(name.span()), field("port"), msg);
+        }
+        (DnsRecord::Address, Some(p)) if *p.get_ref() == 0 => {
+            return ctx.err(Some(p.span()), field("port"), "must be in 1..=65535");
+        }
+        (DnsRecord::Srv, Some(p)) => {
+            return ctx.err(Some(p.span()), field("port"), "SRV records carry each worker's port: remove it");
+        }
+        (_, p) => p.as_ref().map(|p| *p.get_ref()),
+    };
+    let server = match &m.server {
+        Some(s) => match s
+            .get_ref()
+            .parse::<SocketAddr>()
+            .or_else(|_| s.get_ref().parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        {
+            Ok(a) => a,
+            Err(_) => {
+                let msg = format!("'{}' is not an address (IP or IP:PORT)", s.get_ref().escape_debug());
+                return ctx.err(Some(s.span()), field("server"), msg);
+            }
+        },
+        None => match system_resolver() {
+            Some(a) => a,
+            None => {
+                let msg = "no server given and no nameserver in /etc/resolv.conf: say server = \"IP:PORT\"";
+                return ctx.err(Some(m.source.span()), field("server"), msg);
+            }
+        },
+    };
+    let ms = |v: &Option<Spanned<u64>>, default: u64, range: std::ops::RangeInclusive<u64>, f: &str| {
+        let value = v.as_ref().map_or(default, |v| *v.get_ref());
+        if range.contains(&value) {
+            Ok(Duration::from_millis(value))
+        } else {
+            ctx.err(v.as_ref().map(Spanned::span), field(f), format!("must be in {}..={}", range.start(), range.end()))
+        }
+    };
+    let ttl_floor = ms(&m.ttl_floor_ms, 1_000, 100..=3_600_000, "ttl_floor_ms")?;
+    let ttl_ceiling = ms(&m.ttl_ceiling_ms, 60_000, 100..=86_400_000, "ttl_ceiling_ms")?;
+    if ttl_ceiling < ttl_floor {
+        let span = m.ttl_ceiling_ms.as_ref().or(m.ttl_floor_ms.as_ref()).map(Spanned::span);
+        return ctx.err(span, field("ttl_ceiling_ms"), "must be at least ttl_floor_ms");
+    }
+    let timeout = ms(&m.timeout_ms, 2_000, 10..=60_000, "timeout_ms")?;
+    let worker_name = match &m.worker_name {
+        None if record == DnsRecord::Srv => "{host}:{port}".to_owned(),
+        None => "{ip}:{port}".to_owned(),
+        Some(t) => {
+            let text = t.get_ref();
+            let names_one = match record {
+                DnsRecord::Srv => text.contains("{host}") || text.contains("{ip}"),
+                DnsRecord::Address => text.contains("{ip}"),
+            };
+            if !names_one {
+                let msg = match record {
+                    DnsRecord::Srv => "must name each worker apart: use {host} or {ip} (and {port})",
+                    DnsRecord::Address => "must name each address apart: use {ip}",
+                };
+                return ctx.err(Some(t.span()), field("worker_name"), msg);
+            }
+            let rest = text.replace("{host}", "").replace("{ip}", "").replace("{port}", "");
+            if rest.contains('{') || rest.contains('}') {
+                let msg = "only {host}, {ip} and {port} are known here";
+                return ctx.err(Some(t.span()), field("worker_name"), msg);
+            }
+            text.clone()
+        }
+    };
+    let priority = match (record, m.srv_priority.as_ref().map(|p| (p, p.get_ref().as_str()))) {
+        (_, None) | (DnsRecord::Srv, Some((_, "lowest"))) => SrvPriority::Lowest,
+        (DnsRecord::Srv, Some((_, "zone"))) => SrvPriority::Zone,
+        (DnsRecord::Address, Some((p, _))) => {
+            return ctx.err(Some(p.span()), field("srv_priority"), "only SRV records have a priority");
+        }
+        (_, Some((p, other))) => {
+            let msg = format!("'{}' is not one of: lowest, zone", other.escape_debug());
+            return ctx.err(Some(p.span()), field("srv_priority"), msg);
+        }
+    };
+    Ok(DnsConfig {
+        name: text.to_owned(),
+        record,
+        port,
+        server,
+        ttl_floor,
+        ttl_ceiling,
+        timeout,
+        worker_name,
+        priority,
+    })
+}
+
+/// The first `nameserver` of `/etc/resolv.conf`, on port 53.
+fn system_resolver() -> Option<SocketAddr> {
+    let text = std::fs::read_to_string("/etc/resolv.conf").ok()?;
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|rest| rest.trim().split('%').next()?.parse::<std::net::IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, 53))
+        .next()
 }
 
 #[cfg(test)]
