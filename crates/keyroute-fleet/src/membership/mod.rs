@@ -16,5 +16,6 @@ pub mod dns;
 pub mod record;
 pub mod saved;
 pub mod source;
+mod task;
 
 pub use self::record::{Rejected, members_of};

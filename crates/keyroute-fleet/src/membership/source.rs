@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use super::record::{RecordError, Rejected, members_of};
 use super::saved;
+use super::task::Running;
 use crate::Fleet;
 use crate::config::{EtcdConfig, MembershipConfig, resolve};
 use crate::pool::{MembershipError, Pool};
@@ -128,25 +129,6 @@ enum Ended {
     Gone,
 }
 
-/// Takes a pool's name off the list of running source tasks when its task ends.
-struct Running {
-    fleet: Weak<Fleet>,
-    name: String,
-    /// Cleared when the task took its name off itself (a task of the same name may be running
-    /// by the time this one is dropped).
-    armed: bool,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.armed
-            && let Some(s) = self.fleet.upgrade()
-        {
-            s.sources.lock().retain(|n| *n != self.name);
-        }
-    }
-}
-
 async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
     let mut records = Records::default();
     let mut current: Option<EtcdConfig> = None;
@@ -154,32 +136,14 @@ async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
     let mut down_since: Option<Instant> = None;
     let Some(name) = pool.upgrade().map(|p| p.name.clone()) else { return };
     // However this task ends, a pool of the same name may get a task of its own again.
-    let mut guard = Running { fleet: fleet.clone(), name: name.clone(), armed: true };
+    let mut running = Running::new(fleet.clone(), name.clone());
     loop {
         let Some(p) = pool.upgrade() else { return };
-        let source = |p: &Arc<Pool>| {
-            let in_service = fleet.upgrade().is_some_and(|f| f.pools().iter().any(|q| Arc::ptr_eq(q, p)));
-            if in_service { p.snapshot().config().membership.clone() } else { MembershipConfig::Static }
+        let etcd = |m: &MembershipConfig| match m {
+            MembershipConfig::Etcd(cfg) => Some(cfg.clone()),
+            _ => None,
         };
-        let cfg = match source(&p) {
-            MembershipConfig::Etcd(cfg) => cfg,
-            _ => {
-                // Ending: the name comes off the running list under its lock, after one more
-                // look at the source. A reload that made the pool etcd-backed again between the
-                // look above and now found the name still running and started no task: this one
-                // goes on instead.
-                let Some(f) = fleet.upgrade() else { return };
-                let mut running = f.sources.lock();
-                match source(&p) {
-                    MembershipConfig::Etcd(cfg) => cfg,
-                    _ => {
-                        running.retain(|n| *n != name);
-                        guard.armed = false;
-                        return;
-                    }
-                }
-            }
-        };
+        let Some(cfg) = running.current(&p, etcd) else { return };
         if current.as_ref().is_none_or(|c| c.prefix != cfg.prefix) {
             // A new prefix: nothing read so far counts.
             records = Records::default();

@@ -237,51 +237,19 @@ pub fn members_of(cfg: &DnsConfig, found: &[Found], own: &[SocketAddr]) -> (Vec<
     (members, refused)
 }
 
-/// Removes the task's name from the running list when it ends, however it ends.
-struct Running {
-    fleet: Weak<Fleet>,
-    name: String,
-    armed: bool,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.armed
-            && let Some(f) = self.fleet.upgrade()
-        {
-            f.sources.lock().retain(|n| *n != self.name);
-        }
-    }
-}
-
 async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
     let Some(pool_name) = pool.upgrade().map(|p| p.name.clone()) else { return };
     let name = task_name(&pool_name);
-    let mut guard = Running { fleet: fleet.clone(), name: name.clone(), armed: true };
+    let mut running = super::task::Running::new(fleet.clone(), name);
     let mut down_since: Option<Instant> = None;
     let mut refused_before: Vec<String> = Vec::new();
     loop {
         let Some(p) = pool.upgrade() else { return };
-        let source = |p: &Arc<Pool>| {
-            let in_service = fleet.upgrade().is_some_and(|f| f.pools().iter().any(|q| Arc::ptr_eq(q, p)));
-            if in_service { p.snapshot().config().membership.clone() } else { MembershipConfig::Static }
+        let dns = |m: &MembershipConfig| match m {
+            MembershipConfig::Dns(cfg) => Some(cfg.clone()),
+            _ => None,
         };
-        let cfg = match source(&p) {
-            MembershipConfig::Dns(cfg) => cfg,
-            _ => {
-                // Ending, under the running list's lock after one more look (see the etcd source).
-                let Some(f) = fleet.upgrade() else { return };
-                let mut running = f.sources.lock();
-                match source(&p) {
-                    MembershipConfig::Dns(cfg) => cfg,
-                    _ => {
-                        running.retain(|n| *n != name);
-                        guard.armed = false;
-                        return;
-                    }
-                }
-            }
-        };
+        let Some(cfg) = running.current(&p, dns) else { return };
         let wait = match resolve_workers(&cfg).await {
             Ok(answer) => {
                 let own = fleet.upgrade().map(|f| f.own_addrs().to_vec()).unwrap_or_default();
