@@ -114,6 +114,9 @@ pub struct HttpPoolConfig {
     pub worker_header: Option<HeaderName>,
     /// The path the active check `GET`s (`[pool.health] path`, `/healthz` by default).
     pub health_path: String,
+    /// The service a gRPC health check asks about (`[pool.health] grpc_service`; `""` is the
+    /// whole server): when set, the active check is `grpc.health.v1.Health/Check`, not a `GET`.
+    pub grpc_health: Option<String>,
     /// The longest wait for the next bytes of a worker's response body once its head has
     /// arrived (`read_timeout_ms`, 60 s as nginx's `proxy_read_timeout`): a body that stalls
     /// longer is cut (the client's response ends short) and counted as the worker's failure.

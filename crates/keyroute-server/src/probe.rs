@@ -17,6 +17,7 @@ pub(crate) fn set_checks(config: &Config, pools: &[Arc<Pool>]) {
             None => config.pools.iter().zip(&config.http).find(|(p, _)| p.name == pool.name).map(|(_, http)| {
                 Arc::new(keyroute_gateway::probe::HttpCheck {
                     path: http.health_path.clone(),
+                    grpc_service: http.grpc_health.clone(),
                     upstream: Arc::clone(&http.upstream),
                 }) as Arc<dyn Check>
             }),

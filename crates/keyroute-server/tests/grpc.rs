@@ -39,9 +39,15 @@ struct Server {
 
 impl Server {
     fn start(name: &str) -> Server {
+        Server::start_with(name, None)
+    }
+
+    /// A server that answers gRPC health checks NOT_SERVING while `down` exists.
+    fn start_with(name: &str, down: Option<&std::path::Path>) -> Server {
         let mut child = Command::new("python3")
             .arg(peer_script())
             .args(["serve", name])
+            .env("GRPC_PEER_DOWN_FILE", down.map(|d| d.as_os_str().to_owned()).unwrap_or_default())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -228,6 +234,40 @@ async fn failures_reach_grpc_clients_as_statuses() {
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     assert!(body.is_empty(), "a Trailers-Only response");
     gw.task.abort();
+}
+
+/// gRPC's health protocol as the active check: a server that says NOT_SERVING is taken out and
+/// its keys go to another; SERVING again, it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_checks_take_a_not_serving_server_out_and_back() {
+    require_grpcio();
+    let dir = std::env::temp_dir().join(format!("keyroute-grpc-health-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let down = dir.join("h1.down");
+    let servers = [Server::start_with("h1", Some(&down)), Server::start("h2")];
+    let health = "\n[pool.health]\ngrpc_service = \"\"\ninterval_ms = 100\ntimeout_ms = 100\nrise = 1\nfall = 1\n";
+    let gw = gateway(&servers.iter().collect::<Vec<_>>(), "{header.x-user-id}", health).await;
+    let state = |name: &'static str| {
+        let gw = &gw;
+        async move { worker_info(gw, name).await["state"].as_str().unwrap_or_default().to_owned() }
+    };
+    eventually(Duration::from_secs(10), "both serving", || async {
+        state("h1").await == "healthy" && state("h2").await == "healthy"
+    })
+    .await;
+    std::fs::write(&down, b"").expect("down");
+    eventually(Duration::from_secs(10), "h1 unhealthy (NOT_SERVING)", || async { state("h1").await == "unhealthy" })
+        .await;
+    let addr = gw.addr;
+    let got =
+        tokio::task::spawn_blocking(move || client(addr, "unary:12:1", Duration::from_secs(60))).await.expect("client");
+    for (user, names) in got.as_object().expect("users") {
+        assert_eq!(names[0], "h2", "{user} went to a NOT_SERVING server");
+    }
+    std::fs::remove_file(&down).expect("up");
+    eventually(Duration::from_secs(10), "h1 healthy again", || async { state("h1").await == "healthy" }).await;
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 fn free_port() -> u16 {

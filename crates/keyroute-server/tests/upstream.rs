@@ -387,6 +387,18 @@ fn upstream_settings_are_checked_where_they_are_written() {
         assert!(e.contains(field), "{section}: {e}");
         assert!(e.contains(needle), "{section}: {e}");
     }
+    // A gRPC health check needs HTTP/2 to the workers, and asks a service, not a path.
+    for (extra, field, needle) in [
+        ("\n[pool.health]\ngrpc_service = \"\"\n", "pool.p.health.grpc_service", "needs HTTP/2"),
+        (
+            "\n[pool.upstream]\nprotocol = \"h2\"\n\n[pool.health]\ngrpc_service = \"s\"\npath = \"/x\"\n",
+            "pool.p.health.path",
+            "not a path",
+        ),
+    ] {
+        let e = keyroute_server::Config::parse(&config_for(&[w], extra, ""), "up.toml").expect_err(extra).to_string();
+        assert!(e.contains(field) && e.contains(needle), "{extra}: {e}");
+    }
     // Valid ones parse, with the pool's client certificate checked against its key.
     for section in [
         "protocol = \"h2\"\nmax_streams = 50".to_owned(),

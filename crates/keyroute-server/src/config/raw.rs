@@ -202,6 +202,7 @@ pub(super) struct RawMembership {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHealth {
     pub(super) path: Option<Spanned<String>>,
+    pub(super) grpc_service: Option<Spanned<String>>,
     pub(super) interval_ms: Option<Spanned<u64>>,
     pub(super) timeout_ms: Option<Spanned<u64>>,
     pub(super) rise: Option<Spanned<u32>>,

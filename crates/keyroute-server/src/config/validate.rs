@@ -608,11 +608,39 @@ fn validate_pool(
         on_missing_key,
         worker_header,
         health_path,
+        grpc_health: validate_grpc_health(ctx, p, name)?,
         read_timeout: timeout(ctx, p.read_timeout_ms.as_ref(), 60_000, field("read_timeout_ms"))?,
         cache: cache.flatten(),
         upstream: std::sync::Arc::new(validate_upstream(ctx, p, name)?),
     };
     Ok((pool, http))
+}
+
+/// `[pool.health] grpc_service`: a gRPC health check, which needs HTTP/2 to the workers.
+fn validate_grpc_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Option<String>, ConfigError> {
+    let field = |f: &str| format!("pool.{name}.health.{f}");
+    let Some(h) = &p.health else { return Ok(None) };
+    let Some(service) = &h.grpc_service else { return Ok(None) };
+    if let Some(path) = &h.path {
+        return ctx.err(
+            Some(path.span()),
+            field("path"),
+            "a gRPC health check asks a service, not a path: say one of them",
+        );
+    }
+    let h2 = p
+        .upstream
+        .as_ref()
+        .and_then(|u| u.protocol.as_ref())
+        .is_some_and(|v| matches!(v.get_ref().as_str(), "h2" | "auto"));
+    if !h2 {
+        let msg = "gRPC needs HTTP/2 to the workers: set [pool.upstream] protocol = \"h2\" (or \"auto\" over TLS)";
+        return ctx.err(Some(service.span()), field("grpc_service"), msg);
+    }
+    if service.get_ref().len() > 1024 {
+        return ctx.err(Some(service.span()), field("grpc_service"), "must be at most 1024 bytes");
+    }
+    Ok(Some(service.get_ref().clone()))
 }
 
 /// `[pool.upstream]`: HTTP/1.1 or HTTP/2 to the workers, and TLS (its files loaded now, so a

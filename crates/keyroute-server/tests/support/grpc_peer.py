@@ -14,9 +14,13 @@ Methods of /keyroute.test.Echo/:
     Bidi          each request x -> "NAME:x", in order
     Slow          "<seconds>" -> sleeps, then "NAME:slept"
     Forever       a message every 50 ms until cancelled
+
+and grpc.health.v1.Health/Check: SERVING, or NOT_SERVING while the file that
+GRPC_PEER_DOWN_FILE names exists.
 """
 
 import json
+import os
 import sys
 import time
 from concurrent import futures
@@ -60,8 +64,21 @@ def serve(name):
         "Slow": grpc.unary_unary_rpc_method_handler(slow),
         "Forever": grpc.unary_stream_rpc_method_handler(forever),
     }
+    down_file = os.environ.get("GRPC_PEER_DOWN_FILE", "")
+
+    def health(req, ctx):
+        # HealthCheckResponse { status = 1 }: 1 SERVING, 2 NOT_SERVING.
+        return b"\x08\x02" if down_file and os.path.exists(down_file) else b"\x08\x01"
+
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(SERVICE, handlers),
+            grpc.method_handlers_generic_handler(
+                "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(health)}
+            ),
+        )
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"listening {port}", flush=True)
