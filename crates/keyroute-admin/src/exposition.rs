@@ -330,6 +330,30 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
     if !sourced.is_empty() {
         rows(encoder, &SOURCE_FAMILIES, &sourced)?;
     }
+    let mut calls = Vec::new();
+    for (p, _) in snaps.iter() {
+        for (method, counts) in p.metrics.grpc.methods() {
+            for (code, n) in counts.by_status.iter().enumerate() {
+                let n = n.load(Relaxed);
+                if n > 0 {
+                    let code = code.to_string();
+                    calls.push((
+                        labels(&[("pool", &p.name), ("method", &method), ("grpc_status", &code)]),
+                        Value::Int(n),
+                    ));
+                }
+            }
+        }
+    }
+    if !calls.is_empty() {
+        family(
+            encoder,
+            "keyroute_grpc_calls",
+            "gRPC calls by method and final grpc-status.",
+            MetricType::Counter,
+            calls,
+        )?;
+    }
     let generations = snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation())));
     family(encoder, "keyroute_pool_generation", "The pool snapshot's generation.", MetricType::Gauge, generations)
 }

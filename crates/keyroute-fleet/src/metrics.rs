@@ -115,6 +115,59 @@ pub struct PoolMetrics {
     pub warm_fills: AtomicU64,
     /// Cache listeners: copies on a key's previous server invalidated by a write during the warm-up.
     pub warm_invalidations: AtomicU64,
+    /// gRPC calls by method and final status.
+    pub grpc: GrpcCalls,
+}
+
+/// gRPC calls by method (`package.Service/Method`) and final `grpc-status` (0 to 16). Methods
+/// are named by clients, so at most [`GrpcCalls::MAX_METHODS`] are counted apart per pool; calls
+/// of any later one count under `other`.
+#[derive(Debug, Default)]
+pub struct GrpcCalls {
+    methods: parking_lot::Mutex<std::collections::HashMap<Box<str>, std::sync::Arc<GrpcMethod>>>,
+}
+
+/// One method's calls by final status.
+#[derive(Debug, Default)]
+pub struct GrpcMethod {
+    /// Calls by `grpc-status` code (0 `OK` .. 16 `UNAUTHENTICATED`).
+    pub by_status: [AtomicU64; 17],
+}
+
+impl GrpcMethod {
+    /// Counts a call that ended with this `grpc-status` value; one that is not a code 0 to 16
+    /// counts as 2 (`UNKNOWN`), as a client reads it.
+    pub fn record(&self, status: &[u8]) {
+        let code = std::str::from_utf8(status).ok().and_then(|s| s.trim().parse::<usize>().ok()).filter(|&c| c <= 16);
+        self.by_status[code.unwrap_or(2)].fetch_add(1, Relaxed);
+    }
+}
+
+impl GrpcCalls {
+    /// The methods counted apart, per pool.
+    pub const MAX_METHODS: usize = 256;
+
+    /// The counters of the method a call's path names (`/package.Service/Method`); a path that
+    /// is not a method's, or a method past the limit, counts under `other`.
+    pub fn method(&self, path: &str) -> std::sync::Arc<GrpcMethod> {
+        let name = path
+            .strip_prefix('/')
+            .filter(|p| p.split('/').count() == 2 && !p.starts_with('/') && !p.ends_with('/'))
+            .unwrap_or("other");
+        let mut methods = self.methods.lock();
+        if let Some(m) = methods.get(name) {
+            return std::sync::Arc::clone(m);
+        }
+        let name = if methods.len() < Self::MAX_METHODS { name } else { "other" };
+        std::sync::Arc::clone(methods.entry(name.into()).or_default())
+    }
+
+    /// Every method counted, and its counters.
+    pub fn methods(&self) -> Vec<(Box<str>, std::sync::Arc<GrpcMethod>)> {
+        let mut all: Vec<_> = self.methods.lock().iter().map(|(k, v)| (k.clone(), std::sync::Arc::clone(v))).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
 }
 
 impl PoolMetrics {
@@ -186,6 +239,7 @@ pub struct ListenerMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn classes_and_buckets() {
@@ -199,5 +253,25 @@ mod tests {
         assert_eq!(m.latency_buckets[3].load(Relaxed), 1);
         assert_eq!(m.latency_buckets[14].load(Relaxed), 1);
         assert_eq!(m.latency_sum_us.load(Relaxed), 20_003_000);
+    }
+
+    #[test]
+    fn grpc_methods_are_counted_apart_up_to_a_limit() {
+        let calls = GrpcCalls::default();
+        calls.method("/a.S/M").record(b"0");
+        calls.method("/a.S/M").record(b"14");
+        calls.method("/a.S/M").record(b"99");
+        for bad in ["/", "/a.S", "/a.S/M/x", "//M", "/a.S/"] {
+            calls.method(bad).record(b"0");
+        }
+        for i in 0..GrpcCalls::MAX_METHODS + 10 {
+            calls.method(&format!("/s/m{i}")).record(b"0");
+        }
+        let all = calls.methods();
+        assert_eq!(all.len(), GrpcCalls::MAX_METHODS, "a client cannot grow the list without end");
+        let of = |name: &str| all.iter().find(|(n, _)| &**n == name).map(|(_, c)| Arc::clone(c)).expect(name);
+        let m = of("a.S/M");
+        assert_eq!([0, 2, 14].map(|c| m.by_status[c].load(Relaxed)), [1, 1, 1], "99 is UNKNOWN (2)");
+        assert!(of("other").by_status[0].load(Relaxed) >= 5 + 10, "bad paths and methods past the limit");
     }
 }

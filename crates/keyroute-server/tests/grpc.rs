@@ -150,6 +150,11 @@ async fn keyed_grpc_calls_and_streams_pass_between_real_peers() {
     assert_eq!(streams["client"], format!("{owner}:{}", all.join(",")), "client stream whole and in order");
     let bidi: Vec<&str> = streams["bidi"].as_array().expect("bidi").iter().filter_map(|m| m.as_str()).collect();
     assert_eq!(bidi, expected, "bidirectional stream in order, one owner");
+
+    // Calls are counted by method and final status (from the trailers).
+    for (method, n) in [("Unary", 120), ("ServerStream", 1), ("ClientStream", 1), ("Bidi", 1)] {
+        assert_eq!(grpc_calls(&gw, &format!("keyroute.test.Echo/{method}"), 0).await, n, "{method}");
+    }
     gw.task.abort();
 }
 
@@ -206,6 +211,7 @@ async fn failures_reach_grpc_clients_as_statuses() {
         tokio::task::spawn_blocking(move || client(addr, "failure", Duration::from_secs(30))).await.expect("client");
     assert_eq!(failed["code"], "UNAVAILABLE", "{failed}");
     assert_eq!(failed["details"], "no worker could be reached", "{failed}");
+    assert_eq!(grpc_calls(&gw, "keyroute.test.Echo/Unary", 14).await, 1, "counted UNAVAILABLE");
     gw.task.abort();
 
     // Past its grpc-timeout: DEADLINE_EXCEEDED from the gateway, in time. A raw HTTP/2 client
@@ -233,6 +239,7 @@ async fn failures_reach_grpc_clients_as_statuses() {
     assert!(took < Duration::from_secs(3), "answered after {took:?}, not at the call's 300 ms");
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     assert!(body.is_empty(), "a Trailers-Only response");
+    assert_eq!(grpc_calls(&gw, "keyroute.test.Echo/Slow", 4).await, 1, "counted DEADLINE_EXCEEDED");
     gw.task.abort();
 }
 
@@ -268,6 +275,19 @@ async fn grpc_health_checks_take_a_not_serving_server_out_and_back() {
     eventually(Duration::from_secs(10), "h1 healthy again", || async { state("h1").await == "healthy" }).await;
     gw.task.abort();
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `keyroute_grpc_calls_total` for pool `p`, a method and a status.
+async fn grpc_calls(gw: &Gw, method: &str, status: u8) -> u64 {
+    let (_, metrics) = admin(gw, "GET", "/metrics", "", None).await;
+    let want = format!("keyroute_grpc_calls_total{{pool=\"p\",method=\"{method}\",grpc_status=\"{status}\"}} ");
+    metrics
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn free_port() -> u16 {

@@ -91,6 +91,8 @@ pub(super) struct TryCtx<'a> {
     pub(super) id: &'a str,
     pub(super) may_abandon: bool,
     pub(super) elsewhere: &'a (dyn Fn() -> bool + Sync),
+    /// A gRPC call's counters, for a status that comes in the response's trailers.
+    pub(super) call: Option<&'a Arc<keyroute_fleet::metrics::GrpcMethod>>,
 }
 
 /// One try on one worker: [`send`] it (bounded by the try's time, abandoned when the worker
@@ -196,6 +198,9 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
             }
             let mut resp = resp;
             worker_head(&mut resp.head.fields, http, worker);
+            // A gRPC status in the head (Trailers-Only) is counted with the head; one in the
+            // trailers, by the body.
+            let in_trailers = ctx.call.filter(|_| !resp.head.fields.contains(&super::grpc::GRPC_STATUS)).cloned();
             return Try::Answered(resp.map(|incoming| {
                 let guarded = Guarded::new(
                     incoming,
@@ -205,7 +210,8 @@ fn classify(ctx: &TryCtx<'_>, result: Sent, sent: Instant, guard: InFlight) -> T
                     status.as_u16(),
                     Arc::clone(upload),
                     http.read_timeout,
-                );
+                )
+                .counting(in_trailers);
                 guarded.boxed_unsync()
             }));
         }

@@ -47,6 +47,20 @@ pub(super) fn timeout(head: &ReqHead) -> Option<Duration> {
     })
 }
 
+/// The field a call's final status is in.
+pub(super) static GRPC_STATUS: header::HeaderName = header::HeaderName::from_static("grpc-status");
+
+/// Counts a call whose status is in its response's head: an error the gateway made (by the
+/// status it gets), or a worker's Trailers-Only answer. A status in the trailers is counted as
+/// the body passes them ([`super::guarded::Guarded`]).
+pub(super) fn count_head(call: &keyroute_fleet::metrics::GrpcMethod, resp: &Answer) {
+    if resp.head.extensions.get::<GatewayError>().is_some() {
+        call.record(status_code(resp.head.status).to_string().as_bytes());
+    } else if let Some(status) = resp.head.fields.get(&GRPC_STATUS) {
+        call.record(status);
+    }
+}
+
 /// The gRPC status code for an error the gateway made with this HTTP status.
 fn status_code(status: StatusCode) -> u8 {
     match status.as_u16() {

@@ -119,6 +119,10 @@ pub(crate) struct Guarded {
     /// Armed the first time the body waits on the worker (a body that arrives with its head
     /// never needs one), moved on by each frame.
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A gRPC call whose status comes in the trailers: counted when they pass; a body that
+    /// ends without them counts as `UNKNOWN` (2), one the worker cut as `UNAVAILABLE` (14), one
+    /// the client left as `CANCELLED` (1), as each reaches a gRPC client.
+    call: Option<Arc<keyroute_fleet::metrics::GrpcMethod>>,
 }
 
 impl std::fmt::Debug for Guarded {
@@ -149,15 +153,31 @@ impl Guarded {
         read_timeout: Duration,
     ) -> Self {
         let state = Some(Finish { guard, worker, snapshot, status, upload });
-        let mut g = Guarded { inner, state, read_timeout, idle: None };
+        let mut g = Guarded { inner, state, read_timeout, idle: None, call: None };
         if g.inner.is_end_stream() {
             g.complete();
         }
         g
     }
 
+    /// Counts the gRPC call's final status, when it comes in the trailers.
+    pub(crate) fn counting(mut self, call: Option<Arc<keyroute_fleet::metrics::GrpcMethod>>) -> Self {
+        // A body already complete has no trailers to wait for.
+        if self.state.is_none() {
+            if let Some(c) = call {
+                c.record(b"2");
+            }
+        } else {
+            self.call = call;
+        }
+        self
+    }
+
     /// Read to the end: record the status, a success for passive ejection, pool the connection.
     fn complete(&mut self) {
+        if let Some(c) = self.call.take() {
+            c.record(b"2");
+        }
         if let Some(f) = self.state.take() {
             f.worker.metrics.record_class(Some(f.status));
             if f.status < 500 {
@@ -177,6 +197,9 @@ impl Guarded {
 
     /// The worker's body failed mid-way: an upstream failure.
     fn fail(&mut self, error: &dyn std::fmt::Display) {
+        if let Some(c) = self.call.take() {
+            c.record(b"14");
+        }
         if let Some(f) = self.state.take() {
             // The client's own upload broke the exchange, or a 5xx already counted as a failure:
             // nothing more against the worker.
@@ -202,6 +225,9 @@ impl Drop for Guarded {
     fn drop(&mut self) {
         // The client went away before the end: the worker did answer, so its status counts, but
         // neither as a success nor a failure for ejection; the connection is not reused.
+        if let Some(c) = self.call.take() {
+            c.record(b"1");
+        }
         if let Some(f) = self.state.take() {
             f.worker.metrics.record_class(Some(f.status));
         }
@@ -220,6 +246,11 @@ impl Body for Guarded {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(t) = frame.trailers_ref()
+                    && let Some(c) = self.call.take()
+                {
+                    c.record(t.get("grpc-status").map_or(&b"2"[..], |v| v.as_bytes()));
+                }
                 if self.inner.is_end_stream() {
                     self.complete();
                 } else {

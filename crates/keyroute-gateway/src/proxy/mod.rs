@@ -132,6 +132,8 @@ pub(super) struct Exchange<'a> {
     pub(super) id_value: &'a HeaderValue,
     /// What the access log learns of it, when the listener has one.
     pub(super) placed: Option<&'a mut Placed>,
+    /// It is a gRPC call (HTTP/2, `application/grpc`).
+    pub(super) grpc: bool,
 }
 
 /// A request, answered: its id, then [`route::route_and_forward`]; with an access log, what
@@ -157,8 +159,8 @@ where
     let log = front.access_logs.get(listener).and_then(Option::as_ref);
     let mut placed =
         log.map(|l| Placed { request_id: id.to_owned(), key: l.wants_key().then(String::new), ..Placed::default() });
-    let mut cx = Exchange { front, listener, peer, id, id_value: &id_value, placed: placed.as_mut() };
     let grpc = head.version == http::Version::HTTP_2 && grpc::is_call(&head);
+    let mut cx = Exchange { front, listener, peer, id, id_value: &id_value, placed: placed.as_mut(), grpc };
     let mut resp = route::route_and_forward(&mut cx, &mut head, body).await;
     if grpc {
         grpc::as_call_error(&mut resp);
@@ -172,8 +174,30 @@ where
     resp
 }
 
-/// A routed request, stage by stage (see the [module documentation](self)).
+/// A routed request: a gRPC call is counted by its method and final status (the head's status
+/// here; a status in the trailers by the response body, [`guarded::Guarded`]).
 async fn forward<B>(cx: &mut Exchange<'_>, hp: &HttpPool, route: Route<'_>, head: &mut ReqHead, body: B) -> Answer
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    let call = if cx.grpc { Some(hp.pool.metrics.grpc.method(head.uri.path())) } else { None };
+    let resp = forward_stages(cx, hp, route, head, body, call.as_ref()).await;
+    if let Some(call) = &call {
+        grpc::count_head(call, &resp);
+    }
+    resp
+}
+
+/// A routed request, stage by stage (see the [module documentation](self)).
+async fn forward_stages<B>(
+    cx: &mut Exchange<'_>,
+    hp: &HttpPool,
+    route: Route<'_>,
+    head: &mut ReqHead,
+    body: B,
+    call: Option<&Arc<keyroute_fleet::metrics::GrpcMethod>>,
+) -> Answer
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
@@ -246,6 +270,7 @@ where
             may_abandon: replayable && idempotent(&head.method) && attempt + 1 < attempts,
             // Abandon a stalled worker only when there is somewhere else to go (asked only then).
             elsewhere: &|| snap.has_other(&tried, decision.node, Instant::now()),
+            call,
         };
         // Respond.
         match try_once(ctx, &mut body).await {
