@@ -61,7 +61,7 @@ impl Check for HttpCheck {
             // The prober bounds the whole check, the connect included. A gRPC check may go on a
             // pooled HTTP/2 connection: that is how calls reach the worker.
             let fresh = self.grpc_service.is_none();
-            let Ok(resp) = upstream.send(&self.upstream, &head, body, !fresh, Duration::MAX).await else {
+            let Ok(resp) = upstream.send(&self.upstream, &head, &mut Some(body), !fresh, Duration::MAX).await else {
                 return false;
             };
             let ok = resp.head.status.is_success();

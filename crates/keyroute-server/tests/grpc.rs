@@ -198,6 +198,16 @@ async fn failures_reach_grpc_clients_as_statuses() {
     let code = end["code"].as_str().unwrap_or_default();
     assert!(["UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED"].contains(&code), "{end}");
     assert!(end["seen"].as_u64().is_some_and(|n| n >= 3), "{end}");
+
+    // The killed server's calls go to the other one: nothing of a call was sent to a server that
+    // could not be reached (its connection was refused), so it goes on to the next in its ranking.
+    let addr = gw.addr;
+    let got =
+        tokio::task::spawn_blocking(move || client(addr, "unary:20:2", Duration::from_secs(60))).await.expect("client");
+    let alive = &servers[0].name;
+    for (user, names) in got.as_object().expect("users") {
+        assert!(names.as_array().expect("names").iter().all(|n| n == alive.as_str()), "{user}: {names}");
+    }
     gw.task.abort();
 
     // No server reachable: UNAVAILABLE, with the gateway's message.

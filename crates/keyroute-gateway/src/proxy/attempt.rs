@@ -129,8 +129,7 @@ async fn send(ctx: &TryCtx<'_>, body: &mut Option<ProxyBody>, sent: Instant) -> 
     let until = sent + per_try;
     loop {
         // The head is written straight from the client's (rewritten) one: nothing is cloned.
-        let send =
-            upstream.send(&ctx.http.upstream, head, body.take().unwrap_or_else(body::empty), !fresh, connect_timeout);
+        let send = upstream.send(&ctx.http.upstream, head, body, !fresh, connect_timeout);
         tokio::pin!(send);
         let r = loop {
             // Wake at the try's deadline, or when the worker would have stalled (re-read after

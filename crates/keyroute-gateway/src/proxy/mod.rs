@@ -13,7 +13,9 @@
 //! | respond | [`respond`] | the worker's response (stored when it leads a cache miss), a tunnel ([`tunnel`]), or an error with a reason class and the request id |
 //!
 //! A request that may have reached a worker is retried only if it is idempotent and has no body;
-//! a client's broken upload is the client's error, never counted against the worker.
+//! one with a body goes to another worker only when its try failed before any connection took
+//! the body (no connection, a refused TLS handshake): a gRPC call is never sent twice. A
+//! client's broken upload is the client's error, never counted against the worker.
 
 mod attempt;
 mod cache;
@@ -240,8 +242,10 @@ where
     let upload = Arc::new(Upload::default());
     let retry = &snap.config().retry;
     // A request that waited for another's miss in vain has spent its patience: one try, never
-    // abandoned (forty followers of a slow worker must not become forty times the retries).
-    let attempts = if replayable && !waited { retry.attempts } else { 1 };
+    // abandoned (forty followers of a slow worker must not become forty times the retries). A
+    // request with a body goes on to another worker only while no connection has taken its
+    // body (a connect failure, a refused TLS handshake): see the stop below.
+    let attempts = if !waited { retry.attempts } else { 1 };
     // A gRPC call's own deadline bounds it too.
     let call_timeout = if head.version == http::Version::HTTP_2 { grpc::timeout(head) } else { None };
     let deadline = started + call_timeout.map_or(retry.deadline, |t| t.min(retry.deadline));
@@ -284,7 +288,8 @@ where
             Try::ClientFault(resp) => return resp.into(),
             Try::Failed(f) => {
                 tracing::warn!(request_id = %id, pool = %pool.name, worker = %worker.name, attempt, failure = %f, "try failed");
-                let stop = f.may_have_reached_worker() && !idempotent(&head.method);
+                let stop =
+                    (f.may_have_reached_worker() && !idempotent(&head.method)) || (!replayable && body.is_none());
                 last = Some(f);
                 tried.push(decision.node);
                 if attempt + 1 == attempts || stop {

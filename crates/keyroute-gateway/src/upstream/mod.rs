@@ -273,6 +273,8 @@ impl Upstream {
     /// Sends a request: on a pooled connection if one is alive and `reuse` allows it, else on a
     /// new one (made within `connect_timeout`). Returns the response, whose body holds the
     /// connection and gives it back to this pool (through [`Upstream::checkin`]) when it ends.
+    /// The body (`None`: empty) is taken only once a connection takes the request: after a
+    /// connect failure it is still there, for another worker.
     ///
     /// # Errors
     ///
@@ -282,7 +284,7 @@ impl Upstream {
         &self,
         cfg: &std::sync::Arc<UpstreamConfig>,
         req: &ReqHead,
-        mut body: ProxyBody,
+        body: &mut Option<ProxyBody>,
         reuse: bool,
         connect_timeout: Duration,
     ) -> Result<Answer<UpstreamBody>, SendError> {
@@ -291,19 +293,22 @@ impl Upstream {
             let send = self.mux.send(self, cfg, req, body, reuse, connect_timeout);
             return Box::pin(send).await;
         }
-        let (head, outgoing) = request_head(req, &body, self.addr);
+        let empty = body.as_ref().is_none_or(|b| b.is_end_stream());
+        let (head, outgoing) = request_head(req, empty, self.addr);
         let head_request = req.method == Method::HEAD;
         while reuse && let Some(conn) = self.take_idle() {
-            match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
+            let taken = body.take().unwrap_or_else(crate::body::empty);
+            match keyroute_http1::send(conn, &head, taken, outgoing, head_request, &RESPONSE_LIMITS).await {
                 Ok(r) => return Ok(Answer::from_worker(r.head, UpstreamBody::Plain(r.body))),
                 // Not sent: the pooled connection had closed. Try the next one.
-                Err(keyroute_http1::SendError::NotSent(_, back)) => body = back,
+                Err(keyroute_http1::SendError::NotSent(_, back)) => *body = Some(back),
                 Err(keyroute_http1::SendError::Failed(error)) => {
                     return Err(SendError::Request { error: Box::new(error), reused: true });
                 }
             }
         }
         let conn = self.connect(connect_timeout).await?;
+        let body = body.take().unwrap_or_else(crate::body::empty);
         match keyroute_http1::send(conn, &head, body, outgoing, head_request, &RESPONSE_LIMITS).await {
             Ok(r) => Ok(Answer::from_worker(r.head, UpstreamBody::Plain(r.body))),
             Err(keyroute_http1::SendError::NotSent(e, _)) => {
@@ -338,7 +343,7 @@ fn says_empty_length(method: &Method) -> bool {
 /// so, else its `Content-Length`, else none. A request without Host (HTTP/1.0) gets the worker's
 /// address. The fields go as the request path left them ([`crate::head::Fields::write`]: as received, with its
 /// edits, or from a map).
-fn request_head(req: &ReqHead, body: &ProxyBody, addr: SocketAddr) -> (Spare<Vec<u8>>, Outgoing) {
+fn request_head(req: &ReqHead, body_empty: bool, addr: SocketAddr) -> (Spare<Vec<u8>>, Outgoing) {
     let fields = &req.fields;
     let mut out = keyroute_http1::buf::head_buffer();
     out.extend_from_slice(req.method.as_str().as_bytes());
@@ -359,7 +364,7 @@ fn request_head(req: &ReqHead, body: &ProxyBody, addr: SocketAddr) -> (Spare<Vec
     }
     let outgoing = match outgoing {
         Some(o) => o,
-        None if body.is_end_stream() => {
+        None if body_empty => {
             if says_empty_length(&req.method) {
                 out.extend_from_slice(b"content-length: 0\r\n");
             }

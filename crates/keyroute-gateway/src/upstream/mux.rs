@@ -222,14 +222,15 @@ impl Mux {
         to: &super::Upstream,
         cfg: &Arc<UpstreamConfig>,
         head: &ReqHead,
-        body: ProxyBody,
+        body: &mut Option<ProxyBody>,
         reuse: bool,
         connect_timeout: Duration,
     ) -> Result<Answer<UpstreamBody>, SendError> {
         let (addr, name) = (to.addr, to.name.as_str());
         self.follow(cfg);
         let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-        let mut req = request(head, body);
+        // Made when a connection takes it: a connect failure leaves the body to the caller.
+        let mut pending: Option<Request<ProxyBody>> = None;
         let max_streams = cfg.max_streams.max(1);
         let mut pooled = reuse;
         loop {
@@ -251,6 +252,10 @@ impl Mux {
                 None => self.connect(cfg, addr, name, connect_timeout).await?,
             };
             drop(_dialing);
+            let mut req = match pending.take() {
+                Some(r) => r,
+                None => request(head, body.take().unwrap_or_else(crate::body::empty)),
+            };
             let sent = match made {
                 Made::H2(mut send, open) => {
                     shape(&mut req, true, scheme, addr, head.trailers);
@@ -272,7 +277,7 @@ impl Mux {
                 }
                 Err(mut e) => match e.take_message() {
                     // Never sent (the connection was closing): on the next connection, or a new one.
-                    Some(back) if reused => req = back,
+                    Some(back) if reused => pending = Some(back),
                     _ => {
                         let error = e.into_error();
                         if let Some(why) = super::tls::refusal_in(&error) {
