@@ -43,10 +43,12 @@ fn check_validates_and_names_the_line() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/keyroute.toml");
     let o = bin().args(["serve", "--config", example, "--check"]).output().expect("run");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let etcd_example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/keyroute-etcd.toml");
-    let o = bin().args(["serve", "--config", etcd_example, "--check"]).output().expect("run");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stderr).is_empty(), "no warnings: {}", String::from_utf8_lossy(&o.stderr));
+    for other in ["keyroute-etcd.toml", "grpc.toml", "tls-workers.toml", "dns.toml"] {
+        let path = format!("{}/../../examples/{other}", env!("CARGO_MANIFEST_DIR"));
+        let o = bin().args(["serve", "--config", &path, "--check"]).output().expect("run");
+        assert!(o.status.success(), "{other}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.stderr.is_empty(), "{other}: no warnings: {}", String::from_utf8_lossy(&o.stderr));
+    }
     let bad = dir.join("bad.toml");
     let text = std::fs::read_to_string(example).expect("example").replace("rise = 2", "rise = 2\nrize = 3");
     std::fs::write(&bad, text).expect("write");

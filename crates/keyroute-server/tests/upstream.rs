@@ -54,6 +54,8 @@ struct Worker {
     addr: SocketAddr,
     connections: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
+    /// TLS handshakes that resumed a session.
+    resumed: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -76,13 +78,15 @@ impl Worker {
         let addr = listener.local_addr().expect("addr");
         let connections = Arc::new(AtomicU64::new(0));
         let requests = Arc::new(AtomicU64::new(0));
+        let resumed = Arc::new(AtomicU64::new(0));
         let (n, c, r) = (name.to_owned(), Arc::clone(&connections), Arc::clone(&requests));
+        let res = Arc::clone(&resumed);
         let task = tokio::spawn(async move {
             let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
             loop {
                 let Ok((tcp, _)) = listener.accept().await else { continue };
                 c.fetch_add(1, SeqCst);
-                let (n, r, acceptor) = (n.clone(), Arc::clone(&r), acceptor.clone());
+                let (n, r, acceptor, res) = (n.clone(), Arc::clone(&r), acceptor.clone(), Arc::clone(&res));
                 tokio::spawn(async move {
                     let on_conn = Arc::new(AtomicU64::new(0));
                     let enough = Arc::new(tokio::sync::Notify::new());
@@ -100,6 +104,9 @@ impl Worker {
                         None => serve(auto.serve_connection(TokioIo::new(tcp), service), &enough).await,
                         Some(a) => {
                             if let Ok(tls) = a.accept(tcp).await {
+                                if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                                    res.fetch_add(1, SeqCst);
+                                }
                                 serve(auto.serve_connection(TokioIo::new(tls), service), &enough).await;
                             }
                         }
@@ -107,7 +114,7 @@ impl Worker {
                 });
             }
         });
-        Worker { name: name.to_owned(), addr, connections, requests, task }
+        Worker { name: name.to_owned(), addr, connections, requests, resumed, task }
     }
 }
 
@@ -434,6 +441,34 @@ async fn tls_workers_are_verified_and_mutual_tls_presents_the_pool_s_certificate
     for w in [&expired, &wrong, &unknown] {
         assert_eq!(w.requests.load(SeqCst), 0, "{} served a request through a refused handshake", w.name);
     }
+    gw.task.abort();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A new connection to a TLS worker resumes the pool's session rather than pay a full
+/// handshake; a reload that changes the CA file is what new connections verify with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sessions_resume_and_a_reload_takes_the_new_files() {
+    let dir = temp_dir("reload");
+    let (right, wrong) = (Ca::new(&dir, "right"), Ca::new(&dir, "wrong"));
+    // One request per connection: every request needs a new connection, and a handshake.
+    let w = Worker::start_with("w", Some(right.server("w", &["127.0.0.1"], (2020, 2090), None)), 1).await;
+    let ca = dir.join("pool-ca.pem");
+    std::fs::copy(&wrong.pem, &ca).expect("copy");
+    let text = config(&[&w], &format!("tls = true\nca_file = \"{}\"\n", ca.display()));
+    let gw = start_gateway(&text).await;
+    let c = client();
+    let (status, _, _) = get(&c, &format!("http://{}/x?k=1", gw.addr)).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "the worker's CA is not the pool's");
+    std::fs::copy(&right.pem, &ca).expect("copy");
+    gw.handle.reload(keyroute_server::Config::parse(&text, "t.toml").expect("valid")).expect("reload");
+    for k in 0..6 {
+        let (status, _, body) = get(&c, &format!("http://{}/x?k={k}", gw.addr)).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "w"), "after the reload");
+    }
+    let (conns, resumed) = (w.connections.load(SeqCst), w.resumed.load(SeqCst));
+    assert!(conns >= 6, "{conns}");
+    assert!(resumed >= 4, "{resumed} of {conns} handshakes resumed");
     gw.task.abort();
     std::fs::remove_dir_all(&dir).ok();
 }
