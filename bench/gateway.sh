@@ -29,6 +29,11 @@
 #         VIEWERS=N         with BASELINE: N dashboard subscribers (curl -N .../events) on the
 #                           baseline gateway, none on keyroute; with BASELINE=target/release/keyroute
 #                           this measures what watching the dashboard costs, in one run
+#         UPSTREAM_TLS=1    HTTPS to the backends (keep-alive, sessions resumed): the backends
+#                           serve TLS with a certificate for bench.test from a CA made here
+#                           (openssl); keyroute [pool.upstream] tls = true, ca_file, server_name;
+#                           nginx proxy_pass https:// with proxy_ssl_verify and
+#                           proxy_ssl_session_reuse; haproxy `ssl verify required ca-file`
 #         H2=1              HTTP/2 over TLS (ALPN h2 on all three); load by h2load (package
 #                           nghttp2-client) over the same 100,000 URIs, STREAMS=10 per connection
 # Ports (override if taken): BACKEND_PORT=18081 (..+7) KEYROUTE_PORT=18000 NGINX_PORT=18010
@@ -67,7 +72,9 @@ PROXY_THREADS=${PROXY_THREADS:-1}
 H2=${H2:-0}
 TLS=${TLS:-$H2}
 STREAMS=${STREAMS:-10}
-CMDLINE="DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WARMUP=$WARMUP PROXY_THREADS=$PROXY_THREADS TLS=$TLS H2=$H2 FLOOR=$FLOOR URING=$URING $0${*:+ $*}"
+UPSTREAM_TLS=${UPSTREAM_TLS:-0}
+[[ "$UPSTREAM_TLS" == 1 && "$FLOOR" == 1 ]] && { echo "UPSTREAM_TLS=1 does not go with FLOOR=1 (the floor proxies speak plain HTTP)" >&2; exit 64; }
+CMDLINE="DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WARMUP=$WARMUP PROXY_THREADS=$PROXY_THREADS TLS=$TLS H2=$H2 UPSTREAM_TLS=$UPSTREAM_TLS FLOOR=$FLOOR URING=$URING $0${*:+ $*}"
 SCHEME=http
 [[ "$TLS" == 1 ]] && SCHEME=https
 
@@ -183,6 +190,18 @@ if [[ "$TLS" == 1 ]]; then
         -addext subjectAltName=DNS:bench.test -keyout "$TMP/key.pem" -out "$TMP/cert.pem" 2>/dev/null
     cat "$TMP/cert.pem" "$TMP/key.pem" >"$TMP/combined.pem"
 fi
+if [[ "$UPSTREAM_TLS" == 1 ]]; then
+    # A CA, and the backends' certificate for bench.test signed by it.
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=bench-ca \
+        -keyout "$TMP/ca.key" -out "$TMP/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=bench.test \
+        -keyout "$TMP/up.key" -out "$TMP/up.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:bench.test\nbasicConstraints=CA:FALSE\n' >"$TMP/up.ext"
+    openssl x509 -req -in "$TMP/up.csr" -CA "$TMP/ca.pem" -CAkey "$TMP/ca.key" -CAcreateserial -days 2 \
+        -extfile "$TMP/up.ext" -out "$TMP/up.pem" 2>/dev/null
+fi
+BACKEND_LISTEN_SUFFIX=""
+[[ "$UPSTREAM_TLS" == 1 ]] && BACKEND_LISTEN_SUFFIX=" ssl"
 NGINX_LISTEN="127.0.0.1:$NGINX_PORT"
 HAPROXY_BIND="127.0.0.1:$HAPROXY_PORT"
 if [[ "$TLS" == 1 ]]; then
@@ -224,8 +243,13 @@ EOF
     echo "http {"
     nginx_http_common backends
     echo "    default_type text/plain;"
+    if [[ "$UPSTREAM_TLS" == 1 ]]; then
+        echo "    ssl_certificate $TMP/up.pem;"
+        echo "    ssl_certificate_key $TMP/up.key;"
+        echo "    ssl_session_cache shared:BSSL:1m;"
+    fi
     for port in "${BPORTS[@]}"; do
-        echo "    server { listen 127.0.0.1:$port; location / { return 200 \"ok\\n\"; } }"
+        echo "    server { listen 127.0.0.1:$port$BACKEND_LISTEN_SUFFIX; location / { return 200 \"ok\\n\"; } }"
     done
     echo "}"
 } >"$TMP/backends.conf"
@@ -248,7 +272,16 @@ EOF
     echo "    server {"
     echo "        listen $NGINX_LISTEN;"
     echo "        location / {"
-    echo "            proxy_pass http://backends;"
+    if [[ "$UPSTREAM_TLS" == 1 ]]; then
+        echo "            proxy_pass https://backends;"
+        echo "            proxy_ssl_verify on;"
+        echo "            proxy_ssl_trusted_certificate $TMP/ca.pem;"
+        echo "            proxy_ssl_name bench.test;"
+        echo "            proxy_ssl_server_name on;"
+        echo "            proxy_ssl_session_reuse on;"
+    else
+        echo "            proxy_pass http://backends;"
+    fi
     echo "            proxy_http_version 1.1;"
     echo "            proxy_set_header Connection \"\";"
     # Like for like: the headers keyroute adds to every upstream request.
@@ -294,7 +327,9 @@ backend be
     http-request set-header X-Request-Id %[uuid]
     http-request add-header Via "1.1 haproxy"
 EOF
-    for ((i = 0; i < NBACKENDS; i++)); do echo "    server b$((i + 1)) 127.0.0.1:${BPORTS[i]}"; done
+    server_opts=""
+    [[ "$UPSTREAM_TLS" == 1 ]] && server_opts=" ssl verify required ca-file $TMP/ca.pem verifyhost bench.test sni str(bench.test)"
+    for ((i = 0; i < NBACKENDS; i++)); do echo "    server b$((i + 1)) 127.0.0.1:${BPORTS[i]}$server_opts"; done
 } >"$TMP/haproxy.cfg"
 
 {
@@ -317,6 +352,7 @@ on_missing_key = "p2c"
 [pool.health]
 path = "/"
 interval_ms = 5000
+$([[ "$UPSTREAM_TLS" == 1 ]] && printf '\n[pool.upstream]\ntls = true\nca_file = "%s"\nserver_name = "bench.test"\n' "$TMP/ca.pem")
 EOF
     for ((i = 0; i < NBACKENDS; i++)); do
         printf '\n[[pool.worker]]\nname = "b%d"\naddress = "127.0.0.1:%d"\n' $((i + 1)) "${BPORTS[i]}"
@@ -380,6 +416,7 @@ expect_200() { # $1 = label, $2 = port, $3 = PID that must stay alive
         kill -0 "$3" 2>/dev/null || die "$1 (PID $3) exited; see $TMP/$1.out"
         local scheme=http
         [[ "$1" != backends ]] && scheme=$SCHEME
+        [[ "$1" == backends && "$UPSTREAM_TLS" == 1 ]] && scheme=https
         code=$(curl -k -s -o /dev/null -w '%{http_code}' --max-time 2 "$scheme://127.0.0.1:$2/?k=abc" || true)
         [[ "$code" == 200 ]] && return 0
         ((SECONDS < deadline)) || die "$1 on 127.0.0.1:$2 answered '$code' instead of 200; see $TMP/$1.out"
@@ -475,7 +512,7 @@ META=$TMP/meta.md
     echo "- command: \`$CMDLINE\`"
     echo "- load (same for every proxy): \`${WRK[*]/#$ROOT\//} http://127.0.0.1:PORT/\`, requests \`GET /?k=N\`, N uniform in 1..100000; warm-up $WARMUP per proxy; $ROUNDS round(s), alternated keyroute, nginx, haproxy"
     echo "- backends: $NBACKENDS listeners of one nginx instance (1 worker, \`return 200 \"ok\\n\"\`) on 127.0.0.1:${BPORTS[0]}-${BPORTS[NBACKENDS - 1]}"
-    echo "- mode: $SCHEME, HTTP/$([[ "$H2" == 1 ]] && echo "2 ($STREAMS streams per connection, h2load)" || echo 1.1) ; proxy threads/workers: $PROXY_THREADS"
+    echo "- mode: $SCHEME, HTTP/$([[ "$H2" == 1 ]] && echo "2 ($STREAMS streams per connection, h2load)" || echo 1.1) ; proxy threads/workers: $PROXY_THREADS; to the backends: $([[ "$UPSTREAM_TLS" == 1 ]] && echo "HTTPS (TLS verified against a CA made here, name bench.test, sessions resumed)" || echo "plain HTTP/1.1")"
     echo "- keyroute: \`keyroute serve --threads $PROXY_THREADS --log warn\`, rendezvous on \`{query.k}\`, health checks every 5 s (127.0.0.1:$KEYROUTE_PORT)"
     [[ -n "$BASELINE" ]] && echo "- baseline: \`$BASELINE serve\` with the same configuration (127.0.0.1:$BASELINE_PORT)"
     echo "- nginx: worker_processes $PROXY_THREADS, \`hash \$arg_k consistent\`, keepalive 64, keepalive_requests 1000000, access_log off (127.0.0.1:$NGINX_PORT)"

@@ -11,6 +11,7 @@
 #   same way, and compare their placements with keyroute's.
 #   memcached, nutcracker: the memcached listener's tests (keyroute-server/tests/memcache.rs)
 #   start real memcached servers, and real twemproxy beside keyroute on the same servers.
+#   nghttpd (package nghttp2-server): keyroute-server/tests/upstream.rs uses it as an HTTP/2 worker.
 #   dnsmasq (package dnsmasq-base: the program, no service): keyroute-server/tests/dns.rs serves
 #   the SRV and address records a DNS-backed pool follows, on a loopback port.
 #   grpcio (from PyPI, for python3): keyroute-server/tests/grpc.rs runs real gRPC servers and
@@ -36,6 +37,7 @@ have haproxy || need+=(haproxy)
 have memcached || need+=(memcached)
 have nutcracker || need+=(nutcracker)
 have dnsmasq || need+=(dnsmasq-base)
+have nghttpd || need+=(nghttp2-server)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
 if ((${#need[@]})); then

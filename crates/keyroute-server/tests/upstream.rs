@@ -473,6 +473,123 @@ async fn tls_sessions_resume_and_a_reload_takes_the_new_files() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A real HTTP/2 server as the workers: nghttpd (Debian's nghttp2-server, h2c with prior
+/// knowledge) serving files; each key's requests reach its owner, and a 1 MiB file passes whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nghttpd_workers_serve_keyed_requests_over_h2() {
+    let dir = temp_dir("nghttpd");
+    let mut procs = Vec::new();
+    let mut text = String::from(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n[[pool]]\nname = \"p\"\nkey = \"{query.k}\"\nworker_header = \"x-keyroute-worker\"\n\n[pool.upstream]\nprotocol = \"h2\"\n",
+    );
+    for name in ["n1", "n2"] {
+        let docs = dir.join(name);
+        std::fs::create_dir_all(&docs).expect("dir");
+        std::fs::write(docs.join("who"), name).expect("file");
+        std::fs::write(docs.join("big"), vec![b'z'; 1 << 20]).expect("file");
+        let (child, port) = start_nghttpd(&docs);
+        procs.push(child);
+        text.push_str(&format!("\n[[pool.worker]]\nname = \"{name}\"\naddress = \"127.0.0.1:{port}\"\n"));
+    }
+    let gw = start_gateway(&text).await;
+    let c = client();
+    let mut seen = std::collections::HashSet::new();
+    for k in 0..40 {
+        let (status, h, body) = get(&c, &format!("http://{}/who?k={k}", gw.addr)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(h["x-keyroute-worker"], body, "key {k} answered by its owner");
+        assert_eq!(gw.handle.owner("p", &k.to_string()).expect("pool").as_deref(), Some(body.as_str()));
+        seen.insert(body);
+    }
+    assert_eq!(seen.len(), 2);
+    let (status, _, body) = get(&c, &format!("http://{}/big?k=1", gw.addr)).await;
+    assert_eq!((status, body.len()), (StatusCode::OK, 1 << 20));
+    gw.task.abort();
+    drop(procs);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// nghttpd on a free port, serving `docs` over h2c: the process (stopped by pid when dropped)
+/// and its port.
+fn start_nghttpd(docs: &Path) -> (Proc, u16) {
+    let bin = if Path::new("/usr/sbin/nghttpd").exists() { "/usr/sbin/nghttpd" } else { "nghttpd" };
+    for _ in 0..20 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let child = std::process::Command::new(bin)
+            .args(["--no-tls", "-a", "127.0.0.1", "-d"])
+            .arg(docs)
+            .arg(port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nghttpd (scripts/test.sh installs nghttp2-server)");
+        let mut p = Proc(child);
+        for _ in 0..50 {
+            if listens(p.0.id(), port) {
+                return (p, port);
+            }
+            if p.0.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = p.0.kill();
+    }
+    panic!("nghttpd did not start");
+}
+
+/// nginx as a TLS worker that requires a client certificate (`ssl_verify_client on`): the pool's
+/// certificate gets its answer; without one, nginx answers 400 itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_as_a_mutual_tls_worker() {
+    let dir = temp_dir("nginx-mtls");
+    let (ca, clients) = (Ca::new(&dir, "ca"), Ca::new(&dir, "clients"));
+    let (cert, key, _, _) = ca.issue("nginx", &["127.0.0.1"], (2020, 2090));
+    let (client_cert, client_key, _, _) = clients.issue("gw", &["gw.test"], (2020, 2090));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let prefix = dir.join("nginx");
+    std::fs::create_dir_all(prefix.join("logs")).expect("dir");
+    let conf = prefix.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "master_process off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/logs/error.log warn;\nevents {{ worker_connections 64; }}\nhttp {{\n access_log off;\n client_body_temp_path {p}/body;\n proxy_temp_path {p}/proxy;\n fastcgi_temp_path {p}/fastcgi;\n uwsgi_temp_path {p}/uwsgi;\n scgi_temp_path {p}/scgi;\n server {{\n  listen 127.0.0.1:{port} ssl;\n  ssl_certificate {c};\n  ssl_certificate_key {k};\n  ssl_client_certificate {ca};\n  ssl_verify_client on;\n  location / {{ return 200 \"nginx-mtls\"; }}\n }}\n}}\n",
+            p = prefix.display(),
+            c = cert.display(),
+            k = key.display(),
+            ca = clients.pem.display(),
+        ),
+    )
+    .expect("conf");
+    let nginx = if Path::new("/usr/sbin/nginx").exists() { "/usr/sbin/nginx" } else { "nginx" };
+    let child = std::process::Command::new(nginx)
+        .arg("-p")
+        .arg(&prefix)
+        .arg("-c")
+        .arg(&conf)
+        .args(["-g", "daemon off;"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nginx");
+    let proc = Proc(child);
+    let pid = proc.0.id();
+    eventually(std::time::Duration::from_secs(10), "nginx listens", || async move { listens(pid, port) }).await;
+    let w: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let tls = format!("tls = true\nca_file = \"{}\"\n", ca.pem.display());
+    let mtls = format!("{tls}client_cert = \"{}\"\nclient_key = \"{}\"\n", client_cert.display(), client_key.display());
+    let gw = start_gateway(&config_for(&[w], &format!("\n[pool.upstream]\n{mtls}"), "")).await;
+    let (status, _, body) = get(&client(), &format!("http://{}/x?k=1", gw.addr)).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "nginx-mtls"));
+    gw.task.abort();
+    let gw = start_gateway(&config_for(&[w], &format!("\n[pool.upstream]\n{tls}"), "")).await;
+    let (status, _, _) = get(&client(), &format!("http://{}/x?k=1", gw.addr)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "nginx's own answer without a client certificate");
+    gw.task.abort();
+    drop(proc);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `[pool.upstream]` mistakes are configuration errors naming the file, line and field.
 #[test]
 fn upstream_settings_are_checked_where_they_are_written() {
