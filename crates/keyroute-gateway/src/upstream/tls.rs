@@ -237,3 +237,40 @@ fn reason(tls: &rustls::Error) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused worker's log line says why in an operator's words, however deep the TLS error
+    /// sits in the exchange's error chain.
+    #[test]
+    fn refusals_are_named() {
+        use rustls::{AlertDescription, CertificateError, Error};
+        let io = |e: Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        for (e, said) in [
+            (Error::InvalidCertificate(CertificateError::Expired), "has expired"),
+            (Error::InvalidCertificate(CertificateError::NotValidForName), "not valid for the name"),
+            (Error::InvalidCertificate(CertificateError::UnknownIssuer), "unknown CA"),
+            (Error::InvalidCertificate(CertificateError::NotValidYet), "not valid yet"),
+            (Error::AlertReceived(AlertDescription::CertificateRequired), "refused the handshake"),
+        ] {
+            assert!(handshake_reason(&io(e.clone())).contains(said), "{e:?}");
+            #[derive(Debug)]
+            struct Outer(std::io::Error);
+            impl std::fmt::Display for Outer {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("exchange failed")
+                }
+            }
+            impl std::error::Error for Outer {
+                fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                    Some(&self.0)
+                }
+            }
+            let outer = Outer(io(e));
+            assert!(refusal_in(&outer).is_some_and(|r| r.contains(said)), "in a chain: {said}");
+        }
+        assert_eq!(refusal_in(&std::io::Error::other("reset")), None, "not a TLS refusal");
+    }
+}

@@ -1357,21 +1357,38 @@ fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Members
         (m.worker_name.as_ref().map(Spanned::span), "worker_name"),
         (m.srv_priority.as_ref().map(Spanned::span), "srv_priority"),
     ];
-    let source = m.source.get_ref().as_str();
-    if source != "etcd"
+    #[derive(PartialEq)]
+    enum Source {
+        Static,
+        Etcd,
+        Dns,
+    }
+    let source = match m.source.get_ref().as_str() {
+        "static" => Source::Static,
+        "etcd" => Source::Etcd,
+        "dns" => Source::Dns,
+        other => {
+            return ctx.err(
+                Some(m.source.span()),
+                field("source"),
+                format!("unknown source '{}' (expected \"static\", \"etcd\" or \"dns\")", other.escape_debug()),
+            );
+        }
+    };
+    if source != Source::Etcd
         && let Some((Some(span), what)) = etcd_only.iter().find(|(s, _)| s.is_some())
     {
         return ctx.err(Some(span.clone()), field(what), "only an etcd source takes this (source = \"etcd\")");
     }
-    if source != "dns"
+    if source != Source::Dns
         && let Some((Some(span), what)) = dns_only.iter().find(|(s, _)| s.is_some())
     {
         return ctx.err(Some(span.clone()), field(what), "only a DNS source takes this (source = \"dns\")");
     }
     match source {
-        "static" => Ok(MembershipConfig::Static),
-        "dns" => validate_dns(ctx, m, name).map(MembershipConfig::Dns),
-        "etcd" => {
+        Source::Static => Ok(MembershipConfig::Static),
+        Source::Dns => validate_dns(ctx, m, name).map(MembershipConfig::Dns),
+        Source::Etcd => {
             let Some(endpoints) = &m.endpoints else {
                 return ctx.err(
                     Some(m.source.span()),
@@ -1438,11 +1455,6 @@ fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Members
                 debounce,
             }))
         }
-        other => ctx.err(
-            Some(m.source.span()),
-            field("source"),
-            format!("unknown source '{}' (expected \"static\", \"etcd\" or \"dns\")", other.escape_debug()),
-        ),
     }
 }
 
