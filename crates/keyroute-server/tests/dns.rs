@@ -138,8 +138,11 @@ async fn members_are(gw: &Gw, want: &[String], what: &str) {
 async fn a_pool_follows_srv_records_and_keeps_its_members_through_bad_answers() {
     let bs = backends(3).await;
     let (b1, b2, b3) = (&bs[0], &bs[1], &bs[2]);
-    // w3 is published at a higher priority value: a fallback, not a member.
-    let mut dns = Dns::start(&records(&[srv("w1", b1, 10, 1), srv("w2", b2, 10, 1), srv("w3", b3, 20, 1)]));
+    // w3 is published at a higher priority value: a fallback, not a member. `ghost` has no address
+    // (NXDOMAIN for its target): left out, the others serve.
+    let mut first = records(&[srv("w1", b1, 10, 1), srv("w2", b2, 10, 1), srv("w3", b3, 20, 1)]);
+    first.push("srv-host=_http._tcp.web.test,ghost.web.test,9,10,1".to_owned());
+    let mut dns = Dns::start(&first);
     let server = SocketAddr::from(([127, 0, 0, 1], dns.port));
     let gw = start_gateway(&gateway_text(server, "name = \"_http._tcp.web.test\"")).await;
     members_are(&gw, &[name("w1", b1), name("w2", b2)], "the lowest priority's two workers").await;
@@ -225,7 +228,7 @@ async fn address_records_and_priority_zones() {
     let port = bs[0].addr.port();
     let gw = start_gateway(&gateway_text(
         server,
-        &format!("name = \"api.test\"\nport = {port}\nworker_name = \"api-{{ip}}\""),
+        &format!("name = \"API.Test\"\nport = {port}\nworker_name = \"api-{{ip}}\""),
     ))
     .await;
     members_are(&gw, &["api-127.0.0.1".to_owned()], "one worker per address").await;

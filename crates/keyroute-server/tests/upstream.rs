@@ -53,6 +53,8 @@ struct Worker {
     name: String,
     addr: SocketAddr,
     connections: Arc<AtomicU64>,
+    /// Connections open now.
+    open: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
     /// TLS handshakes that resumed a session.
     resumed: Arc<AtomicU64>,
@@ -79,7 +81,9 @@ impl Worker {
         let connections = Arc::new(AtomicU64::new(0));
         let requests = Arc::new(AtomicU64::new(0));
         let resumed = Arc::new(AtomicU64::new(0));
+        let open = Arc::new(AtomicU64::new(0));
         let (n, c, r) = (name.to_owned(), Arc::clone(&connections), Arc::clone(&requests));
+        let now_open = Arc::clone(&open);
         let res = Arc::clone(&resumed);
         let task = tokio::spawn(async move {
             let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -87,7 +91,16 @@ impl Worker {
                 let Ok((tcp, _)) = listener.accept().await else { continue };
                 c.fetch_add(1, SeqCst);
                 let (n, r, acceptor, res) = (n.clone(), Arc::clone(&r), acceptor.clone(), Arc::clone(&res));
+                let now_open = Arc::clone(&now_open);
+                now_open.fetch_add(1, SeqCst);
                 tokio::spawn(async move {
+                    struct Closed(Arc<AtomicU64>);
+                    impl Drop for Closed {
+                        fn drop(&mut self) {
+                            self.0.fetch_sub(1, SeqCst);
+                        }
+                    }
+                    let _closed = Closed(now_open);
                     let on_conn = Arc::new(AtomicU64::new(0));
                     let enough = Arc::new(tokio::sync::Notify::new());
                     let (counted, told) = (Arc::clone(&on_conn), Arc::clone(&enough));
@@ -114,7 +127,7 @@ impl Worker {
                 });
             }
         });
-        Worker { name: name.to_owned(), addr, connections, requests, resumed, task }
+        Worker { name: name.to_owned(), addr, connections, open, requests, resumed, task }
     }
 }
 
@@ -331,6 +344,20 @@ async fn h2_workers_carry_keyed_requests_on_shared_connections_with_trailers() {
     let trailers = collected.trailers().cloned().expect("trailers passed through");
     assert_eq!(trailers["x-status"], "done");
     assert!(["a", "b", "c"].contains(&std::str::from_utf8(&collected.to_bytes()).expect("text")));
+    gw.task.abort();
+}
+
+/// An HTTP health check of an HTTP/2 pool makes a connection for each probe and closes it: the
+/// probes do not pile connections up on the worker (a review found they stayed open, pinged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_health_probes_do_not_pile_up_connections() {
+    let w = Worker::start("a", None).await;
+    let extra = "protocol = \"h2\"\n\n[pool.health]\npath = \"/healthz\"\ninterval_ms = 50\ntimeout_ms = 50\n";
+    let gw = start_gateway(&config(&[&w], extra)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let (made, open) = (w.connections.load(SeqCst), w.open.load(SeqCst));
+    assert!(made >= 10, "the probes ran: {made} connections");
+    assert!(open <= 3, "{open} of {made} probe connections still open");
     gw.task.abort();
 }
 
@@ -639,6 +666,13 @@ fn upstream_settings_are_checked_where_they_are_written() {
         assert!(e.contains(field), "{section}: {e}");
         assert!(e.contains(needle), "{section}: {e}");
     }
+    // Workers named by DNS carry a port by default: no certificate names them.
+    let text = format!(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n\n[[pool]]\nname = \"p\"\n\n[pool.upstream]\ntls = true\nca_file = \"{}\"\nserver_name = \"{{worker}}\"\n\n[pool.membership]\nsource = \"dns\"\nname = \"_h._tcp.a.test\"\nserver = \"127.0.0.1\"\n",
+        ca.pem.display()
+    );
+    let e = keyroute_server::Config::parse(&text, "up.toml").expect_err("worker names with ports").to_string();
+    assert!(e.contains("pool.p.upstream.server_name") && e.contains("with a port"), "{e}");
     // A gRPC health check needs HTTP/2 to the workers, and asks a service, not a path.
     for (extra, field, needle) in [
         ("\n[pool.health]\ngrpc_service = \"\"\n", "pool.p.health.grpc_service", "needs HTTP/2"),

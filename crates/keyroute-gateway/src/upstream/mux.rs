@@ -6,11 +6,14 @@
 //!   open connection carrying fewer than `max_streams` streams; when every one is full, another
 //!   connection opens. A stream is counted from its request until its response body ends or is
 //!   dropped. Flow control is h2's, end to end: a stream's window opens as the client reads the
-//!   body. Connections send a PING every 20 s while idle and close when the worker does not
-//!   answer one within 10 s. A request that a closing connection (a GOAWAY, a connection the
-//!   worker closed) could not take is sent on another one; one that was sent and then refused
-//!   fails as any request that may have reached the worker does (retried only when idempotent
-//!   and bodiless, by the attempt stage).
+//!   body. A connection with streams open is pinged every 5 minutes (as often as gRPC servers
+//!   allow) and closed when the worker does not answer within 20 s. A request that a closing
+//!   connection (a GOAWAY, a connection the worker closed) could not take is sent on another one;
+//!   one that was sent and then refused fails as any request that may have reached the worker
+//!   does (retried only when idempotent and bodiless, by the attempt stage). While a connection
+//!   is being dialled, the requests waiting for it get its failure at once rather than each dial
+//!   again after it (a worker that drops connection attempts would hold them a timeout each).
+//!   A connection made for a single exchange (the active check's) is not shared.
 //! - **HTTP/1.1 over TLS**: one request per connection at a time, as on the plain path; a
 //!   connection goes back to its thread's idle list when its response body ends.
 //!
@@ -42,9 +45,12 @@ use crate::body::{BoxError, ProxyBody};
 use crate::config::{UpstreamConfig, UpstreamProtocol};
 use crate::head::{Answer, ReqHead};
 
-/// How often an idle HTTP/2 connection is pinged, and how long a PING may go unanswered.
-const PING_INTERVAL: Duration = Duration::from_secs(20);
-const PING_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an HTTP/2 connection with streams open is pinged, and how long a PING may go
+/// unanswered. Five minutes: gRPC servers (grpc-go, grpc-core) close a connection whose client
+/// pings more often than that by default (GOAWAY `too_many_pings`); an idle connection is not
+/// pinged at all (the same servers forbid it), and one found closed is simply dialled again.
+const PING_INTERVAL: Duration = Duration::from_secs(300);
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// An HTTP/2 connection to the worker and the streams it carries now.
 struct H2Conn {
@@ -64,6 +70,9 @@ pub(crate) struct Mux {
     /// Held while an HTTP/2 connection is being made, so that the requests that find every
     /// connection full at once wait for one new connection rather than each make their own.
     dialing: tokio::sync::Mutex<()>,
+    /// When a dial last failed (milliseconds since `epoch`, plus one; 0: never).
+    dial_failed_ms: std::sync::atomic::AtomicU64,
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Mux {
@@ -132,6 +141,8 @@ impl Mux {
             h1: std::array::from_fn(|_| Mutex::new(Vec::new())),
             h2: Mutex::new(Vec::new()),
             dialing: tokio::sync::Mutex::new(()),
+            dial_failed_ms: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -157,12 +168,14 @@ impl Mux {
             }
         }
         loop {
-            let (since, mut send) = self.h1[slot()].lock().pop()?;
+            let (since, send) = self.h1[slot()].lock().pop()?;
             if Instant::now().saturating_duration_since(since) > IDLE_TIMEOUT {
                 self.h1[slot()].lock().clear();
                 return None;
             }
-            if !send.is_closed() && send.ready().await.is_ok() {
+            // A connection still busy (its request's body still going out: the worker answered
+            // early) is dropped rather than make this request wait behind the upload.
+            if !send.is_closed() && send.is_ready() {
                 return Some(Made::H1(send));
             }
         }
@@ -184,6 +197,7 @@ impl Mux {
         addr: SocketAddr,
         name: &str,
         timeout: Duration,
+        share: bool,
     ) -> Result<Made, SendError> {
         let connect = async {
             let tcp = TcpStream::connect(addr).await.map_err(|e| tcp_error(addr, e))?;
@@ -210,7 +224,7 @@ impl Mux {
             Ok(made) => made?,
             Err(_) => return Err(SendError::Connect { addr, cause: ConnectError::TimedOut(timeout) }),
         };
-        if let Made::H2(send, open) = &made {
+        if share && let Made::H2(send, open) = &made {
             self.h2.lock().push(H2Conn { send: send.clone(), open: Arc::clone(open) });
         }
         Ok(made)
@@ -237,9 +251,16 @@ impl Mux {
             let mut taken = if pooled { self.take(max_streams).await } else { None };
             let _dialing = match taken {
                 // HTTP/2 connections are shared: one new connection at a time, and a look at
-                // those that opened while this request waited for its turn.
+                // those that opened while this request waited for its turn. A dial that failed
+                // while it waited is its failure too.
                 None if pooled && cfg.protocol != UpstreamProtocol::Http1 => {
+                    let asked = self.epoch.elapsed().as_millis() as u64;
                     let turn = self.dialing.lock().await;
+                    if self.dial_failed_ms.load(Relaxed) > asked {
+                        let why = std::io::Error::other("the connection being made to the worker failed");
+                        restore(&mut pending, body);
+                        return Err(SendError::Connect { addr, cause: ConnectError::Io(why) });
+                    }
                     taken = self.take(max_streams).await;
                     Some(turn)
                 }
@@ -249,7 +270,15 @@ impl Mux {
             pooled = reused;
             let made = match taken {
                 Some(m) => m,
-                None => self.connect(cfg, addr, name, connect_timeout).await?,
+                None => match self.connect(cfg, addr, name, connect_timeout, reuse).await {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.dial_failed_ms.store(self.epoch.elapsed().as_millis() as u64 + 1, Relaxed);
+                        // Nothing was sent: the body goes back for another worker.
+                        restore(&mut pending, body);
+                        return Err(e);
+                    }
+                },
             };
             drop(_dialing);
             let mut req = match pending.take() {
@@ -278,9 +307,18 @@ impl Mux {
                 Err(mut e) => match e.take_message() {
                     // Never sent (the connection was closing): on the next connection, or a new one.
                     Some(back) if reused => pending = Some(back),
-                    _ => {
+                    // A new connection that took nothing: the body goes back for another worker.
+                    Some(back) => {
+                        *body = Some(back.into_body());
+                        let why = format!("the new connection closed before taking the request: {}", e.error());
+                        return Err(SendError::Connect { addr, cause: ConnectError::Handshake(why) });
+                    }
+                    None => {
                         let error = e.into_error();
-                        if let Some(why) = super::tls::refusal_in(&error) {
+                        // A worker that refuses the client certificate says so (TLS 1.3) only when
+                        // the first exchange on a new connection reads its alert: the request
+                        // never reached its application. Any other failure may have.
+                        if !reused && let Some(why) = super::tls::refusal_in(&error) {
                             return Err(SendError::Connect { addr, cause: ConnectError::Tls(why) });
                         }
                         return Err(SendError::Request { error: Box::new(error), reused });
@@ -288,6 +326,13 @@ impl Mux {
                 },
             }
         }
+    }
+}
+
+/// Puts a request's body back where the caller keeps it, when nothing of it was sent.
+fn restore(pending: &mut Option<Request<ProxyBody>>, body: &mut Option<ProxyBody>) {
+    if let Some(r) = pending.take() {
+        *body = Some(r.into_body());
     }
 }
 
@@ -311,7 +356,7 @@ where
             .timer(TokioTimer::new())
             .keep_alive_interval(PING_INTERVAL)
             .keep_alive_timeout(PING_TIMEOUT)
-            .keep_alive_while_idle(true)
+            .keep_alive_while_idle(false)
             .handshake(io)
             .await
             .map_err(failed)?;

@@ -210,11 +210,33 @@ pub(crate) fn refusal_in(e: &(dyn std::error::Error + 'static)) -> Option<String
             err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()?.downcast_ref::<rustls::Error>())
         });
         if let Some(tls) = tls {
-            return Some(reason(tls));
+            return refuses_certificates(tls).then(|| reason(tls));
         }
         cur = err.source();
     }
     None
+}
+
+/// Whether a TLS error is a refusal of a certificate (ours or the worker's), rather than a failure
+/// of a connection that may already have carried the request.
+fn refuses_certificates(tls: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    match tls {
+        rustls::Error::InvalidCertificate(_) => true,
+        rustls::Error::AlertReceived(a) => matches!(
+            a,
+            A::CertificateRequired
+                | A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::HandshakeFailure
+        ),
+        _ => false,
+    }
 }
 
 fn reason(tls: &rustls::Error) -> String {
@@ -272,5 +294,7 @@ mod tests {
             assert!(refusal_in(&outer).is_some_and(|r| r.contains(said)), "in a chain: {said}");
         }
         assert_eq!(refusal_in(&std::io::Error::other("reset")), None, "not a TLS refusal");
+        let internal = io(Error::AlertReceived(AlertDescription::InternalError));
+        assert_eq!(refusal_in(&internal), None, "a failure that may follow the request is not a refusal");
     }
 }

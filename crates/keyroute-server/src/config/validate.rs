@@ -681,6 +681,18 @@ fn validate_upstream(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<UpstreamC
         }
         return Ok(UpstreamConfig { protocol, tls: None, max_streams });
     }
+    if let (Some(s), Some(m)) = (&u.server_name, &p.membership)
+        && s.get_ref() == "{worker}"
+        && m.source.get_ref() == "dns"
+    {
+        let template = m.worker_name.as_ref().map_or("{host}:{port}", |t| t.get_ref().as_str());
+        if template.contains(':') || template.contains("{port}") {
+            let msg = format!(
+                "workers from DNS are named '{template}', with a port, which no certificate names: set [pool.membership] worker_name = \"{{host}}\", or a fixed server_name"
+            );
+            return ctx.err(Some(s.span()), field("server_name"), msg);
+        }
+    }
     let server_name = match &u.server_name {
         None => NameRule::Address,
         Some(s) => match NameRule::parse(s.get_ref()) {
@@ -1471,7 +1483,9 @@ fn validate_dns(
             "a DNS source needs the name to resolve, for example name = \"_http._tcp.web.default.svc.cluster.local\"";
         return ctx.err(Some(m.source.span()), field("name"), msg);
     };
-    let text = name.get_ref().trim_end_matches('.');
+    // Names compare without case (answers come back lowercase).
+    let lowered = name.get_ref().trim_end_matches('.').to_ascii_lowercase();
+    let text = lowered.as_str();
     if keyroute_fleet::membership::dns::wire::query(0, text, 1).is_err() {
         return ctx.err(Some(name.span()), field("name"), format!("'{}' is not a DNS name", text.escape_debug()));
     }

@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Fleet;
-use crate::config::{DnsConfig, DnsRecord, MembershipConfig, SrvPriority, WorkerConfig};
+use crate::config::{DnsConfig, DnsRecord, MembershipConfig, SrvPriority};
 use crate::pool::{Member, MembershipError, Pool};
 use wire::{Data, Record};
 
@@ -82,6 +82,8 @@ pub struct Answer {
     pub found: Vec<Found>,
     /// The shortest TTL among the records used.
     pub ttl: Duration,
+    /// SRV targets whose addresses could not be had, and why (the others still serve).
+    pub unresolved: Vec<String>,
 }
 
 /// Why a resolution gave no members; the pool keeps those it has.
@@ -125,7 +127,7 @@ pub async fn resolve_workers(cfg: &DnsConfig) -> Result<Answer, DnsError> {
             let port = cfg.port.unwrap_or(80);
             let (ips, ttl) = addresses(cfg, &cfg.name, &[]).await?;
             let found = ips.into_iter().map(|ip| Found { host: cfg.name.clone(), ip, port, weight: 1, zone: None });
-            Ok(Answer { found: found.collect(), ttl })
+            Ok(Answer { found: found.collect(), ttl, unresolved: Vec::new() })
         }
         DnsRecord::Srv => {
             let r = resolve::lookup(cfg.server, &cfg.name, wire::SRV, cfg.timeout).await?;
@@ -151,8 +153,18 @@ pub async fn resolve_workers(cfg: &DnsConfig) -> Result<Answer, DnsError> {
             }
             let mut ttl = srvs.iter().map(|s| s.4).min().unwrap_or(0);
             let mut found = Vec::new();
+            let mut unresolved = Vec::new();
+            let mut last_error = None;
             for (priority, weight, port, target, _) in srvs {
-                let (ips, t) = addresses(cfg, &target, &r.records).await?;
+                // A target that does not resolve is left out; the others still serve.
+                let (ips, t) = match addresses(cfg, &target, &r.records).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        unresolved.push(format!("{target}: {e}"));
+                        last_error = Some(e);
+                        continue;
+                    }
+                };
                 ttl = ttl.min(t.as_secs() as u32);
                 let zone = (cfg.priority == SrvPriority::Zone).then(|| format!("priority-{priority}"));
                 for ip in ips {
@@ -160,7 +172,12 @@ pub async fn resolve_workers(cfg: &DnsConfig) -> Result<Answer, DnsError> {
                     found.push(Found { host: target.clone(), ip, port, weight, zone: zone.clone() });
                 }
             }
-            Ok(Answer { found, ttl: Duration::from_secs(u64::from(ttl)) })
+            if found.is_empty()
+                && let Some(e) = last_error
+            {
+                return Err(e);
+            }
+            Ok(Answer { found, ttl: Duration::from_secs(u64::from(ttl)), unresolved })
         }
     }
 }
@@ -211,12 +228,15 @@ async fn addresses(cfg: &DnsConfig, host: &str, known: &[Record]) -> Result<(Vec
     Err(DnsError::Empty(host.to_owned()))
 }
 
-/// The members an answer gives: named by the template, one per name (the first in address
-/// order keeps it), at no address of this gateway's own. The names refused, with why.
+/// The members an answer gives: named by the template, checked as any worker's name is (no
+/// spaces, control or invisible characters, at most 256 bytes: a DNS label may hold any byte),
+/// one per name and one per address (the first in address order keeps each), and marked when
+/// the address is this gateway's own. The records refused, with why.
 pub fn members_of(cfg: &DnsConfig, found: &[Found], own: &[SocketAddr]) -> (Vec<Member>, Vec<String>) {
     let mut found = found.to_vec();
     found.sort_by(|a, b| (a.ip, a.port, &a.host).cmp(&(b.ip, b.port, &b.host)));
     let mut seen = HashSet::new();
+    let mut addresses = HashSet::new();
     let mut members = Vec::new();
     let mut refused = Vec::new();
     for f in found {
@@ -226,12 +246,30 @@ pub fn members_of(cfg: &DnsConfig, found: &[Found], own: &[SocketAddr]) -> (Vec<
             .replace("{host}", &f.host)
             .replace("{ip}", &f.ip.to_string())
             .replace("{port}", &f.port.to_string());
-        if !seen.insert(name.clone()) {
-            refused.push(format!("{name} ({address}): the name is another record's (add {{ip}} to worker_name)"));
+        let shown = name.escape_debug().to_string();
+        let worker = match crate::config::validate_worker_with(
+            &name,
+            &address.to_string(),
+            f.weight,
+            f.zone.as_deref(),
+            &[],
+            |s| s.parse().ok(),
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                refused.push(format!("'{shown}' ({address}): {} {}", e.field, e.message));
+                continue;
+            }
+        };
+        if !seen.insert(name) {
+            refused.push(format!("'{shown}' ({address}): the name is another record's (add {{ip}} to worker_name)"));
+            continue;
+        }
+        if !addresses.insert(address) {
+            refused.push(format!("'{shown}' ({address}): the address is another record's"));
             continue;
         }
         let at_this_gateway = own.iter().any(|o| crate::config::points_at(address, *o));
-        let worker = WorkerConfig { name, address, weight: f.weight, zone: f.zone, id: None };
         members.push(Member { worker, draining: false, at_this_gateway });
     }
     (members, refused)
@@ -253,7 +291,8 @@ async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
         let wait = match resolve_workers(&cfg).await {
             Ok(answer) => {
                 let own = fleet.upgrade().map(|f| f.own_addrs().to_vec()).unwrap_or_default();
-                let (members, refused) = members_of(&cfg, &answer.found, &own);
+                let (members, mut refused) = members_of(&cfg, &answer.found, &own);
+                refused.extend(answer.unresolved.iter().cloned());
                 for r in refused.iter().filter(|r| !refused_before.contains(r)) {
                     tracing::warn!(pool = %p.name, record = %r, "DNS record ignored");
                 }
@@ -358,6 +397,25 @@ mod tests {
         let names = |m: &[Member]| m.iter().map(|m| m.worker.name.clone()).collect::<Vec<_>>();
         assert_eq!(names(&ma), ["w1.web.test:81", "w2.web.test:80"]);
         assert_eq!(names(&ma), names(&mb), "the members are a function of the answer's set");
+    }
+
+    #[test]
+    fn names_from_dns_are_checked_and_an_address_serves_once() {
+        let c = cfg(DnsRecord::Srv, "{host}:{port}");
+        let (m, refused) = members_of(
+            &c,
+            &[
+                found("bad\nname.test", "10.0.0.1", 80),
+                found("a.test", "10.0.0.2", 80),
+                found("b.test", "10.0.0.2", 80),
+                found(&"x".repeat(300), "10.0.0.3", 80),
+            ],
+            &[],
+        );
+        assert_eq!(m.iter().map(|m| m.worker.name.as_str()).collect::<Vec<_>>(), ["a.test:80"]);
+        assert_eq!(refused.len(), 3, "{refused:?}");
+        assert!(refused.iter().any(|r| r.contains("another record's")), "{refused:?}");
+        assert!(refused.iter().all(|r| !r.contains('\n')), "refusals are logged escaped: {refused:?}");
     }
 
     #[test]

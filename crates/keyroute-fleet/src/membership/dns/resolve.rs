@@ -63,14 +63,20 @@ async fn exchange(server: SocketAddr, name: &str, qtype: u16) -> Result<Response
     let mut buf = vec![0u8; 4096];
     let response = loop {
         let n = sock.recv(&mut buf).await.map_err(io)?;
+        let msg = &buf[..n];
+        // Truncated (TC), with this query's id, from a response: over TCP, whatever the rest of
+        // the datagram holds (a cut message may not parse).
+        if n >= 4 && msg[..2] == q[..2] && msg[2] & 0x80 != 0 && msg[2] & 0x02 != 0 {
+            break None;
+        }
         // A datagram that answers something else (a late answer to an earlier query) is not
         // this one's: wait for the next.
-        match wire::parse(&buf[..n], &q) {
+        match wire::parse(msg, &q) {
             Err(wire::WireError::Mismatch) => continue,
-            r => break r.map_err(bad)?,
+            r => break Some(r.map_err(bad)?),
         }
     };
-    if !response.truncated {
+    if let Some(response) = response {
         return Ok(response);
     }
     let mut tcp = tokio::net::TcpStream::connect(server).await.map_err(io)?;
