@@ -26,16 +26,27 @@ struct Dns {
 
 impl Dns {
     fn start(records: &[String]) -> Dns {
-        let dir = std::env::temp_dir().join(format!("keyroute-dns-{}-{}", std::process::id(), free_udp_port()));
+        let dir = std::env::temp_dir().join(format!("keyroute-dns-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let mut d = Dns { port: free_udp_port(), dir, proc: None };
-        d.serve(records);
-        d
+        // A port free for UDP and TCP alike (dnsmasq binds both); another one if it is taken
+        // before dnsmasq binds it (the tests beside this one make connections all the time).
+        for _ in 0..20 {
+            let mut d = Dns { port: free_port(), dir: dir.clone(), proc: None };
+            if d.try_serve(records, 5) {
+                return d;
+            }
+        }
+        panic!("dnsmasq did not start on any of 20 ports");
     }
 
     /// (Re)starts dnsmasq on the same port with these records (dnsmasq reads SRV records only
     /// at start).
     fn serve(&mut self, records: &[String]) {
+        assert!(self.try_serve(records, 50), "dnsmasq did not start again on port {}", self.port);
+    }
+
+    /// Starts dnsmasq with these records, `attempts` times at most: whether it runs.
+    fn try_serve(&mut self, records: &[String], attempts: usize) -> bool {
         self.proc = None;
         let conf = self.dir.join("dnsmasq.conf");
         let mut text = String::from("local=/test/\n");
@@ -44,7 +55,7 @@ impl Dns {
             text.push('\n');
         }
         std::fs::write(&conf, text).expect("conf");
-        for _ in 0..50 {
+        for _ in 0..attempts {
             let child = Command::new(dnsmasq_bin())
                 .args([
                     "--keep-in-foreground",
@@ -67,11 +78,11 @@ impl Dns {
             // Still running: it bound its port (it exits at once when it cannot).
             if p.0.try_wait().ok().flatten().is_none() {
                 self.proc = Some(p);
-                return;
+                return true;
             }
             drop(p);
         }
-        panic!("dnsmasq did not start on port {}", self.port);
+        false
     }
 
     fn signal(&self, sig: &str) {
@@ -89,9 +100,15 @@ impl Drop for Dns {
     }
 }
 
-fn free_udp_port() -> u16 {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
-    s.local_addr().expect("addr").port()
+/// A loopback port free for UDP and for TCP now.
+fn free_port() -> u16 {
+    loop {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let port = s.local_addr().expect("addr").port();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// An SRV record for a backend, with its target's address record.
