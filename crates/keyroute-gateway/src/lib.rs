@@ -13,12 +13,15 @@
 //!   down"). Never a full rehash: other keys stay where they are.
 //! - **Load.** Requests in flight per worker, counted by a guard that the response body holds until
 //!   it ends. `p2c`, `least-loaded`, `affinity` and `bounded-*` read it.
-//! - **Health.** Active HTTP checks on fresh connections ([`probe`]); passive ejection after
+//! - **Health.** Active HTTP checks on fresh connections, or gRPC's health protocol ([`probe`]); passive ejection after
 //!   consecutive connect errors, timeouts, 5xx or bodies cut short; a *stalled* state for a
 //!   worker that holds requests and answers none.
 //! - **Retries** on the next-ranked worker, for requests that can be replayed (no body) and, once
-//!   they may have reached a worker, only for idempotent methods. A client's broken upload is the
-//!   client's error, never the worker's.
+//!   they may have reached a worker, only for idempotent methods; a request with a body only while
+//!   no connection has taken it. A client's broken upload is the client's error, never the worker's.
+//! - **Every protocol a worker speaks**: HTTP/1.1 on keyroute's own engine, HTTP/2 (prior knowledge
+//!   or ALPN) and TLS or mutual TLS through hyper's client ([`upstream`]); gRPC calls keep their
+//!   trailers, deadlines and statuses (`proxy::grpc`).
 //! - **Hardening**: one reading of Host and the path (RFC 9112), loop detection, head, send and
 //!   read timeouts, idle tunnels closed, only the upgrades a route allows tunnelled (never h2c),
 //!   public errors that carry a reason class and a request id only.
@@ -36,13 +39,14 @@
 //! | `head` | a request's and a response's head: as received with the request path's edits (HTTP/1.1), or as a map |
 //! | [`key`] | key templates over HTTP requests: the core's key language ([`keyroute::key`]) |
 //! | [`tls`] | certificates, their validity, and SNI selection (rustls, `ring`) |
+//! | [`upstream::tls`] | TLS to workers: a pool's client configuration (CA bundle or system roots, names, client certificate) |
 //! | [`config`] | a pool's and a route's HTTP settings |
 //! | [`access`] | access log lines, queued to a writer thread that reopens its file on demand |
-//! | [`upstream`] | per-worker, per-thread pools of [`keyroute_http1`] client connections (in each worker's protocol slot) |
+//! | [`upstream`] | per-worker, per-thread pools of [`keyroute_http1`] client connections (in each worker's protocol slot), and `mux`: hyper's HTTP/2 and TLS connections |
 //! | [`cache`] | the RFC 9111 cache for hot keys, with request coalescing |
 //! | [`routing`] | listeners' routes to pools, and each pool's HTTP side ([`routing::HttpPool`]) |
-//! | [`proxy`] | `headers`, `guarded` (the two bodies), `tunnel` (upgraded connections), the request path as a service |
-//! | [`probe`] | the HTTP active check |
+//! | [`proxy`] | `headers`, `guarded` (the two bodies), `tunnel` (upgraded connections), `grpc` (deadlines, statuses), the request path as a service |
+//! | [`probe`] | the HTTP active check, and gRPC's |
 //! | [`connection`] | one connection: TLS and ALPN, HTTP/1.1 on [`keyroute_http1`] (head and send timeouts, upgrades) or HTTP/2 on hyper, serving the proxy or another [`connection::Service`] |
 
 #![deny(missing_docs)]
