@@ -187,7 +187,7 @@ impl Admin {
 use crate::exposition::Scrape;
 use keyroute_etcd::record::{RecordState, WorkerRecord};
 use keyroute_etcd::registry::{ChangeError, Registry};
-use keyroute_fleet::config::{EtcdConfig, MembershipConfig, validate_worker};
+use keyroute_fleet::config::{EtcdConfig, validate_worker};
 use keyroute_fleet::metrics::CLASSES;
 use keyroute_fleet::pool::{MembershipError, Pool, WhatIf};
 use keyroute_gateway::key::percent_decode;
@@ -455,7 +455,7 @@ pub(crate) async fn handle(
             etcd_change(shared, pool, endpoint, req, worker_name).await
         }
         (Endpoint::Workers, Method::POST) | (Endpoint::Worker, _)
-            if matches!(pool.snapshot().config().membership, MembershipConfig::Dns(_)) =>
+            if pool.snapshot().config().membership.dns().is_some() =>
         {
             fail(
                 StatusCode::CONFLICT,
@@ -923,10 +923,7 @@ struct PlaceBatch {
 
 /// The pool's etcd source, if its members come from etcd.
 fn etcd_of(pool: &Pool) -> Option<EtcdConfig> {
-    match &pool.snapshot().config().membership {
-        MembershipConfig::Etcd(c) => Some(c.clone()),
-        MembershipConfig::Static | MembershipConfig::Dns(_) => None,
-    }
+    pool.snapshot().config().membership.etcd().cloned()
 }
 
 /// One line per etcd-backed pool for `/readyz`: is the source up, what revision, how old.

@@ -128,7 +128,7 @@ pub struct HttpPoolConfig {
 }
 
 /// `[pool.upstream]`: the protocol spoken to a pool's workers, and TLS.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct UpstreamConfig {
     /// HTTP/1.1, HTTP/2, or (over TLS) whichever ALPN settles on.
     pub protocol: UpstreamProtocol,
@@ -138,6 +138,13 @@ pub struct UpstreamConfig {
     /// opened (the worker's own `SETTINGS_MAX_CONCURRENT_STREAMS` still applies: past it, streams
     /// wait on their connection).
     pub max_streams: u32,
+}
+
+impl Default for UpstreamConfig {
+    /// Plain HTTP/1.1; 100 streams an HTTP/2 connection.
+    fn default() -> Self {
+        UpstreamConfig { protocol: UpstreamProtocol::default(), tls: None, max_streams: 100 }
+    }
 }
 
 /// The HTTP version spoken to workers.

@@ -104,6 +104,18 @@ pub enum MembershipConfig {
     Dns(DnsConfig),
 }
 
+impl MembershipConfig {
+    /// The etcd source's settings, if the members come from etcd.
+    pub fn etcd(&self) -> Option<&EtcdConfig> {
+        if let MembershipConfig::Etcd(c) = self { Some(c) } else { None }
+    }
+
+    /// The DNS source's settings, if the members come from DNS.
+    pub fn dns(&self) -> Option<&DnsConfig> {
+        if let MembershipConfig::Dns(c) = self { Some(c) } else { None }
+    }
+}
+
 /// A DNS membership source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DnsConfig {

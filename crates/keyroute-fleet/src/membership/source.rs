@@ -139,11 +139,7 @@ async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
     let mut running = Running::new(fleet.clone(), name.clone());
     loop {
         let Some(p) = pool.upgrade() else { return };
-        let etcd = |m: &MembershipConfig| match m {
-            MembershipConfig::Etcd(cfg) => Some(cfg.clone()),
-            _ => None,
-        };
-        let Some(cfg) = running.current(&p, etcd) else { return };
+        let Some(cfg) = running.current(&p, |m| m.etcd().cloned()) else { return };
         if current.as_ref().is_none_or(|c| c.prefix != cfg.prefix) {
             // A new prefix: nothing read so far counts.
             records = Records::default();

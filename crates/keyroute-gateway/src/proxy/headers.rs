@@ -113,10 +113,6 @@ pub(crate) fn upstream_head(
     id: &HeaderValue,
 ) {
     let upgrade = upgrade_of(head.version, &head.fields, upgrades);
-    head.trailers = head.fields.get_all(&header::TE).any(|v| {
-        v.split(|&b| b == b',')
-            .any(|t| t.split(|&b| b == b';').next().is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers")))
-    });
     let fields = &mut head.fields;
     strip_hop_by_hop(fields);
     let websocket = upgrade.as_ref().is_some_and(|u| {
@@ -142,6 +138,14 @@ pub(crate) fn upstream_head(
     add_forwarded(fields, peer);
     via.append(fields);
     fields.insert(REQUEST_ID.clone(), id.clone());
+}
+
+/// Whether the client accepts trailers (`TE: trailers`), read before the hop-by-hop fields go.
+pub(crate) fn accepts_trailers(fields: &Fields) -> bool {
+    fields.get_all(&header::TE).any(|v| {
+        v.split(|&b| b == b',')
+            .any(|t| t.split(|&b| b == b';').next().is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers")))
+    })
 }
 
 /// Whether an offered protocol (`name` or `name/version`) is one of `allowed`. `h2c` never is.

@@ -235,7 +235,11 @@ where
     };
     // Head.
     // No upgrade is offered to workers reached through hyper (HTTP/2, TLS): see `upstream::mux`.
-    let upgrades = if crate::upstream::through_mux(&http.upstream) { &[] } else { route.upgrades };
+    // Through hyper (HTTP/2, TLS): no upgrade is offered (see `upstream::mux`), and an HTTP/2
+    // worker gets the client's `TE: trailers`. The plain path reads neither.
+    let mux = crate::upstream::through_mux(&http.upstream);
+    let upgrades = if mux { &[] } else { route.upgrades };
+    head.trailers = mux && headers::accepts_trailers(&head.fields);
     headers::upstream_head(head, upgrades, body.is_end_stream(), cx.peer, &cx.front.via, cx.id_value);
     // Steer and attempt, worker after worker.
     let replayable = body.is_end_stream();

@@ -603,21 +603,27 @@ fn validate_pool(
         slow_start: validate_slow_start(ctx, p, name, strategy)?,
         handoff: validate_handoff(ctx, p, name, strategy)?,
     };
+    let upstream = validate_upstream(ctx, p, name)?;
     let http = HttpPoolConfig {
         key,
         on_missing_key,
         worker_header,
         health_path,
-        grpc_health: validate_grpc_health(ctx, p, name)?,
+        grpc_health: validate_grpc_health(ctx, p, name, upstream.protocol)?,
         read_timeout: timeout(ctx, p.read_timeout_ms.as_ref(), 60_000, field("read_timeout_ms"))?,
         cache: cache.flatten(),
-        upstream: std::sync::Arc::new(validate_upstream(ctx, p, name)?),
+        upstream: std::sync::Arc::new(upstream),
     };
     Ok((pool, http))
 }
 
 /// `[pool.health] grpc_service`: a gRPC health check, which needs HTTP/2 to the workers.
-fn validate_grpc_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Option<String>, ConfigError> {
+fn validate_grpc_health(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    protocol: UpstreamProtocol,
+) -> Result<Option<String>, ConfigError> {
     let field = |f: &str| format!("pool.{name}.health.{f}");
     let Some(h) = &p.health else { return Ok(None) };
     let Some(service) = &h.grpc_service else { return Ok(None) };
@@ -628,12 +634,7 @@ fn validate_grpc_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Option
             "a gRPC health check asks a service, not a path: say one of them",
         );
     }
-    let h2 = p
-        .upstream
-        .as_ref()
-        .and_then(|u| u.protocol.as_ref())
-        .is_some_and(|v| matches!(v.get_ref().as_str(), "h2" | "auto"));
-    if !h2 {
+    if protocol == UpstreamProtocol::Http1 {
         let msg = "gRPC needs HTTP/2 to the workers: set [pool.upstream] protocol = \"h2\" (or \"auto\" over TLS)";
         return ctx.err(Some(service.span()), field("grpc_service"), msg);
     }
@@ -648,7 +649,7 @@ fn validate_grpc_health(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<Option
 fn validate_upstream(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<UpstreamConfig, ConfigError> {
     use keyroute_gateway::upstream::tls::{ClientTls, ClientTlsSettings, MinVersion, NameRule};
     let field = |f: &str| format!("pool.{name}.upstream.{f}");
-    let Some(u) = &p.upstream else { return Ok(UpstreamConfig { max_streams: 100, ..UpstreamConfig::default() }) };
+    let Some(u) = &p.upstream else { return Ok(UpstreamConfig::default()) };
     let tls_on = u.tls.as_ref().is_some_and(|t| *t.get_ref());
     let protocol = match u.protocol.as_ref().map(|s| (s, s.get_ref().as_str())) {
         None | Some((_, "http1")) => UpstreamProtocol::Http1,
@@ -664,7 +665,7 @@ fn validate_upstream(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<UpstreamC
         }
     };
     let max_streams = match &u.max_streams {
-        None => 100,
+        None => UpstreamConfig::default().max_streams,
         Some(m) if (1..=10_000).contains(m.get_ref()) => *m.get_ref(),
         Some(m) => return ctx.err(Some(m.span()), field("max_streams"), "must be in 1..=10000"),
     };

@@ -283,11 +283,7 @@ async fn run(pool: Weak<Pool>, fleet: Weak<Fleet>) {
     let mut refused_before: Vec<String> = Vec::new();
     loop {
         let Some(p) = pool.upgrade() else { return };
-        let dns = |m: &MembershipConfig| match m {
-            MembershipConfig::Dns(cfg) => Some(cfg.clone()),
-            _ => None,
-        };
-        let Some(cfg) = running.current(&p, dns) else { return };
+        let Some(cfg) = running.current(&p, |m| m.dns().cloned()) else { return };
         let wait = match resolve_workers(&cfg).await {
             Ok(answer) => {
                 let own = fleet.upgrade().map(|f| f.own_addrs().to_vec()).unwrap_or_default();
