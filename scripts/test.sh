@@ -11,6 +11,8 @@
 #   same way, and compare their placements with keyroute's.
 #   memcached, nutcracker: the memcached listener's tests (keyroute-server/tests/memcache.rs)
 #   start real memcached servers, and real twemproxy beside keyroute on the same servers.
+#   memccapable (package libmemcached-tools): libmemcached's conformance suite, run through
+#   keyroute against memcached (keyroute-server/tests/cache_ops.rs).
 #   nghttpd (package nghttp2-server): keyroute-server/tests/upstream.rs uses it as an HTTP/2 worker.
 #   dnsmasq (package dnsmasq-base: the program, no service): keyroute-server/tests/dns.rs serves
 #   the SRV and address records a DNS-backed pool follows, on a loopback port.
@@ -36,6 +38,7 @@ have haproxy || need+=(haproxy)
 { have chromium && have chromedriver; } || need+=(chromium chromium-driver)
 have memcached || need+=(memcached)
 have nutcracker || need+=(nutcracker)
+have memccapable || need+=(libmemcached-tools)
 have dnsmasq || need+=(dnsmasq-base)
 have nghttpd || need+=(nghttp2-server)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)

@@ -10,9 +10,12 @@
 //! | `mn` | - | `MN`, answered by the proxy in order |
 //! | `version` | - | the proxy's `VERSION` |
 //! | `quit` | - | the connection closes |
+//! | `flush_all [DELAY] [noreply]`, `verbosity LEVEL [noreply]`, `stats [GROUP]` | every server ([`Broadcast`]) | `OK`; `STAT` lines to `END` (`RESET` for `stats reset`) |
 //!
-//! Anything else (`stats`, `flush_all`, `verbosity`, `lru_crawler`, `watch`...) concerns one
-//! server, not a key: it is refused with `CLIENT_ERROR`, saying so (twemproxy refuses them too).
+//! The commands of every server ([`Command::Broadcast`]) are parsed here; a listener that does not
+//! broadcast refuses them ([`Refused::NotProxied`]). Anything else (`lru_crawler`, `watch`,
+//! `slabs`...) concerns one server, not a key: it is refused with `CLIENT_ERROR`, saying so
+//! (twemproxy refuses them too).
 //! Keys are 1 to 250 bytes without control bytes or spaces, as memcached takes them; anything else
 //! is `CLIENT_ERROR bad command line format`, the line memcached gives.
 
@@ -46,7 +49,62 @@ pub enum Answer {
     Line,
     /// A meta answer: one line, and a data block after a `VA SIZE` line.
     Meta,
+    /// `stats`: `STAT` (or `ITEM`) lines, to the first other line (`END`, `RESET`, an error).
+    Stats,
 }
+
+/// A command of every server, not of a key: sent to each server of the pool by a listener that
+/// broadcasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broadcast<'a> {
+    /// `flush_all [DELAY]`: every item invalid now, or in `DELAY` seconds.
+    FlushAll { delay: Option<&'a [u8]> },
+    /// `verbosity LEVEL`.
+    Verbosity { level: &'a [u8] },
+    /// `stats [GROUP]`: the bare `stats`, or one of [`STATS_GROUPS`]; `reset` zeroes counters.
+    Stats { group: Option<&'a [u8]> },
+}
+
+impl Broadcast<'_> {
+    /// The command's name, as a client types it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Broadcast::FlushAll { .. } => "flush_all",
+            Broadcast::Verbosity { .. } => "verbosity",
+            Broadcast::Stats { .. } => "stats",
+        }
+    }
+
+    /// The line sent to each server (with its CRLF; never `noreply`: the proxy reads every
+    /// server's answer to say whether all did it).
+    pub fn request(&self) -> Vec<u8> {
+        let mut line = self.name().as_bytes().to_vec();
+        let arg = match self {
+            Broadcast::FlushAll { delay } => *delay,
+            Broadcast::Verbosity { level } => Some(*level),
+            Broadcast::Stats { group } => *group,
+        };
+        if let Some(a) = arg {
+            line.push(b' ');
+            line.extend_from_slice(a);
+        }
+        line.extend_from_slice(b"\r\n");
+        line
+    }
+
+    /// How each server's answer is framed.
+    pub fn answer(&self) -> Answer {
+        match self {
+            Broadcast::Stats { .. } => Answer::Stats,
+            _ => Answer::Line,
+        }
+    }
+}
+
+/// The `stats` groups a broadcasting listener passes to its servers (each answers `STAT` lines
+/// to `END`, or `RESET`). `stats detail` and `stats cachedump` are left out: they concern one
+/// server's internals, not the pool.
+pub const STATS_GROUPS: [&str; 7] = ["settings", "items", "slabs", "sizes", "conns", "extstore", "reset"];
 
 /// A parsed command line (slices of the line as read).
 #[derive(Debug, PartialEq, Eq)]
@@ -69,6 +127,8 @@ pub enum Command<'a> {
     MetaNoop,
     /// `version`.
     Version,
+    /// A command of every server; `noreply`: the client wants no answer.
+    Broadcast { cmd: Broadcast<'a>, noreply: bool },
     /// `quit`.
     Quit,
 }
@@ -113,6 +173,9 @@ pub enum Refused {
     Unframed,
     /// A data block longer than the item size limit: the block is skipped.
     TooLarge { skip: usize },
+    /// Refused without a word, as memcached refuses `verbosity noreply` (the `noreply` it read
+    /// silences the refusal).
+    Quiet,
 }
 
 impl Refused {
@@ -128,25 +191,14 @@ impl Refused {
                 b"CLIENT_ERROR bad command line format\r\n".to_vec()
             }
             Refused::TooLarge { .. } => b"SERVER_ERROR object too large for cache\r\n".to_vec(),
+            Refused::Quiet => Vec::new(),
         }
     }
 }
 
 /// Commands of one server that are refused by name.
-const SERVER_COMMANDS: [&str; 12] = [
-    "stats",
-    "flush_all",
-    "verbosity",
-    "lru_crawler",
-    "watch",
-    "slabs",
-    "lru",
-    "cache_memlimit",
-    "shutdown",
-    "misbehave",
-    "me",
-    "extstore",
-];
+const SERVER_COMMANDS: [&str; 9] =
+    ["lru_crawler", "watch", "slabs", "lru", "cache_memlimit", "shutdown", "misbehave", "me", "extstore"];
 
 pub fn valid_key(k: &[u8]) -> bool {
     !k.is_empty() && k.len() <= MAX_KEY && k.iter().all(|&b| b > b' ' && b != 0x7f)
@@ -275,6 +327,40 @@ pub fn parse(line: &[u8], max_item: usize) -> Result<Command<'_>, Refused> {
         b"mn" => Ok(Command::MetaNoop),
         b"version" => Ok(Command::Version),
         b"quit" => Ok(Command::Quit),
+        b"flush_all" => {
+            // `flush_all noreply`, `flush_all 10`, `flush_all 10 noreply`.
+            let (delay, rest) = match args.first() {
+                Some(d) if *d != b"noreply" => (Some(*d), 1),
+                _ => (None, 0),
+            };
+            if delay.is_some_and(|d| !signed(d)) {
+                return Err(Refused::Format);
+            }
+            Ok(Command::Broadcast { cmd: Broadcast::FlushAll { delay }, noreply: noreply(rest)? })
+        }
+        b"verbosity" => {
+            // As memcached: a bare `verbosity`, or one of more than two words, is an unknown
+            // command; `verbosity noreply` lacks its level, and says nothing of it.
+            if !(1..=2).contains(&args.len()) {
+                return Err(Refused::Unknown);
+            }
+            let level = args[0];
+            if number(level).is_none() {
+                return Err(if args.len() == 1 && level == b"noreply" { Refused::Quiet } else { Refused::Format });
+            }
+            Ok(Command::Broadcast { cmd: Broadcast::Verbosity { level }, noreply: noreply(1)? })
+        }
+        b"stats" => {
+            let group = args.first().copied();
+            if args.len() > 1 || group.is_some_and(|g| !STATS_GROUPS.iter().any(|s| s.as_bytes() == g)) {
+                // memcached: `ERROR` for a group it does not know (`stats noreply` too).
+                return Err(match group {
+                    Some(g) if g == b"detail" || g == b"cachedump" => Refused::NotProxied("stats"),
+                    _ => Refused::Unknown,
+                });
+            }
+            Ok(Command::Broadcast { cmd: Broadcast::Stats { group }, noreply: false })
+        }
         other => match SERVER_COMMANDS.iter().find(|c| c.as_bytes() == other) {
             Some(c) => Err(Refused::NotProxied(c)),
             None => Err(Refused::Unknown),
@@ -342,7 +428,8 @@ pub struct Garbled;
 /// - retrieval: `VALUE KEY FLAGS BYTES [CAS]` lines each with a data block, to `END`;
 ///   an `ERROR`/`CLIENT_ERROR`/`SERVER_ERROR` line ends it too;
 /// - [`Answer::Line`]: one line;
-/// - [`Answer::Meta`]: one line, and after `VA SIZE ...` a data block of SIZE bytes and CRLF.
+/// - [`Answer::Meta`]: one line, and after `VA SIZE ...` a data block of SIZE bytes and CRLF;
+/// - [`Answer::Stats`]: `STAT` and `ITEM` lines, to the first other line, which it includes.
 ///
 /// # Errors
 ///
@@ -363,6 +450,13 @@ pub fn answer_len(buf: &[u8], retrieval: bool, answer: Answer) -> Result<Option<
                 continue;
             }
             return Ok(Some(at + n));
+        }
+        if answer == Answer::Stats {
+            at += n;
+            if l.starts_with(b"STAT ") || l.starts_with(b"ITEM ") {
+                continue;
+            }
+            return Ok(Some(at));
         }
         if answer == Answer::Meta
             && let Some(rest) = l.strip_prefix(b"VA ")
@@ -414,7 +508,7 @@ pub fn check_invariants(bytes: &[u8]) {
         rest = &rest[n..];
     }
     for retrieval in [false, true] {
-        for answer in [Answer::Line, Answer::Meta] {
+        for answer in [Answer::Line, Answer::Meta, Answer::Stats] {
             if let Ok(Some(n)) = answer_len(bytes, retrieval, answer) {
                 assert!(n <= bytes.len());
                 for cut in [n / 2, n.saturating_sub(1)] {
@@ -526,8 +620,40 @@ mod tests {
         assert_eq!(parse(b"ms k 2000 T0", 1024), Err(Refused::TooLarge { skip: 2002 }));
         assert_eq!(parse(b"bogus", 1024), Err(Refused::Unknown));
         assert_eq!(parse(b"", 1024), Err(Refused::Unknown));
-        assert_eq!(parse(b"flush_all", 1024), Err(Refused::NotProxied("flush_all")));
+        assert_eq!(parse(b"lru_crawler metadump all", 1024), Err(Refused::NotProxied("lru_crawler")));
         assert!(String::from_utf8_lossy(&Refused::NotProxied("stats").line()).starts_with("CLIENT_ERROR 'stats'"));
+    }
+
+    /// The commands of every server, with memcached's refusals (the ones `memccapable -a` sends).
+    #[test]
+    fn broadcasts_as_memcached_reads_them() {
+        let b = |line: &[u8]| match parse(line, 1024) {
+            Ok(Command::Broadcast { cmd, noreply }) => (cmd.request(), noreply),
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(line)),
+        };
+        assert_eq!(b(b"flush_all"), (b"flush_all\r\n".to_vec(), false));
+        assert_eq!(b(b"flush_all noreply"), (b"flush_all\r\n".to_vec(), true));
+        assert_eq!(b(b"flush_all 10 noreply"), (b"flush_all 10\r\n".to_vec(), true));
+        assert_eq!(b(b"flush_all -1"), (b"flush_all -1\r\n".to_vec(), false));
+        assert_eq!(b(b"verbosity 1"), (b"verbosity 1\r\n".to_vec(), false));
+        assert_eq!(b(b"verbosity 0 noreply"), (b"verbosity 0\r\n".to_vec(), true));
+        assert_eq!(b(b"stats"), (b"stats\r\n".to_vec(), false));
+        assert_eq!(b(b"stats reset"), (b"stats reset\r\n".to_vec(), false));
+        assert_eq!(b(b"stats slabs"), (b"stats slabs\r\n".to_vec(), false));
+        for bad in [&b"flush_all x"[..], b"flush_all 1 2", b"verbosity foo", b"verbosity x noreply"] {
+            assert_eq!(parse(bad, 1024), Err(Refused::Format), "{}", String::from_utf8_lossy(bad));
+        }
+        for bad in [&b"verbosity"[..], b"verbosity foo bar my", b"stats noreply", b"stats a b"] {
+            assert_eq!(parse(bad, 1024), Err(Refused::Unknown), "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(parse(b"verbosity noreply", 1024), Err(Refused::Quiet));
+        assert_eq!(parse(b"stats cachedump 1 1", 1024), Err(Refused::NotProxied("stats")));
+        let stats = b"STAT pid 1\r\nSTAT uptime 5\r\nEND\r\n";
+        for cut in 0..stats.len() {
+            assert_eq!(answer_len(&stats[..cut], false, Answer::Stats), Ok(None), "cut at {cut}");
+        }
+        assert_eq!(answer_len(stats, false, Answer::Stats), Ok(Some(stats.len())));
+        assert_eq!(answer_len(b"RESET\r\nmore", false, Answer::Stats), Ok(Some(7)));
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub struct CacheListener {
     pub password: Option<String>,
     /// Redis: the password the proxy gives each server with `AUTH` when it connects.
     pub server_password: Option<String>,
+    /// memcached: the commands of every server (`flush_all`, `verbosity`, `stats`) are sent to
+    /// each server of the pool and their answers joined (`broadcast = true`); otherwise refused.
+    pub broadcast: bool,
 }
 
 /// A cache protocol a listener speaks.

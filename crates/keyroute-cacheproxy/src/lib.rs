@@ -62,7 +62,7 @@ pub fn spawn<H: Send + 'static>(stream: TcpStream, ctx: Arc<Context>, listener: 
     let client = driver::Client::new(stream, &ctx.stop);
     match listener.protocol {
         CacheProtocol::Memcached => {
-            let proto = memcached::Memcached { max_item: listener.max_item_bytes };
+            let proto = memcached::Memcached { max_item: listener.max_item_bytes, broadcast: listener.broadcast };
             tokio::spawn(driver::serve(client, ctx, proto, held));
         }
         CacheProtocol::Redis => {
@@ -80,11 +80,19 @@ pub fn spawn<H: Send + 'static>(stream: TcpStream, ctx: Arc<Context>, listener: 
 /// `AUTH` with the servers' password), each on a fresh connection made within the pool's
 /// connect timeout.
 pub fn check(listener: &CacheListener, pool: &Pool) -> Arc<dyn Check> {
+    started();
     let connect = pool.snapshot().config().connect_timeout;
     match listener.protocol {
         CacheProtocol::Memcached => Arc::new(memcached::Check { connect }),
         CacheProtocol::Redis => Arc::new(redis::Check { connect, password: listener.server_password.clone() }),
     }
+}
+
+/// When the proxy set up its first cache pool (the pools' checks are made as the server starts):
+/// the `uptime` a memcached listener's `stats` gives.
+pub(crate) fn started() -> std::time::Instant {
+    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(std::time::Instant::now)
 }
 
 /// Ends what expired in every pool's copies registry (the server's ticker, every second or so).

@@ -244,6 +244,8 @@ weight = 2
             )
         };
         let c = Config::parse(&mc("max_item_bytes = 2048\n"), "k.toml").expect("valid");
+        let b = Config::parse(&mc("broadcast = true\n"), "k.toml").expect("valid");
+        assert!(b.listeners[0].cache().is_some_and(|l| l.broadcast));
         assert_eq!(
             c.listeners[0].cache(),
             Some(&CacheListener {
@@ -251,7 +253,8 @@ weight = 2
                 pool: "thumbs".into(),
                 max_item_bytes: 2048,
                 password: None,
-                server_password: None
+                server_password: None,
+                broadcast: false,
             })
         );
         assert!(c.listeners[0].http().is_none());
@@ -266,6 +269,18 @@ weight = 2
             (mc("max_item_bytes = 10\n"), 5, "listener.listener-1.max_item_bytes", "1024..="),
             (mc("password = \"x\"\n"), 5, "listener.listener-1.password", "only a Redis listener"),
             (mc("h2c = true\n"), 5, "listener.listener-1.h2c", "speaks no HTTP"),
+            (
+                mc("broadcast = true\n").replace("\"memcached\"", "\"redis\""),
+                5,
+                "listener.listener-1.broadcast",
+                "only a memcached listener broadcasts",
+            ),
+            (
+                GOOD.replace("listen = \"127.0.0.1:0\"\n", "listen = \"127.0.0.1:0\"\nbroadcast = true\n"),
+                4,
+                "listener.listener-1.broadcast",
+                "only a memcached listener broadcasts",
+            ),
             // Every HTTP setting, not only some: each would be silently ignored.
             (mc("header_timeout_ms = 500\n"), 5, "listener.listener-1.header_timeout_ms", "speaks no HTTP"),
             (mc("send_timeout_ms = 500\n"), 5, "listener.listener-1.send_timeout_ms", "speaks no HTTP"),

@@ -44,6 +44,7 @@ pub(super) struct RawListener {
     pub(super) max_item_bytes: Option<Spanned<usize>>,
     pub(super) password: Option<Spanned<String>>,
     pub(super) server_password: Option<Spanned<String>>,
+    pub(super) broadcast: Option<Spanned<bool>>,
     pub(super) tls: Option<RawTls>,
     pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]

@@ -283,7 +283,7 @@ fn validate_http_listener(
     pools: &[PoolConfig],
 ) -> Result<HttpListenerConfig, ConfigError> {
     let field = |f: &str| format!("listener.{name}.{f}");
-    let cache_only: [(&str, Option<std::ops::Range<usize>>, &str); 4] = [
+    let cache_only: [(&str, Option<std::ops::Range<usize>>, &str); 5] = [
         ("pool", l.pool.as_ref().map(Spanned::span), "an HTTP listener chooses pools by its [[listener.route]]s"),
         (
             "max_item_bytes",
@@ -292,6 +292,7 @@ fn validate_http_listener(
         ),
         ("password", l.password.as_ref().map(Spanned::span), "only a Redis listener takes passwords"),
         ("server_password", l.server_password.as_ref().map(Spanned::span), "only a Redis listener takes passwords"),
+        ("broadcast", l.broadcast.as_ref().map(Spanned::span), "only a memcached listener broadcasts"),
     ];
     if let Some((f, span, msg)) = cache_only.into_iter().find(|(_, s, _)| s.is_some()) {
         return ctx.err(span, field(f), msg);
@@ -408,8 +409,18 @@ fn validate_cache_listener(
         *slot = Some(v.get_ref().clone());
     }
     let [password, server_password] = passwords;
+    let broadcast = match &l.broadcast {
+        Some(b) if protocol != CacheProtocol::Memcached && *b.get_ref() => {
+            return ctx.err(
+                Some(b.span()),
+                field("broadcast"),
+                "only a memcached listener broadcasts (flush_all, verbosity, stats to every server)",
+            );
+        }
+        b => b.as_ref().is_some_and(|b| *b.get_ref()),
+    };
     let pool = pools[pool].name.clone();
-    Ok(CacheListener { protocol, pool, max_item_bytes, password, server_password })
+    Ok(CacheListener { protocol, pool, max_item_bytes, password, server_password, broadcast })
 }
 
 /// A listener's `[[listener.route]]`s (one to the only pool when it has none).

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod memcache;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
