@@ -145,7 +145,7 @@ const LISTENER_FAMILIES: [(&str, &str, MetricType, fn(&ListenerMetrics) -> u64);
 type PoolRow = (&'static str, &'static str, MetricType, fn(&Pool) -> Value);
 
 /// The pool families that are one counter of the pool's each.
-const POOL_FAMILIES: [PoolRow; 7] = [
+const POOL_FAMILIES: [PoolRow; 9] = [
     ("keyroute_pool_no_worker", "Requests answered 503: no available worker.", MetricType::Counter, |p| {
         Value::Int(p.metrics.no_worker.load(Relaxed))
     }),
@@ -178,6 +178,18 @@ const POOL_FAMILIES: [PoolRow; 7] = [
         "Cache listeners: copies on a key's previous server deleted by a write during the warm-up.",
         MetricType::Counter,
         |p| Value::Int(p.metrics.warm_invalidations.load(Relaxed)),
+    ),
+    (
+        "keyroute_pool_replica_failovers",
+        "Replicated pools: reads that missed or failed on a key's first copy and were asked of the next.",
+        MetricType::Counter,
+        |p| Value::Int(p.metrics.replica_failovers.load(Relaxed)),
+    ),
+    (
+        "keyroute_pool_replica_repairs",
+        "Replicated pools: values added back to copies that had missed them (repair on read).",
+        MetricType::Counter,
+        |p| Value::Int(p.metrics.replica_repairs.load(Relaxed)),
     ),
 ];
 

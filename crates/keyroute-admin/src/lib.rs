@@ -15,7 +15,7 @@
 //! | `POST /workers[?pool=P]` | add a worker: `{"name", "address", "weight"?, "zone"?}` |
 //! | `DELETE /workers/NAME[?pool=P&drain=true]` | remove now, or drain (no new requests) then remove |
 //! | `PATCH /workers/NAME[?pool=P]` | `{"weight": W}` |
-//! | `GET /placement?key=K[&pool=P]` | the key's ranking and where it would go now |
+//! | `GET /placement?key=K[&pool=P]` | the key's ranking and where it would go now (a replicated pool: its copies) |
 //! | `GET /placement?key=K&add=NAME[:W]&remove=NAME&weight=NAME:W` | the same, and where the key would go after that change (each parameter may repeat): `what_if` |
 //! | `GET /dashboard` | the operator's page (see [`dashboard`]) |
 //! | `GET /events` | the page's feed: a snapshot a second as server-sent events (see [`dashboard`]) |
@@ -897,6 +897,10 @@ fn placement_now(pool: &Pool, key: &str) -> serde_json::Value {
             "ranking": ranking,
             "would_go_to": decision.map(|d| snap.workers()[d.node].name.clone()),
             "unavailable": decision.is_none().then(|| snap.why_unavailable(now).to_string()),
+            // A replicated pool's copies of the key now, in the order reads ask them.
+            "copies": snap.config().replication.filter(|_| keyed).map(|r| {
+                snap.copies(hash, r.copies, now).into_iter().map(|i| snap.workers()[i].name.clone()).collect::<Vec<_>>()
+            }),
     })
 }
 

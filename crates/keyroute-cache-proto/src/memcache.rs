@@ -26,6 +26,18 @@ fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
 
+/// A key as a meta command names it: as it is when memcached takes it so, else in base64 with
+/// the `b` flag (a key that came decoded from one).
+pub fn meta_key(key: &[u8]) -> Vec<u8> {
+    use base64::Engine as _;
+    if valid_key(key) {
+        return key.to_vec();
+    }
+    let mut k = base64::engine::general_purpose::STANDARD.encode(key).into_bytes();
+    k.extend_from_slice(b" b");
+    k
+}
+
 /// The longest key memcached takes.
 pub const MAX_KEY: usize = 250;
 
@@ -576,6 +588,8 @@ mod tests {
         // "foo" in base64 is placed as foo.
         assert_eq!(keyed(b"md Zm9v b q"), (b"foo".to_vec(), None, true, Answer::Meta));
         assert_eq!(parse(b"mn", 1024), Ok(Command::MetaNoop));
+        assert_eq!(meta_key(b"plain"), b"plain");
+        assert_eq!(meta_key(b"with space"), b"d2l0aCBzcGFjZQ== b");
         assert_eq!(parse(b"version", 1024), Ok(Command::Version));
     }
 

@@ -43,7 +43,15 @@ fn check_validates_and_names_the_line() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/keyroute.toml");
     let o = bin().args(["serve", "--config", example, "--check"]).output().expect("run");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for other in ["keyroute-etcd.toml", "grpc.toml", "tls-workers.toml", "dns.toml", "memcached.toml", "redis.toml"] {
+    for other in [
+        "keyroute-etcd.toml",
+        "grpc.toml",
+        "tls-workers.toml",
+        "dns.toml",
+        "memcached.toml",
+        "memcached-replicated.toml",
+        "redis.toml",
+    ] {
         let path = format!("{}/../../examples/{other}", env!("CARGO_MANIFEST_DIR"));
         let o = bin().args(["serve", "--config", &path, "--check"]).output().expect("run");
         assert!(o.status.success(), "{other}: {}", String::from_utf8_lossy(&o.stderr));

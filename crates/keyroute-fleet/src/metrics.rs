@@ -115,6 +115,11 @@ pub struct PoolMetrics {
     pub warm_fills: AtomicU64,
     /// Cache listeners: copies on a key's previous server invalidated by a write during the warm-up.
     pub warm_invalidations: AtomicU64,
+    /// Replicated pools: reads that missed or failed on a key's first copy and were asked of the
+    /// next.
+    pub replica_failovers: AtomicU64,
+    /// Replicated pools: values added back to copies that missed them (repair on read).
+    pub replica_repairs: AtomicU64,
     /// gRPC calls by method and final status.
     pub grpc: GrpcCalls,
 }

@@ -128,3 +128,200 @@ async fn broadcasts_reach_every_server_and_say_when_one_did_not() {
     assert!(!stats.contains(&format!("STAT {}:", addrs[1])), "{stats}");
     assert_eq!(ask(&mut c, b"verbosity 1\r\n", "\r\n").await, "SERVER_ERROR verbosity failed on 1 of 3 servers\r\n");
 }
+
+/// A pool of `servers` keeping each key on `copies` of them, with quick timeouts.
+fn replicated(servers: &[SocketAddr], copies: usize) -> String {
+    config(
+        servers,
+        "rendezvous",
+        &format!(
+            "[pool.replication]\ncopies = {copies}\n[pool.retry]\nper_try_timeout_ms = 300\n[pool.passive]\nconsecutive_failures = 2\n"
+        ),
+    )
+}
+
+/// A key's copies, in the order reads ask them, as the admin API names them.
+async fn copies_of(gw: &Gw, key: &str) -> Vec<SocketAddr> {
+    let (status, placement) = admin(gw, "GET", &format!("/placement?key={key}"), "", None).await;
+    assert!(status.is_success(), "{placement}");
+    let names = placement["copies"].as_array().unwrap_or_else(|| panic!("copies in {placement}"));
+    names.iter().map(|n| n.as_str().and_then(|n| n.parse().ok()).expect("an address")).collect()
+}
+
+/// The servers of `addrs` that hold `key` (with `value`, when given).
+async fn holders(addrs: &[SocketAddr], key: &str, value: Option<&str>) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    for a in addrs {
+        // A server killed by the test holds nothing.
+        let Ok(mut d) = TcpStream::connect(a).await else { continue };
+        let got = ask(&mut d, format!("get {key}\r\n").as_bytes(), "END\r\n").await;
+        if got.starts_with("VALUE") && value.is_none_or(|v| got.contains(&format!("\r\n{v}\r\n"))) {
+            out.push(*a);
+        }
+    }
+    out
+}
+
+async fn direct(addr: SocketAddr, request: &str, until: &str) -> String {
+    let mut d = TcpStream::connect(addr).await.expect("direct");
+    ask(&mut d, request.as_bytes(), until).await
+}
+
+async fn pool_counter(gw: &Gw, name: &str) -> u64 {
+    let (_, metrics) = admin(gw, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().map(str::to_owned).unwrap_or_default();
+    let prefix = format!("{name}{{pool=\"cache\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_pool_keeps_each_key_on_its_copies_and_repairs_a_miss() {
+    let (mut procs, addrs) = memcacheds(4).await;
+    let gw = start_gateway(&replicated(&addrs, 2)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    // Every write on the key's two copies, and nowhere else.
+    let mut first_copies = BTreeSet::new();
+    for i in 0..40 {
+        let v = format!("v{i}");
+        let r = ask(&mut c, format!("set k{i} 0 0 {}\r\n{v}\r\n", v.len()).as_bytes(), "\r\n").await;
+        assert_eq!(r, "STORED\r\n");
+        let copies = copies_of(&gw, &format!("k{i}")).await;
+        assert_eq!(copies.len(), 2);
+        first_copies.insert(copies[0]);
+        let mut held = holders(&addrs, &format!("k{i}"), Some(&v)).await;
+        held.sort();
+        let mut want = copies.clone();
+        want.sort();
+        assert_eq!(held, want, "k{i}");
+    }
+    assert!(first_copies.len() > 2, "keys spread over the servers: {first_copies:?}");
+    // noreply and meta set too.
+    assert_eq!(ask(&mut c, b"set q 0 0 1 noreply\r\nq\r\nms m 2 T0\r\nhi\r\n", "\r\n").await, "HD\r\n");
+    assert_eq!(holders(&addrs, "q", Some("q")).await.len(), 2);
+    assert_eq!(holders(&addrs, "m", Some("hi")).await.len(), 2);
+    // A read that misses on the first copy is answered from the second and repairs the first.
+    let copies = copies_of(&gw, "k1").await;
+    assert_eq!(direct(copies[0], "delete k1\r\n", "\r\n").await, "DELETED\r\n");
+    assert_eq!(ask(&mut c, b"get k1\r\n", "END\r\n").await, "VALUE k1 0 2\r\nv1\r\nEND\r\n");
+    assert_eq!(holders(&addrs, "k1", Some("v1")).await.len(), 2, "repaired");
+    assert_eq!(pool_counter(&gw, "keyroute_pool_replica_repairs_total").await, 1);
+    // A multi-get: each key's miss on its first copy, from the second, in the client's order.
+    for i in 2..10 {
+        let copies = copies_of(&gw, &format!("k{i}")).await;
+        assert_eq!(direct(copies[0], &format!("delete k{i}\r\n"), "\r\n").await, "DELETED\r\n");
+    }
+    let got = ask(&mut c, b"get k2 k3 nope k4 k5 k6 k7 k8 k9\r\n", "END\r\n").await;
+    let want: String = (2..10).map(|i| format!("VALUE k{i} 0 2\r\nv{i}\r\n")).collect::<String>() + "END\r\n";
+    assert_eq!(got, want);
+    for i in 2..10 {
+        assert_eq!(holders(&addrs, &format!("k{i}"), None).await.len(), 2, "k{i} repaired");
+    }
+    assert!(pool_counter(&gw, "keyroute_pool_replica_failovers_total").await >= 9);
+    // A write whose result depends on the value runs on the first copy, and the key is deleted on
+    // the other: the copies never disagree.
+    assert_eq!(ask(&mut c, b"set n 0 0 1\r\n5\r\nincr n 3\r\n", "8\r\n").await, "STORED\r\n8\r\n");
+    let n_copies = copies_of(&gw, "n").await;
+    assert_eq!(holders(&addrs, "n", None).await, [n_copies[0]]);
+    assert_eq!(
+        ask(&mut c, b"append n 0 0 1\r\n0\r\nget n\r\n", "END\r\n").await,
+        "STORED\r\nVALUE n 0 2\r\n80\r\nEND\r\n"
+    );
+    // The worst answer: a delete that one copy had nothing for says NOT_FOUND (as mcrouter's
+    // AllSync), though the other copy deleted it.
+    let copies = copies_of(&gw, "k20").await;
+    assert_eq!(direct(copies[1], "delete k20\r\n", "\r\n").await, "DELETED\r\n");
+    assert_eq!(ask(&mut c, b"delete k20\r\n", "\r\n").await, "NOT_FOUND\r\n");
+    assert!(holders(&addrs, "k20", None).await.is_empty());
+    // A copy that cannot be reached: the write is on the other, and the client is told.
+    let copies = copies_of(&gw, "k30").await;
+    let dead = addrs.iter().position(|a| *a == copies[1]).expect("a server");
+    drop(procs.remove(dead));
+    let r = ask(&mut c, b"set k30 0 0 3\r\nnew\r\n", "\r\n").await;
+    assert!(r.starts_with("SERVER_ERROR"), "{r}");
+    assert_eq!(holders(&addrs, "k30", Some("new")).await, [copies[0]]);
+    assert_eq!(ask(&mut c, b"get k30\r\n", "END\r\n").await, "VALUE k30 0 3\r\nnew\r\nEND\r\n");
+}
+
+/// Issue 35: a replicated pool with one server killed and another paused (SIGSTOP) under load
+/// loses no read that a live copy could answer, and every write it acknowledged is read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_pool_answers_every_read_through_a_dead_and_a_paused_server() {
+    let (mut procs, addrs) = memcacheds(4).await;
+    // Three copies on four servers: with one dead and one paused, every key keeps a live copy.
+    let gw = start_gateway(&replicated(&addrs, 3)).await;
+    let keys = 300;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..keys {
+        assert_eq!(ask(&mut c, format!("set r{i} 0 0 4\r\n{i:04}\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Readers: one key at a time, and eight at a time.
+    let mut readers = tokio::task::JoinSet::new();
+    for reader in 0..2 {
+        let (stop, addr) = (stop.clone(), gw.addr);
+        readers.spawn(async move {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            let (mut reads, mut misses) = (0u64, Vec::new());
+            let mut i = reader;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let batch: Vec<usize> = (0..if reader == 0 { 1 } else { 8 }).map(|j| (i + j * 37) % keys).collect();
+                let line = batch.iter().map(|k| format!("r{k}")).collect::<Vec<_>>().join(" ");
+                let got = ask(&mut c, format!("get {line}\r\n").as_bytes(), "END\r\n").await;
+                for k in &batch {
+                    reads += 1;
+                    if !got.contains(&format!("VALUE r{k} 0 4\r\n{k:04}\r\n")) {
+                        misses.push((*k, got.clone()));
+                    }
+                }
+                i = (i + 1) % keys;
+            }
+            (reads, misses)
+        });
+    }
+    // A writer of other keys: what it was told was stored must read back.
+    let writer = {
+        let (stop, addr) = (stop.clone(), gw.addr);
+        tokio::spawn(async move {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            let mut last_acked = std::collections::BTreeMap::new();
+            let mut round = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                round += 1;
+                for k in 0..20 {
+                    let r = ask(&mut c, format!("set w{k} 0 0 6\r\n{round:06}\r\n").as_bytes(), "\r\n").await;
+                    if r == "STORED\r\n" {
+                        last_acked.insert(k, Some(round));
+                    } else {
+                        // Not acknowledged: the value may be on some copies and not others.
+                        last_acked.insert(k, None);
+                    }
+                }
+            }
+            last_acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(procs.remove(0));
+    let paused = procs[0].0.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &paused]).status().expect("kill").success());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut total = 0;
+    while let Some(done) = readers.join_next().await {
+        let (reads, misses) = done.expect("reader");
+        total += reads;
+        assert!(misses.is_empty(), "{} misses of {reads}; the first: {:?}", misses.len(), misses.first());
+    }
+    assert!(total > 100, "{total} reads");
+    let acked = writer.await.expect("writer");
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for (k, round) in acked {
+        let Some(round) = round else { continue };
+        assert_eq!(
+            ask(&mut c, format!("get w{k}\r\n").as_bytes(), "END\r\n").await,
+            format!("VALUE w{k} 0 6\r\n{round:06}\r\nEND\r\n")
+        );
+    }
+    assert!(pool_counter(&gw, "keyroute_pool_replica_failovers_total").await > 0);
+    assert!(Command::new("kill").args(["-CONT", &paused]).status().expect("kill").success());
+}

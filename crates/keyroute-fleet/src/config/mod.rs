@@ -43,6 +43,19 @@ pub struct PoolConfig {
     pub slow_start: Option<SlowStartConfig>,
     /// Previous-owner handoff after a join: its window, if on.
     pub handoff: Option<Duration>,
+    /// A memcached pool that keeps each key on several servers, if on.
+    pub replication: Option<ReplicationConfig>,
+}
+
+/// `[pool.replication]`: each key kept on its first `copies` available servers (mcrouter's
+/// AllSync for writes, MissFailover for reads; see the cache proxy's memcached listener).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicationConfig {
+    /// How many servers hold each key (2 or more).
+    pub copies: usize,
+    /// A read that missed on a copy and found the value on a later one adds it to those that
+    /// missed.
+    pub repair: bool,
 }
 
 impl PoolConfig {
@@ -64,6 +77,7 @@ impl PoolConfig {
             hot_keys: None,
             slow_start: None,
             handoff: None,
+            replication: None,
         }
     }
 }

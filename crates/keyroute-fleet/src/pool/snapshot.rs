@@ -327,6 +327,17 @@ impl Snapshot {
         if reports == 0 { 0.0 } else { hits as f64 / reports as f64 }
     }
 
+    /// A replicated pool's copies of the key `hash` at `now`, in order: the first `n` healthy
+    /// members of its ranking, or the stalled ones when none is healthy (a member down, ejected or
+    /// draining passes its place to the next, so that reads and writes find the same servers).
+    pub fn copies(&self, hash: u64, n: usize, now: Instant) -> Vec<usize> {
+        let pick = |want: State| -> Vec<usize> {
+            self.policy.ranked(hash).filter(|&i| self.state(i, now) == want).take(n).collect()
+        };
+        let healthy = pick(State::Healthy);
+        if healthy.is_empty() { pick(State::Stalled) } else { healthy }
+    }
+
     /// A cache pool's warm route for a key placed on `node`: when `node` joined within the
     /// handoff window (and is still warming at `now`) and the key's owner before it joined was
     /// another member, that member. A miss on `node` is then read there and filled into `node`

@@ -307,6 +307,54 @@ weight = 2
         }
     }
 
+    /// `[pool.replication]`: a memcached listener's pool, placed by key, without hot keys or the
+    /// handoff; each mistake named by its line and field.
+    #[test]
+    fn a_replicated_pool_is_a_memcached_listeners() {
+        let listener = |protocol: &str, section: &str| {
+            let text = with_section(section);
+            match protocol {
+                "http" => text,
+                p => text
+                    .replace("listen = \"127.0.0.1:0\"\n", &format!("listen = \"127.0.0.1:0\"\nprotocol = \"{p}\"\n")),
+            }
+        };
+        let c = Config::parse(&listener("memcached", "[pool.replication]\ncopies = 2"), "k.toml").expect("valid");
+        let r = c.pools[0].replication.expect("replicated");
+        assert_eq!((r.copies, r.repair), (2, true));
+        let c = Config::parse(&listener("memcached", "[pool.replication]\ncopies = 3\nrepair = false"), "k.toml")
+            .expect("valid");
+        assert_eq!(c.pools[0].replication.map(|r| (r.copies, r.repair)), Some((3, false)));
+        for (text, line, field, needle) in [
+            (listener("memcached", "[pool.replication]\ncopies = 1"), 12, "pool.thumbs.replication.copies", "2..=8"),
+            (listener("memcached", "[pool.replication]\ncopies = 9"), 12, "pool.thumbs.replication.copies", "2..=8"),
+            (
+                listener("memcached", "[pool.replication]\nrepair = true"),
+                11,
+                "pool.replication.copies",
+                "missing field",
+            ),
+            (
+                listener("memcached", "[pool.replication]\ncopies = 2\n[pool.handoff]\nwindow_ms = 1000"),
+                12,
+                "pool.thumbs.replication.copies",
+                "[pool.handoff]",
+            ),
+            (
+                listener("memcached", "[pool.hot_keys]\nthreshold = 50\n[pool.replication]\ncopies = 2"),
+                14,
+                "pool.thumbs.replication.copies",
+                "[pool.hot_keys]",
+            ),
+            (listener("redis", "[pool.replication]\ncopies = 2"), 12, "pool.thumbs.replication", "only a memcached"),
+            (listener("http", "[pool.replication]\ncopies = 2"), 11, "pool.thumbs.replication", "only a memcached"),
+        ] {
+            let err = Config::parse(&text, "k.toml").expect_err(&text);
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}\n{text}");
+            assert!(err.message.contains(needle), "{err}");
+        }
+    }
+
     /// GOOD with `section` inserted before the workers.
     fn with_section(section: &str) -> String {
         let at = GOOD.find("[[pool.worker]]").expect("workers");

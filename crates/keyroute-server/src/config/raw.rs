@@ -107,6 +107,7 @@ pub(super) struct RawPool {
     pub(super) hot_keys: Option<RawHotKeys>,
     pub(super) slow_start: Option<RawSlowStart>,
     pub(super) handoff: Option<RawHandoff>,
+    pub(super) replication: Option<RawReplication>,
     pub(super) compat: Option<RawCompat>,
     pub(super) upstream: Option<RawUpstream>,
     #[serde(default)]
@@ -178,6 +179,14 @@ pub(super) struct RawSlowStart {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHandoff {
     pub(super) window_ms: Spanned<u64>,
+}
+
+/// `[pool.replication]`: a memcached pool that keeps each key on several servers.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReplication {
+    pub(super) copies: Spanned<u64>,
+    pub(super) repair: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -184,6 +184,23 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             store_defaults(&mut pools[at], raw_pool);
         }
     }
+    // A replicated pool is a memcached listener's: its writes to every copy are that
+    // listener's doing, and anything else would reach one copy.
+    for (at, pool) in pools.iter().enumerate() {
+        let Some(r) = raw.pool[at].replication.as_ref().filter(|_| pool.replication.is_some()) else { continue };
+        let other = listeners.iter().find(|l| match (l.cache(), l.http()) {
+            (Some(c), _) => c.pool == pool.name && c.protocol != CacheProtocol::Memcached,
+            (_, Some(h)) => h.routes.iter().any(|route| route.pool == at),
+            _ => false,
+        });
+        if let Some(l) = other {
+            let msg = format!(
+                "pool '{}' is replicated, which only a memcached listener does, and listener '{}' serves it otherwise",
+                pool.name, l.name
+            );
+            return ctx.err(Some(r.copies.span()), format!("pool.{}.replication", pool.name), msg);
+        }
+    }
     Ok(Config {
         admin,
         listeners,
@@ -613,6 +630,7 @@ fn validate_pool(
         hot_keys,
         slow_start: validate_slow_start(ctx, p, name, strategy)?,
         handoff: validate_handoff(ctx, p, name, strategy)?,
+        replication: validate_replication(ctx, p, name, strategy)?,
     };
     let upstream = validate_upstream(ctx, p, name)?;
     let http = HttpPoolConfig {
@@ -1359,6 +1377,32 @@ fn validate_handoff(
     needs_key(ctx, p, name, strategy, "handoff")?;
     let window = ranged(ctx, Some(&h.window_ms), 0, 1, DAY_MS, format!("pool.{name}.handoff.window_ms"))?;
     Ok(Some(Duration::from_millis(window)))
+}
+
+/// `[pool.replication]`: 2 to 8 copies of each key, placed by key; not with hot keys (whose
+/// copies a replicated pool's writes would not know of) nor the handoff (whose warm-up moves a key
+/// that a replicated pool keeps in several places). Which listener may serve the pool is checked
+/// with the listeners.
+fn validate_replication(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+    strategy: Strategy,
+) -> Result<Option<keyroute_fleet::config::ReplicationConfig>, ConfigError> {
+    let Some(r) = &p.replication else { return Ok(None) };
+    let field = |f: &str| format!("pool.{name}.replication.{f}");
+    needs_key(ctx, p, name, strategy, "replication")?;
+    let copies = ranged(ctx, Some(&r.copies), 2, 2, 8, field("copies"))?;
+    for (what, set) in [("hot_keys", p.hot_keys.is_some()), ("handoff", p.handoff.is_some())] {
+        if set {
+            let msg = format!(
+                "a replicated pool keeps each key on {copies} servers, which [pool.{what}] would not know of: remove one of them"
+            );
+            return ctx.err(Some(r.copies.span()), field("copies"), msg);
+        }
+    }
+    let repair = r.repair.as_ref().is_none_or(|b| *b.get_ref());
+    Ok(Some(keyroute_fleet::config::ReplicationConfig { copies: copies as usize, repair }))
 }
 
 fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<MembershipConfig, ConfigError> {

@@ -47,6 +47,11 @@
 //!   CAS is its server's), and a write deletes the copies the replicas may hold, so that no replica
 //!   serves a value older than the last write the proxy forwarded.
 //!
+//! - **Replicated pools** (`[pool.replication]`): each key on several servers, written to all
+//!   and read with failover; see `replicated`.
+//! - **Commands of every server** (`broadcast = true`): `flush_all`, `verbosity`, `stats`; see
+//!   `broadcast`.
+//!
 //! Limits: keys of 1 to 250 bytes without spaces or control bytes, data blocks up to the
 //! listener's `max_item_bytes` (memcached's `-I`, 1 MiB by default; a larger one is skipped and
 //! answered `SERVER_ERROR object too large for cache`, as memcached does), command lines of
@@ -58,8 +63,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::thread::LocalKey;
 use std::time::Duration;
 
-use keyroute_cache_proto::memcache::{self as codec, Answer, Broadcast, Command, Refused};
+use keyroute_cache_proto::memcache::{self as codec, Answer, Command, Refused};
+
+use self::broadcast::Every;
 use tokio::time::Instant;
+
+mod broadcast;
+mod replicated;
 
 use crate::conn::Lost;
 use crate::driver::{Batch, Lists, Placed, Planned, Protocol, failed};
@@ -74,9 +84,18 @@ pub(crate) struct Memcached {
     pub(crate) broadcast: bool,
 }
 
-/// A multi-get's key, and (node, previous node) when it is placed on a server within its handoff
-/// window.
-type MultiKey = (Vec<u8>, Option<(usize, usize)>);
+/// A multi-get's key, and where a miss of it is asked next.
+type MultiKey = (Vec<u8>, Fallback);
+
+/// Where a multi-get asks a key that its server did not answer with a value.
+pub(crate) enum Fallback {
+    /// Nowhere: a miss.
+    None,
+    /// A key placed on `node` within its handoff window: its previous server (the warm-up route).
+    Warm { node: usize, previous: usize },
+    /// A key of a replicated pool read from its copy on `first`: the other copies, in order.
+    Copies { first: usize, rest: Vec<usize> },
+}
 
 /// A command of the batch, once planned: where its answer comes from.
 pub(crate) enum Pending {
@@ -103,20 +122,15 @@ pub(crate) enum Pending {
     /// An answer read and dropped: an invalidation (`delete KEY noreply` and `mn`, read to its
     /// `MN`), or a hot key's copy deleted on a replica.
     Discard { server: usize, answer: Answer, quiet: bool },
+    /// A write of a replicated pool sent to every copy (server, node), how many could not be
+    /// reached, and how its answers are framed: the client hears the worst.
+    AllSync { parts: Vec<(usize, usize)>, unreachable: usize, answer: Answer, quiet: bool, noreply: bool },
+    /// A `get` of one key of a replicated pool, from its first copy; a miss or a failure is asked
+    /// of the `rest`, in order.
+    Copies { server: usize, node: usize, key: Vec<u8>, rest: Vec<usize> },
     /// A command of every server: each reachable server's answer (server, node), and how many
     /// could not be reached.
     Broadcast { every: Every, parts: Vec<(usize, usize)>, unreachable: usize, noreply: bool },
-}
-
-/// How a broadcast's answers become the client's.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Every {
-    /// `flush_all`, `verbosity`, `stats reset`: this line (`OK`, `RESET`) when every server
-    /// answered it, else `SERVER_ERROR`, naming the command and how many failed.
-    Same { name: &'static str, line: &'static [u8] },
-    /// `stats [GROUP]`: every server's lines under its name (`STAT NAME:FIELD VALUE`), after the
-    /// proxy's own when `own` (the bare `stats`), to one `END`.
-    Stats { own: bool },
 }
 
 /// How a memcached answer is framed: a retrieval's (`VALUE` blocks to `END`), its kind, and
@@ -160,7 +174,12 @@ impl crate::driver::Pending for Pending {
                 };
                 out.extend(parts.iter().map(|&(server, node)| read(server, Some(node), (false, answer, false))));
             }
-            Pending::Warm { server, node, .. } => out.push(read(*server, Some(*node), (true, Answer::Line, false))),
+            Pending::Warm { server, node, .. } | Pending::Copies { server, node, .. } => {
+                out.push(read(*server, Some(*node), (true, Answer::Line, false)));
+            }
+            Pending::AllSync { parts, answer, quiet, .. } => {
+                out.extend(parts.iter().map(|&(server, node)| read(server, Some(node), (false, *answer, *quiet))));
+            }
             Pending::Multi { parts, .. } => {
                 out.extend(parts.iter().map(|&(server, node)| read(server, Some(node), (true, Answer::Line, false))));
             }
@@ -228,7 +247,7 @@ impl Protocol for Memcached {
             }
             Ok(Command::Broadcast { cmd, noreply }) => {
                 let p = if self.broadcast {
-                    broadcast(b, cmd, noreply).await
+                    broadcast::plan(b, cmd, noreply).await
                 } else {
                     Pending::Owned(Refused::NotProxied(cmd.name()).line())
                 };
@@ -275,8 +294,14 @@ impl Protocol for Memcached {
                 Err(why) => server_error(b, node, why),
             },
             Pending::Discard { .. } => {}
+            Pending::AllSync { parts, unreachable, noreply, .. } => {
+                replicated::all_sync_answer(b, &parts, unreachable, noreply, slot, arena);
+            }
+            Pending::Copies { node, key, rest, .. } => {
+                replicated::get_answer(b, node, (&key, &rest), &slot[0], arena).await;
+            }
             Pending::Broadcast { every, parts, unreachable, noreply } => {
-                broadcast_answer(b, every, &parts, unreachable, noreply, slot, arena);
+                broadcast::answer(b, every, &parts, unreachable, noreply, slot, arena);
             }
             Pending::Written { hash, key, node } => {
                 let mut delete = b"delete ".to_vec();
@@ -299,11 +324,13 @@ impl Protocol for Memcached {
             },
             Pending::Multi { parts, keys } => {
                 let mut answers: Vec<&[u8]> = Vec::with_capacity(parts.len());
+                let mut answered = Vec::with_capacity(parts.len());
                 for ((_, node), result) in parts.into_iter().zip(slot) {
                     match result {
                         Ok(range) => {
                             b.succeeded(node);
                             answers.push(&arena[range.clone()]);
+                            answered.push(node);
                         }
                         // Its keys are misses; the failure is counted.
                         Err(_) => b.failed(node),
@@ -315,15 +342,23 @@ impl Protocol for Memcached {
                 // server's head per key (a key asked twice is answered twice).
                 let blocks: Vec<Vec<(&[u8], &[u8])>> = answers.iter().map(|a| codec::value_blocks(a)).collect();
                 let mut heads = vec![0usize; blocks.len()];
-                for (key, warm) in &keys {
+                for (key, fallback) in &keys {
                     let hit =
                         (0..blocks.len()).find(|&p| blocks[p].get(heads[p]).is_some_and(|(k, _)| *k == key.as_slice()));
                     if let Some(p) = hit {
                         b.out.extend_from_slice(blocks[p][heads[p]].1);
                         heads[p] += 1;
-                    } else if let Some((node, previous)) = *warm {
+                        continue;
+                    }
+                    match fallback {
+                        Fallback::None => {}
                         // A miss on a server within its handoff window: the warm-up route.
-                        fill_from(b, (key, None), previous, node, true).await;
+                        Fallback::Warm { node, previous } => fill_from(b, (key, None), *previous, *node, true).await,
+                        // A miss, or a failure, on a key's first copy: the next copies.
+                        Fallback::Copies { first, rest } => {
+                            let missed = if answered.contains(first) { vec![*first] } else { Vec::new() };
+                            replicated::failover(b, key, missed, rest).await;
+                        }
                     }
                 }
                 b.out.extend_from_slice(b"END\r\n");
@@ -340,6 +375,10 @@ impl Protocol for Memcached {
 async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_get: bool, quiet: bool, answer: Answer) {
     let hash = Placed::of(b.pool, b.snap, key);
     let write = !meta_get;
+    if let (Some(r), Some(h), true) = (b.snap.config().replication, hash.0, write) {
+        let copies = replicated::copies(b, h, r.copies);
+        return replicated::write(b, hash, &copies, (key, request), quiet, answer).await;
+    }
     let copies = match (b.snap.hot(), hash.0) {
         (Some(hot), Some(h)) if write && codec::valid_key(key) => Some((h, hot.replicas(h))),
         _ => None,
@@ -387,6 +426,14 @@ async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_ge
 /// the owner, and a miss on a server within its handoff window from the key's previous one.
 async fn retrieve_one(b: &mut Batch<'_, Memcached>, kind: codec::Retrieval, key: &[u8], request: &[u8]) -> Pending {
     let hash = Placed::of(b.pool, b.snap, key);
+    if let (Some(r), Some(h)) = (b.snap.config().replication, hash.0) {
+        let copies = replicated::copies(b, h, r.copies);
+        if kind == codec::Retrieval::Get {
+            return replicated::get(b, hash, copies, key, request).await;
+        }
+        // `gets` and `gat`: the first copy's answer (its CAS unique is that server's).
+        return send_one(b, hash, copies.first().copied(), request, false, Answer::Line, false).await.retrieval();
+    }
     // Within a handoff, a `get`'s miss on the new owner is read through (below); `gets` and
     // `gat` move the key first (a filled value would carry the new server's CAS, or not the new
     // TTL).
@@ -441,20 +488,33 @@ async fn retrieve_many(
     let mut warm: Vec<MultiKey> = Vec::new();
     for key in keys.iter() {
         let hash = Placed::of(b.pool, b.snap, key);
+        // A replicated pool's key: its first copy, the others behind it for a `get`.
+        let mut copies = match (b.snap.config().replication, hash.0) {
+            (Some(r), Some(h)) => replicated::copies(b, h, r.copies),
+            _ => Vec::new(),
+        };
         // Within a handoff the key's new owner, as for one key.
         let owner = hash.0.and_then(|h| b.snap.store_handoff(h, b.now)).map(|(node, _)| node);
-        let Some(node) = owner.or_else(|| b.pick(hash, &[], false).map(|d| d.node)) else {
+        let first = copies.first().copied();
+        let Some(node) = first.or(owner).or_else(|| b.pick(hash, &[], false).map(|d| d.node)) else {
             b.pool.metrics.no_worker.fetch_add(1, Relaxed);
-            warm.push((key.to_vec(), None));
+            warm.push((key.to_vec(), Fallback::None));
             continue;
         };
-        // `gets` and `gat` are not warmed: a filled value would carry the new server's CAS, or
-        // no new TTL.
-        let previous = match (kind, hash.0) {
-            (codec::Retrieval::Get, Some(h)) => b.snap.warm_source(h, node, b.now),
-            _ => None,
+        // `gets` and `gat` are neither warmed nor failed over: a value from elsewhere would carry
+        // another server's CAS, or no new TTL.
+        let fallback = match (kind, hash.0) {
+            (codec::Retrieval::Get, _) if first.is_some() => {
+                copies.remove(0);
+                Fallback::Copies { first: node, rest: copies }
+            }
+            (codec::Retrieval::Get, Some(h)) => match b.snap.warm_source(h, node, b.now) {
+                Some(previous) => Fallback::Warm { node, previous },
+                None => Fallback::None,
+            },
+            _ => Fallback::None,
         };
-        warm.push((key.to_vec(), previous.map(|p| (node, p))));
+        warm.push((key.to_vec(), fallback));
         let i = match lines.iter().position(|(n, _)| *n == node) {
             Some(i) => i,
             None => {
@@ -480,117 +540,6 @@ async fn retrieve_many(
         parts.push((server, node));
     }
     Pending::Multi { parts, keys: warm }
-}
-
-/// A command of every server (`broadcast = true`), sent to each server of the batch's table
-/// (healthy or not: a server left out would keep what the others flushed); each answer is read,
-/// so that the client hears whether every server did it.
-async fn broadcast(b: &mut Batch<'_, Memcached>, cmd: Broadcast<'_>, noreply: bool) -> Pending {
-    let every = match cmd {
-        Broadcast::Stats { group: Some(b"reset") } => Every::Same { name: "stats reset", line: b"RESET\r\n" },
-        Broadcast::Stats { group } => Every::Stats { own: group.is_none() },
-        _ => Every::Same { name: cmd.name(), line: b"OK\r\n" },
-    };
-    let request = cmd.request();
-    let (mut parts, mut unreachable) = (Vec::new(), 0);
-    for node in 0..b.snap.workers().len() {
-        let Some(server) = b.connect(node).await else {
-            unreachable += 1;
-            continue;
-        };
-        b.sent(node);
-        b.servers.0[server].out.extend_from_slice(&request);
-        parts.push((server, node));
-    }
-    Pending::Broadcast { every, parts, unreachable, noreply }
-}
-
-/// A broadcast's answer to the client, from each server's (see [`Every`]).
-fn broadcast_answer(
-    b: &mut Batch<'_, Memcached>,
-    every: Every,
-    parts: &[(usize, usize)],
-    unreachable: usize,
-    noreply: bool,
-    slots: &[Slot],
-    arena: &[u8],
-) {
-    let total = parts.len() + unreachable;
-    let mut failed = unreachable;
-    let mut lines = Vec::new();
-    for (&(_, node), result) in parts.iter().zip(slots) {
-        let answer = match result {
-            Ok(range) => &arena[range.clone()],
-            Err(_) => {
-                b.failed(node);
-                failed += 1;
-                continue;
-            }
-        };
-        b.succeeded(node);
-        match every {
-            Every::Same { line, .. } => failed += usize::from(answer != line),
-            Every::Stats { .. } => {
-                let name = b.worker(node).name.as_bytes();
-                let mut ended = false;
-                let mut at = 0;
-                while let Some((n, l)) = codec::line(&answer[at..]) {
-                    at += n;
-                    let (kind, rest) = l.split_at(l.len().min(5));
-                    if kind == b"STAT " || kind == b"ITEM " {
-                        lines.extend_from_slice(kind);
-                        lines.extend_from_slice(name);
-                        lines.push(b':');
-                        lines.extend_from_slice(rest);
-                        lines.extend_from_slice(b"\r\n");
-                    } else {
-                        ended = l == b"END";
-                    }
-                }
-                failed += usize::from(!ended);
-            }
-        }
-    }
-    if noreply {
-        return;
-    }
-    match every {
-        Every::Same { name, line } => {
-            if failed == 0 {
-                b.out.extend_from_slice(line);
-            } else {
-                let why = format!("SERVER_ERROR {name} failed on {failed} of {total} servers\r\n");
-                b.out.extend_from_slice(why.as_bytes());
-            }
-        }
-        Every::Stats { own } => {
-            if own {
-                own_stats(b, total, failed);
-            }
-            b.out.extend_from_slice(&lines);
-            b.out.extend_from_slice(b"END\r\n");
-        }
-    }
-}
-
-/// The proxy's own `stats` lines (mcrouter answers `stats` with its own figures too): what
-/// memcached's clients read first (`pid`, `uptime`, `time`, `version`, `pointer_size`), and the
-/// pool's servers, how many did not answer this `stats`, and the commands no server could take.
-fn own_stats(b: &mut Batch<'_, Memcached>, servers: usize, failed: usize) {
-    use std::fmt::Write as _;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "STAT pid {}\r\nSTAT uptime {}\r\nSTAT time {now}\r\nSTAT version keyroute-{}\r\nSTAT pointer_size {}\r\n\
-         STAT servers {servers}\r\nSTAT servers_failed {failed}\r\nSTAT no_server {}\r\n",
-        std::process::id(),
-        crate::started().elapsed().as_secs(),
-        env!("CARGO_PKG_VERSION"),
-        usize::BITS,
-        b.pool.metrics.no_worker.load(Relaxed),
-    );
-    b.out.extend_from_slice(s.as_bytes());
 }
 
 /// Whether the first buffered command is a storage command whose data has not all arrived.
@@ -695,49 +644,15 @@ async fn fill_from(
         let holder = b.snap.workers()[joined].address;
         (h, b.s.copies.begin_fill(h, holder, Instant::now()))
     });
-    let Some(p) = b.side(previous).await else { return };
-    let server = &mut b.side.0[p];
-    server.out.extend_from_slice(b"mg ");
-    server.out.extend_from_slice(key);
-    server.out.extend_from_slice(b" v f t\r\n");
-    flush(b.side, b.s.answer).await;
-    let mut read = Vec::new();
-    if answer_into(&mut b.side.0[p], false, Answer::Meta, false, b.s.answer, &mut read).await.is_err() {
-        failed(b.worker(previous), b.s);
-        b.side.sweep();
-        return;
-    }
-    // VA <size> f<flags> t<ttl>\r\n<data>\r\n
-    let Some((n, head)) = codec::line(&read) else { return };
-    let mut words = head.split(|&c| c == b' ');
-    if words.next() != Some(b"VA") {
-        return;
-    }
-    let size = words.next().and_then(|w| std::str::from_utf8(w).ok()).and_then(|w| w.parse::<usize>().ok());
-    let (mut flags, mut ttl) = ("0".to_owned(), "0".to_owned());
-    for w in words {
-        let text = String::from_utf8_lossy(&w[1.min(w.len())..]).into_owned();
-        match w.first() {
-            Some(b'f') => flags = text,
-            // -1: no expiry, which a set says as 0.
-            Some(b't') if text != "-1" => ttl = text,
-            _ => {}
-        }
-    }
-    let Some(size) = size.filter(|&z| read.len() >= n + z) else { return };
-    let data = &read[n..n + size];
+    let Ok(Some(mut value)) = read_value(b, key, previous).await else { return };
     if answer {
-        b.out.extend_from_slice(b"VALUE ");
-        b.out.extend_from_slice(key);
-        b.out.extend_from_slice(format!(" {flags} {size}\r\n").as_bytes());
-        b.out.extend_from_slice(data);
-        b.out.extend_from_slice(b"\r\n");
+        value.block(key, b.out);
     }
     let landing = match fill {
         Some((_, fill)) => {
-            // A copy: at most its lifetime (memcached's 0 is "never"; -1 was read as 0 above).
+            // A copy: at most its lifetime (memcached's 0 is "never"; -1 was read as 0).
             let max = crate::copies::COPY_LIFETIME.as_secs();
-            ttl = match ttl.parse::<u64>() {
+            value.ttl = match value.ttl.parse::<u64>() {
                 Ok(t) if (1..=max).contains(&t) => t,
                 _ => max,
             }
@@ -750,28 +665,99 @@ async fn fill_from(
         None => None,
     };
     b.pool.metrics.warm_fills.fetch_add(1, Relaxed);
-    let Some(j) = b.side(joined).await else { return };
-    let server = &mut b.side.0[j];
-    server.out.extend_from_slice(b"ms ");
-    server.out.extend_from_slice(key);
-    server.out.extend_from_slice(format!(" {size} F{flags} T{ttl} ME q\r\n").as_bytes());
-    server.out.extend_from_slice(data);
-    server.out.extend_from_slice(b"\r\nmn\r\n");
-    flush(b.side, b.s.answer).await;
-    let mut dropped = Vec::new();
-    let added = answer_into(&mut b.side.0[j], false, Answer::Meta, true, b.s.answer, &mut dropped).await.is_ok();
+    let added = add_value(b, key, &value, joined).await;
     if let Some(landing) = landing {
         b.s.copies.landed(landing, Instant::now());
     } else if added && let Some(p) = b.side(previous).await {
         // Stored, or the new owner had a newer value: the previous one is superseded.
         let server = &mut b.side.0[p];
         server.out.extend_from_slice(b"md ");
-        server.out.extend_from_slice(key);
+        server.out.extend_from_slice(&codec::meta_key(key));
         server.out.extend_from_slice(b" q\r\nmn\r\n");
         flush(b.side, b.s.answer).await;
+        let mut dropped = Vec::new();
         let _ = answer_into(&mut b.side.0[p], false, Answer::Meta, true, b.s.answer, &mut dropped).await;
     }
     b.side.sweep();
+}
+
+/// A value read from a server with its flags and remaining time to live, to be added to another.
+pub(crate) struct Value {
+    flags: String,
+    /// Seconds, as a set takes them (0: no expiry).
+    ttl: String,
+    data: Vec<u8>,
+}
+
+impl Value {
+    /// The value as a `get` answers it (`VALUE KEY FLAGS SIZE`, the data), appended to `out`.
+    fn block(&self, key: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(b"VALUE ");
+        out.extend_from_slice(key);
+        out.extend_from_slice(format!(" {} {}\r\n", self.flags, self.data.len()).as_bytes());
+        out.extend_from_slice(&self.data);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// The value of `key` on node `from` (`mg KEY v f t`, for its flags and remaining time to live),
+/// over the client's side connections: `Ok(None)` when it has none, `Err` when it failed to
+/// answer (counted against it).
+pub(crate) async fn read_value(b: &mut Batch<'_, Memcached>, key: &[u8], from: usize) -> Result<Option<Value>, ()> {
+    let Some(p) = b.side(from).await else { return Err(()) };
+    let server = &mut b.side.0[p];
+    server.out.extend_from_slice(b"mg ");
+    server.out.extend_from_slice(&codec::meta_key(key));
+    server.out.extend_from_slice(b" v f t\r\n");
+    flush(b.side, b.s.answer).await;
+    let mut read = Vec::new();
+    if answer_into(&mut b.side.0[p], false, Answer::Meta, false, b.s.answer, &mut read).await.is_err() {
+        failed(b.worker(from), b.s);
+        b.side.sweep();
+        return Err(());
+    }
+    // VA <size> f<flags> t<ttl>\r\n<data>\r\n, or EN.
+    let Some((n, head)) = codec::line(&read) else { return Err(()) };
+    let mut words = head.split(|&c| c == b' ');
+    match words.next() {
+        Some(b"VA") => {}
+        Some(b"EN") => return Ok(None),
+        _ => return Err(()),
+    }
+    let size = words.next().and_then(|w| std::str::from_utf8(w).ok()).and_then(|w| w.parse::<usize>().ok());
+    let (mut flags, mut ttl) = ("0".to_owned(), "0".to_owned());
+    for w in words {
+        let text = String::from_utf8_lossy(&w[1.min(w.len())..]).into_owned();
+        match w.first() {
+            Some(b'f') => flags = text,
+            // -1: no expiry, which a set says as 0.
+            Some(b't') if text != "-1" => ttl = text,
+            _ => {}
+        }
+    }
+    let Some(size) = size.filter(|&z| read.len() >= n + z) else { return Err(()) };
+    Ok(Some(Value { flags, ttl, data: read[n..n + size].to_vec() }))
+}
+
+/// Adds `value` to node `to` as `key` (`ms ... ME`: an add, so that a write that got there first
+/// wins), over the client's side connections; whether the server answered.
+pub(crate) async fn add_value(b: &mut Batch<'_, Memcached>, key: &[u8], value: &Value, to: usize) -> bool {
+    let Some(j) = b.side(to).await else { return false };
+    let server = &mut b.side.0[j];
+    server.out.extend_from_slice(b"ms ");
+    server.out.extend_from_slice(&codec::meta_key(key));
+    let Value { flags, ttl, data } = value;
+    server.out.extend_from_slice(format!(" {} F{flags} T{ttl} ME q\r\n", data.len()).as_bytes());
+    server.out.extend_from_slice(data);
+    server.out.extend_from_slice(b"\r\nmn\r\n");
+    flush(b.side, b.s.answer).await;
+    let mut dropped = Vec::new();
+    let added = answer_into(&mut b.side.0[j], false, Answer::Meta, true, b.s.answer, &mut dropped).await.is_ok();
+    if !added {
+        failed(b.worker(to), b.s);
+    }
+    b.side.sweep();
+    added
 }
 
 /// A write of a key in a pool with hot keys, sent to `writer`: the copies its replicas may hold
