@@ -306,6 +306,7 @@ impl Collector for Scrape {
         let snaps: Vec<_> = self.pools.iter().map(|p| (p, p.snapshot())).collect();
         let now = Instant::now();
         encode_pools(&mut encoder, &snaps)?;
+        encode_commands(&mut encoder, &snaps)?;
         encode_hot_keys(&mut encoder, &snaps, &self.caches)?;
         encode_workers(&mut encoder, &snaps, now)?;
         self.encode_listeners(&mut encoder)
@@ -368,6 +369,63 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
     }
     let generations = snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation())));
     family(encoder, "keyroute_pool_generation", "The pool snapshot's generation.", MetricType::Gauge, generations)
+}
+
+/// Cache listeners' commands by pool, protocol and class: counts, errors and latency (the
+/// classes a listener has served; none for a pool no cache listener serves).
+fn encode_commands(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Result<(), std::fmt::Error> {
+    let mut rows = Vec::new();
+    for (p, _) in snaps {
+        let tables = p.metrics.commands.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        for t in tables {
+            for (i, class) in t.classes.iter().enumerate() {
+                if t.by_class.get(i).is_some_and(|c| c.count.load(Relaxed) > 0) {
+                    rows.push((p.name.clone(), Arc::clone(&t), i, *class));
+                }
+            }
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let l = |(pool, t, _, class): &(String, Arc<keyroute_fleet::metrics::CommandMetrics>, usize, &str)| {
+        labels(&[("pool", pool), ("protocol", t.protocol), ("command", class)])
+    };
+    let get = |t: &keyroute_fleet::metrics::CommandMetrics,
+               i: usize,
+               f: fn(&keyroute_fleet::metrics::CommandClass) -> u64| { t.by_class.get(i).map_or(0, f) };
+    family(
+        encoder,
+        "keyroute_cache_commands",
+        "Cache listeners: commands by pool, protocol and command.",
+        MetricType::Counter,
+        rows.iter().map(|r| (l(r), Value::Int(get(&r.1, r.2, |c| c.count.load(Relaxed))))),
+    )?;
+    family(
+        encoder,
+        "keyroute_cache_command_errors",
+        "Cache listeners: commands answered with an error (the server's or the proxy's).",
+        MetricType::Counter,
+        rows.iter().map(|r| (l(r), Value::Int(get(&r.1, r.2, |c| c.errors.load(Relaxed))))),
+    )?;
+    let mut metric = encoder.encode_descriptor(
+        "keyroute_cache_command_duration_seconds",
+        "Cache listeners: time from the proxy having a command to its answer written.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for r in &rows {
+        let Some(c) = r.1.by_class.get(r.2) else { continue };
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+        for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
+            cumulative += c.latency_buckets[b].load(Relaxed);
+            buckets.push((*le, cumulative));
+        }
+        let sum = c.latency_sum_us.load(Relaxed) as f64 / 1e6;
+        metric.encode_family(&l(r))?.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)?;
+    }
+    Ok(())
 }
 
 /// Hot keys and the gateway cache, for pools that have them.

@@ -15,6 +15,7 @@
 //! | `POST /workers[?pool=P]` | add a worker: `{"name", "address", "weight"?, "zone"?}` |
 //! | `DELETE /workers/NAME[?pool=P&drain=true]` | remove now, or drain (no new requests) then remove |
 //! | `PATCH /workers/NAME[?pool=P]` | `{"weight": W}` |
+//! | `GET /slowlog[?pool=P]` | cache pools: the last commands slower than `[pool.slow_log]`'s threshold, newest first |
 //! | `GET /placement?key=K[&pool=P]` | the key's ranking and where it would go now (a replicated pool: its copies) |
 //! | `GET /placement?key=K&add=NAME[:W]&remove=NAME&weight=NAME:W` | the same, and where the key would go after that change (each parameter may repeat): `what_if` |
 //! | `GET /dashboard` | the operator's page (see [`dashboard`]) |
@@ -246,6 +247,7 @@ enum Endpoint {
     Worker,
     Placement,
     HotKeys,
+    SlowLog,
     Dashboard,
     Events,
 }
@@ -259,6 +261,7 @@ impl Endpoint {
             "/workers" => Endpoint::Workers,
             "/placement" => Endpoint::Placement,
             "/hotkeys" => Endpoint::HotKeys,
+            "/slowlog" => Endpoint::SlowLog,
             "/dashboard" => Endpoint::Dashboard,
             "/events" => Endpoint::Events,
             p if p.strip_prefix("/workers/").is_some_and(|n| !n.is_empty() && !n.contains('/')) => Endpoint::Worker,
@@ -432,7 +435,9 @@ pub(crate) async fn handle(
         Endpoint::Events => return dashboard::events(shared, remote.ip()),
         _ => {}
     }
-    if matches!(endpoint, Endpoint::HotKeys) || (endpoint == Endpoint::Workers && req.method() == Method::GET) {
+    if matches!(endpoint, Endpoint::HotKeys | Endpoint::SlowLog)
+        || (endpoint == Endpoint::Workers && req.method() == Method::GET)
+    {
         let pools: Vec<Arc<Pool>> = match &pool_name {
             Some(_) => match pick_pool(&pools, pool_name.as_deref()) {
                 Ok(p) => vec![Arc::clone(p)],
@@ -442,7 +447,11 @@ pub(crate) async fn handle(
         };
         let routing = shared.front.routing.load();
         let http = |p: &Pool| routing.http_pool(&p.name);
-        let one = |p: &Pool| if endpoint == Endpoint::HotKeys { hot_keys(p, http(p)) } else { describe(p, http(p)) };
+        let one = |p: &Pool| match endpoint {
+            Endpoint::HotKeys => hot_keys(p, http(p)),
+            Endpoint::SlowLog => slow_log(p),
+            _ => describe(p, http(p)),
+        };
         return json(StatusCode::OK, serde_json::json!({ "pools": pools.iter().map(|p| one(p)).collect::<Vec<_>>() }));
     }
     let pool = match pick_pool(&pools, pool_name.as_deref()) {
@@ -479,6 +488,7 @@ pub(crate) async fn handle(
             | Endpoint::Readyz
             | Endpoint::Metrics
             | Endpoint::HotKeys
+            | Endpoint::SlowLog
             | Endpoint::Dashboard
             | Endpoint::Events,
             _,
@@ -738,6 +748,19 @@ fn drain(pool: Arc<Pool>, name: &str) -> Response<ProxyBody> {
 
 /// A pool's hot keys (also the dashboard's): each with its key text when a sampled request showed it, hash, measured rate,
 /// replica count and replicas (the first of its ranking), plus the cache's figures.
+/// `GET /slowlog`: a cache pool's recent commands over its threshold (`[pool.slow_log]`), newest
+/// first; keys as their placement hash unless the pool shows key text.
+fn slow_log(pool: &Pool) -> serde_json::Value {
+    let config = pool.snapshot().config().slow_log;
+    serde_json::json!({
+        "pool": pool.name,
+        "threshold_ms": config.threshold.as_millis() as u64,
+        "entries": config.entries,
+        "show_keys": config.show_keys,
+        "commands": pool.metrics.slow.entries(),
+    })
+}
+
 fn hot_keys(pool: &Pool, http: Option<&keyroute_gateway::routing::HttpPool>) -> serde_json::Value {
     let snap = pool.snapshot();
     let Some(hot) = snap.hot() else {

@@ -185,6 +185,34 @@ pub fn one_key(name: &str, args: usize) -> Option<Access> {
     }
 }
 
+/// The commands a Redis listener counts apart besides those of one key: those it splits, keeps
+/// on one server or answers itself, then every other command.
+const COUNTED: [&str; 17] = [
+    "MGET", "MSET", "DEL", "UNLINK", "EXISTS", "TOUCH", "MSETNX", "EVAL", "EVALSHA", "PING", "ECHO", "SELECT",
+    "COMMAND", "CLIENT", "AUTH", "HELLO", "QUIT",
+];
+
+/// The classes a Redis listener's commands are counted by, in metrics and the slow log: each
+/// command of one key, those of [`COUNTED`], and `OTHER` (refused and unknown commands
+/// included), so that a client's names never become labels.
+pub fn classes() -> &'static [&'static str] {
+    static CLASSES: std::sync::LazyLock<Vec<&'static str>> =
+        std::sync::LazyLock::new(|| ONE_KEY.iter().map(|(n, _)| *n).chain(COUNTED).chain(["OTHER"]).collect());
+    &CLASSES
+}
+
+/// The class of command `name` (in upper case): its index in [`classes`].
+pub fn class(name: &str) -> u16 {
+    let at = match ONE_KEY.binary_search_by(|(n, _)| (*n).cmp(name)) {
+        Ok(i) => i,
+        Err(_) => match COUNTED.iter().position(|c| *c == name) {
+            Some(i) => ONE_KEY.len() + i,
+            None => ONE_KEY.len() + COUNTED.len(),
+        },
+    };
+    at as u16
+}
+
 /// The command table's size: a power of two, well above the names it holds (so probes are short
 /// and an empty slot always ends a search).
 const SLOTS: usize = 512;
@@ -246,6 +274,10 @@ mod tests {
         assert_eq!(one_key("PFCOUNT", 2), Some(Read));
         assert_eq!(one_key("PFCOUNT", 3), None, "PFCOUNT of several keys merges them");
         assert_eq!(one_key("MGET", 2), None);
+        assert_eq!(classes()[usize::from(class("GET"))], "GET");
+        assert_eq!(classes()[usize::from(class("MGET"))], "MGET");
+        assert_eq!(classes()[usize::from(class("NOSUCH"))], "OTHER");
+        assert_eq!(classes()[usize::from(class("FLUSHALL"))], "OTHER");
         assert_eq!(one_key("get", 2), None, "names are matched in upper case");
     }
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::{Buf as _, BytesMut};
 use keyroute_fleet::idle::IdleTimer;
-use keyroute_fleet::metrics::Outcome;
+use keyroute_fleet::metrics::{CommandMetrics, Outcome};
 use keyroute_fleet::pool::{InFlightBatch, Pool, Snapshot, WorkerState};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -43,6 +43,18 @@ pub(crate) const BATCH: usize = 1024;
 pub(crate) trait Protocol: Send + Sized + 'static {
     /// A command of the batch once planned: where its answer comes from.
     type Pending: Pending;
+
+    /// The protocol's name, in metrics and the slow log.
+    const NAME: &'static str;
+
+    /// The classes its commands are counted by (command names, a fixed table).
+    fn classes() -> &'static [&'static str];
+
+    /// The class of the command planned last (an index into [`Protocol::classes`]).
+    fn class(&self) -> u16;
+
+    /// Whether a command's answer to the client is an error.
+    fn is_error(answer: &[u8]) -> bool;
 
     /// Whether `input` begins with a whole command (the next batch starts without a read).
     fn whole(&self, input: &[u8]) -> bool;
@@ -144,6 +156,22 @@ pub(crate) struct Batch<'a, P: Protocol> {
     pub(crate) loads: InFlightBatch,
     /// The lists the batch fills and empties again (the thread's).
     pub(crate) lists: Lists<P>,
+    /// The first key of the command being planned (its hash, and its text when the pool's slow
+    /// log shows keys).
+    key: Option<KeyNote>,
+    /// The command counters of the pool, for this protocol.
+    commands: &'a CommandMetrics,
+}
+
+/// A command's first key, for the slow log: its placement hash (when its strategy hashes keys),
+/// and its text when the pool shows key text.
+type KeyNote = (Option<u64>, Option<Box<[u8]>>);
+
+/// A command of the batch, for its metrics: its class, its first pending answer, and its key.
+struct Mark {
+    class: u16,
+    pending: usize,
+    key: Option<KeyNote>,
 }
 
 /// The lists a batch fills and empties again, lent by the thread as its byte buffers are
@@ -158,6 +186,9 @@ pub(crate) struct Lists<P: Protocol> {
     slots: Vec<Slot>,
     order: Vec<usize>,
     loads: InFlightBatch,
+    marks: Vec<Mark>,
+    /// The client's output's length before each pending answer was written.
+    outs: Vec<usize>,
 }
 
 impl<P: Protocol> Default for Lists<P> {
@@ -170,6 +201,8 @@ impl<P: Protocol> Default for Lists<P> {
             slots: Vec::new(),
             order: Vec::new(),
             loads: InFlightBatch::default(),
+            marks: Vec::new(),
+            outs: Vec::new(),
         }
     }
 }
@@ -205,6 +238,17 @@ impl<P: Protocol> Batch<'_, P> {
     /// A side connection to node `node`, for an exchange made now, outside the batch.
     pub(crate) async fn side(&mut self, node: usize) -> Option<usize> {
         connect(self.side, &self.snap.workers()[node], self.s).await
+    }
+
+    /// Where a key goes, as [`Placed::of`] places `part` (the part of `key` that places it); the
+    /// command's first key is noted for its metrics and the slow log.
+    pub(crate) fn placed(&mut self, key: &[u8], part: &[u8]) -> Placed {
+        let placed = Placed::of(self.pool, self.snap, part);
+        if self.key.is_none() {
+            let text = self.snap.config().slow_log.show_keys.then(|| Box::from(key));
+            self.key = Some((placed.0, text));
+        }
+        placed
     }
 
     /// Counts a request sent to `node` as in flight until the batch's answers are read.
@@ -281,10 +325,12 @@ impl<P: Protocol> Batch<'_, P> {
 /// Serves one client connection of a cache listener to its end: batch after batch, as long as
 /// the client sends and the server runs (see [`Client::read`] for the stop).
 pub(crate) async fn serve<P: Protocol, H: Send>(mut c: Client, ctx: Arc<Context>, mut proto: P, _held: H) {
+    // The pool's command counters, found once (again if a reload made a new pool of its name).
+    let mut counters: Option<(Arc<Pool>, Arc<CommandMetrics>)> = None;
     loop {
         // A batch's work is a future of its own, on the heap while it runs: an idle connection's
         // task holds only its client and its read.
-        if !Box::pin(batch(&mut c, &ctx, &mut proto)).await {
+        if !Box::pin(batch(&mut c, &ctx, &mut proto, &mut counters)).await {
             return;
         }
         // More whole commands than one batch are served before reading.
@@ -296,8 +342,21 @@ pub(crate) async fn serve<P: Protocol, H: Send>(mut c: Client, ctx: Arc<Context>
 
 /// One batch: the whole commands buffered (up to [`BATCH`]) planned, sent, answered and written
 /// back; `false` when the connection is to close.
-async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P) -> bool {
+async fn batch<P: Protocol>(
+    c: &mut Client,
+    ctx: &Context,
+    proto: &mut P,
+    counters: &mut Option<(Arc<Pool>, Arc<CommandMetrics>)>,
+) -> bool {
     let Some(pool) = ctx.fleet.pool(&ctx.pool) else { return false };
+    let commands = match counters {
+        Some((p, m)) if Arc::ptr_eq(p, &pool) => Arc::clone(m),
+        _ => {
+            let m = pool.metrics.commands(P::NAME, P::classes());
+            *counters = Some((Arc::clone(&pool), Arc::clone(&m)));
+            m
+        }
+    };
     // One snapshot for the batch: its commands are placed on one table.
     let snap = pool.snapshot();
     let config = snap.config();
@@ -329,10 +388,18 @@ async fn batch<P: Protocol>(c: &mut Client, ctx: &Context, proto: &mut P) -> boo
         pending: std::mem::take(&mut lists.pending),
         loads: std::mem::take(&mut lists.loads),
         lists,
+        key: None,
+        commands: &commands,
     };
     let mut close = false;
     loop {
-        match proto.plan(input, &mut b).await {
+        let before = b.pending.len();
+        let planned = proto.plan(input, &mut b).await;
+        let key = b.key.take();
+        if planned != Planned::Wait && b.pending.len() > before {
+            b.lists.marks.push(Mark { class: proto.class(), pending: before, key });
+        }
+        match planned {
             Planned::Next(n) => {
                 input.advance(n);
                 if b.pending.len() >= BATCH {
@@ -387,11 +454,17 @@ async fn finish<P: Protocol>(proto: &mut P, b: &mut Batch<'_, P>) {
     read_all(b.snap, b.servers, b.s.answer, reads, &mut arena, slots, order).await;
     reads.clear();
     let (mut counts, slots) = (std::mem::take(counts), std::mem::take(slots));
+    let mut outs = std::mem::take(&mut b.lists.outs);
     let mut at = 0;
     for (p, n) in pending.drain(..).zip(counts.drain(..)) {
+        outs.push(b.out.len());
         proto.answer(b, p, &slots[at..at + n], &arena).await;
         at += n;
     }
+    outs.push(b.out.len());
+    record(b, &outs);
+    outs.clear();
+    b.lists.outs = outs;
     crate::stash::give(&mut arena);
     b.pending = pending;
     b.lists.counts = counts;
@@ -399,6 +472,66 @@ async fn finish<P: Protocol>(proto: &mut P, b: &mut Batch<'_, P>) {
     b.lists.slots.clear();
     b.servers.sweep();
     b.loads.release();
+}
+
+/// Counts the commands answered (their marks), by class: how many, which were errors, and their
+/// time from the batch's start (when the proxy had them) to now (their answers are written next);
+/// those over the pool's slow-log threshold are kept in its slow log.
+fn record<P: Protocol>(b: &mut Batch<'_, P>, outs: &[usize]) {
+    let mut marks = std::mem::take(&mut b.lists.marks);
+    if marks.is_empty() {
+        b.lists.marks = marks;
+        return;
+    }
+    let latency = b.now.elapsed();
+    let slow = b.snap.config().slow_log;
+    let keep = if slow.entries > 0 && latency >= slow.threshold { slow.entries } else { 0 };
+    let first_kept = marks.len().saturating_sub(keep);
+    // Commands of one class in a row are counted at once.
+    let mut run: Option<(u16, u64, u64)> = None;
+    let last = outs.len() - 1;
+    for i in 0..marks.len() {
+        let end = marks.get(i + 1).map_or(last, |m| m.pending);
+        let m = &mut marks[i];
+        let answer = b.out.get(outs[m.pending]..outs[end]).unwrap_or_default();
+        let error = P::is_error(answer);
+        run = match run {
+            Some((class, n, errors)) if class == m.class => Some((class, n + 1, errors + u64::from(error))),
+            other => {
+                if let Some((class, n, errors)) = other
+                    && let Some(c) = b.commands.by_class.get(usize::from(class))
+                {
+                    c.record(n, errors, latency);
+                }
+                Some((m.class, 1, u64::from(error)))
+            }
+        };
+        if i >= first_kept {
+            let (hash, text) = m.key.take().unwrap_or((None, None));
+            let at_ms =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let command = P::classes().get(usize::from(m.class)).copied().unwrap_or("?");
+            b.pool.metrics.slow.push(
+                keyroute_fleet::metrics::SlowCommand {
+                    at_ms,
+                    protocol: P::NAME,
+                    command,
+                    key_hash: hash.map(|h| format!("{h:016x}")),
+                    key: text.map(|t| String::from_utf8_lossy(&t).into_owned()),
+                    micros: latency.as_micros() as u64,
+                    error,
+                },
+                keep,
+            );
+        }
+    }
+    if let Some((class, n, errors)) = run
+        && let Some(c) = b.commands.by_class.get(usize::from(class))
+    {
+        c.record(n, errors, latency);
+    }
+    marks.clear();
+    b.lists.marks = marks;
 }
 
 /// A key's hash on the batch's table (recorded in the pool's recent keys, for the dashboard and

@@ -62,7 +62,8 @@ pub fn spawn<H: Send + 'static>(stream: TcpStream, ctx: Arc<Context>, listener: 
     let client = driver::Client::new(stream, &ctx.stop);
     match listener.protocol {
         CacheProtocol::Memcached => {
-            let proto = memcached::Memcached { max_item: listener.max_item_bytes, broadcast: listener.broadcast };
+            let proto =
+                memcached::Memcached { max_item: listener.max_item_bytes, broadcast: listener.broadcast, class: 0 };
             tokio::spawn(driver::serve(client, ctx, proto, held));
         }
         CacheProtocol::Redis => {

@@ -62,7 +62,7 @@ use std::time::Duration;
 
 use keyroute_cache_proto::commands::{self, Access};
 use keyroute_cache_proto::resp as codec;
-use keyroute_fleet::pool::{Pool, Snapshot};
+
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
@@ -161,6 +161,8 @@ pub(crate) struct Redis {
     resp3: bool,
     /// The client switched protocols in this batch: its server connections are opened anew.
     switched: bool,
+    /// The class of the command planned last (see [`commands::classes`]).
+    class: u16,
 }
 
 impl Redis {
@@ -174,6 +176,7 @@ impl Redis {
             authenticated: password.is_none(),
             resp3: false,
             switched: false,
+            class: 0,
         }
     }
 }
@@ -186,6 +189,7 @@ impl Redis {
         b: &mut Batch<'_, Self>,
         ranges: &mut Vec<std::ops::Range<usize>>,
     ) -> Planned {
+        self.class = commands::class("");
         let (n, inline) = match codec::request_into(input, self.max_item, ranges) {
             Ok(Some(r)) => r,
             Ok(None) => return Planned::Wait,
@@ -234,6 +238,7 @@ impl Redis {
             }
             _ => "?",
         };
+        self.class = commands::class(name);
         if name == "QUIT" {
             b.pending.push(Pending::Ready(b"+OK\r\n".to_vec()));
             return Planned::Close;
@@ -280,6 +285,20 @@ impl Redis {
 
 impl Protocol for Redis {
     type Pending = Pending;
+
+    const NAME: &'static str = "redis";
+
+    fn classes() -> &'static [&'static str] {
+        commands::classes()
+    }
+
+    fn class(&self) -> u16 {
+        self.class
+    }
+
+    fn is_error(answer: &[u8]) -> bool {
+        matches!(answer.first(), Some(b'-' | b'!'))
+    }
 
     fn whole(&self, input: &[u8]) -> bool {
         // Asked between batches, of what is left: a partial command, or more than a batch.
@@ -540,8 +559,9 @@ async fn serve_command(b: &mut Batch<'_, Redis>, pw: Option<&str>, name: &str, a
 }
 
 /// The key's placement: its hash tag's, when it has one.
-fn placed(pool: &Pool, snap: &Snapshot, key: &[u8]) -> Placed {
-    Placed::of(pool, snap, placed_part(snap.config().strategy, key))
+fn placed(b: &mut Batch<'_, Redis>, key: &[u8]) -> Placed {
+    let part = placed_part(b.snap.config().strategy, key);
+    b.placed(key, part)
 }
 
 /// The part of a key that places it: its `{hash tag}` (as Redis Cluster and twemproxy users
@@ -557,7 +577,7 @@ pub(crate) fn placed_part(strategy: keyroute::Strategy, key: &[u8]) -> &[u8] {
 /// The node a key goes to: its owner in a store's handoff (the key moved there first: see
 /// [`read_through`]), or its placement on the batch's table; `None` when no server is available.
 async fn node_for(b: &mut Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<usize> {
-    let hash = placed(b.pool, b.snap, key);
+    let hash = placed(b, key);
     node_of(b, pw, hash, key).await
 }
 
@@ -622,7 +642,7 @@ async fn one(
     key: &[u8],
     raw: &[u8],
 ) -> Pending {
-    let hash = placed(b.pool, b.snap, key);
+    let hash = placed(b, key);
     let mut written = None;
     let mut replicas = false;
     if let Some(h) = hash.0
@@ -773,7 +793,7 @@ async fn split(
     for i in 0..n {
         let key = items[i * stride];
         // One hash a key (twemproxy's placement is an MD5 of it), counted once.
-        let hash = placed(b.pool, b.snap, key);
+        let hash = placed(b, key);
         let mut hot_hash = None;
         if writes
             && let Some(h) = hash.0

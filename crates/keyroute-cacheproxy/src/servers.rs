@@ -351,6 +351,13 @@ pub(crate) async fn read_all<F: Framing>(
         }
     }
     for &server in order.iter() {
+        // The turn on a shared connection is waited for outside every read's timeout and stall
+        // clock: the clients before this one on the connection are bounded by their own reads'
+        // timeouts, and waiting behind one that waits on another, silent server says nothing of
+        // this one (counted against it, a healthy server was ejected for a silent one).
+        if servers.0[server].begin().await.is_err() {
+            servers.0[server].fail();
+        }
         for (r, slot) in reads.iter().zip(slots.iter_mut()).filter(|(r, _)| r.server == server) {
             let start = arena.len();
             let answer = r.how.read(&mut servers.0[server], timeout, arena);

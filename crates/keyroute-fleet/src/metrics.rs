@@ -43,15 +43,104 @@ impl WorkerMetrics {
 
     /// Records the time a try took to its response headers (or to its failure).
     pub fn record_latency(&self, latency: Duration) {
-        let secs = latency.as_secs_f64();
-        let b = LATENCY_BUCKETS.iter().position(|&le| secs <= le).unwrap_or(LATENCY_BUCKETS.len());
-        self.latency_buckets[b].fetch_add(1, Relaxed);
-        self.latency_sum_us.fetch_add(latency.as_micros().min(u128::from(u64::MAX)) as u64, Relaxed);
+        self.latency_buckets[bucket(latency)].fetch_add(1, Relaxed);
+        self.latency_sum_us.fetch_add(micros(latency), Relaxed);
     }
 
     /// Responses of every class.
     pub fn total(&self) -> u64 {
         self.responses.iter().map(|c| c.load(Relaxed)).sum()
+    }
+}
+
+/// The histogram bucket of `latency` (an index into [`LATENCY_BUCKETS`], or past it).
+fn bucket(latency: Duration) -> usize {
+    let secs = latency.as_secs_f64();
+    LATENCY_BUCKETS.iter().position(|&le| secs <= le).unwrap_or(LATENCY_BUCKETS.len())
+}
+
+fn micros(latency: Duration) -> u64 {
+    latency.as_micros().min(u128::from(u64::MAX)) as u64
+}
+
+/// A cache listener's commands in one pool, by class (the protocol's command names, a fixed
+/// table: a client cannot add labels): how many, how many were answered with an error, and how
+/// long they took from the proxy having them to their answer written.
+#[derive(Debug)]
+pub struct CommandMetrics {
+    /// The protocol the classes are of (`memcached`, `redis`).
+    pub protocol: &'static str,
+    /// The class names, by index.
+    pub classes: &'static [&'static str],
+    /// Each class's counters, by the same index.
+    pub by_class: Box<[CommandClass]>,
+}
+
+/// One command class's counters.
+#[derive(Debug, Default)]
+pub struct CommandClass {
+    /// Commands.
+    pub count: AtomicU64,
+    /// Commands answered with an error (the server's, or the proxy's).
+    pub errors: AtomicU64,
+    /// Histogram bucket counts (non-cumulative, [`LATENCY_BUCKETS`] and the overflow).
+    pub latency_buckets: [AtomicU64; 15],
+    /// Sum of latencies, microseconds.
+    pub latency_sum_us: AtomicU64,
+}
+
+impl CommandClass {
+    /// Records `n` commands that took `latency` each, `errors` of them answered with an error.
+    pub fn record(&self, n: u64, errors: u64, latency: Duration) {
+        self.count.fetch_add(n, Relaxed);
+        if errors > 0 {
+            self.errors.fetch_add(errors, Relaxed);
+        }
+        self.latency_buckets[bucket(latency)].fetch_add(n, Relaxed);
+        self.latency_sum_us.fetch_add(micros(latency).saturating_mul(n), Relaxed);
+    }
+}
+
+/// One command slower than its pool's threshold (`[pool.slow_log]`), as the admin API's
+/// `/slowlog` shows it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SlowCommand {
+    /// When it was answered, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Its protocol.
+    pub protocol: &'static str,
+    /// Its class (command name).
+    pub command: &'static str,
+    /// Its (first) key's placement hash, in hex.
+    pub key_hash: Option<String>,
+    /// Its (first) key, when the pool shows key text (`show_keys`).
+    pub key: Option<String>,
+    /// From the proxy having it to its answer written, in microseconds.
+    pub micros: u64,
+    /// Whether it was answered with an error.
+    pub error: bool,
+}
+
+/// A pool's slowest recent commands: the last few over its threshold, newest last.
+#[derive(Debug, Default)]
+pub struct SlowLog {
+    entries: std::sync::Mutex<std::collections::VecDeque<SlowCommand>>,
+}
+
+impl SlowLog {
+    /// Adds `c`, keeping the last `keep`.
+    pub fn push(&self, c: SlowCommand, keep: usize) {
+        let mut e = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while e.len() >= keep.max(1) {
+            e.pop_front();
+        }
+        e.push_back(c);
+    }
+
+    /// The entries, newest first.
+    pub fn entries(&self) -> Vec<SlowCommand> {
+        let e = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        e.iter().rev().cloned().collect()
     }
 }
 
@@ -122,6 +211,24 @@ pub struct PoolMetrics {
     pub replica_repairs: AtomicU64,
     /// gRPC calls by method and final status.
     pub grpc: GrpcCalls,
+    /// Cache listeners: their commands by class, one table per protocol that serves the pool.
+    pub commands: std::sync::Mutex<Vec<std::sync::Arc<CommandMetrics>>>,
+    /// Cache listeners: the slowest recent commands.
+    pub slow: SlowLog,
+}
+
+impl PoolMetrics {
+    /// The command counters of `protocol`'s listeners in this pool (made on first use).
+    pub fn commands(&self, protocol: &'static str, classes: &'static [&'static str]) -> std::sync::Arc<CommandMetrics> {
+        let mut all = self.commands.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(m) = all.iter().find(|m| m.protocol == protocol) {
+            return std::sync::Arc::clone(m);
+        }
+        let by_class = classes.iter().map(|_| CommandClass::default()).collect();
+        let m = std::sync::Arc::new(CommandMetrics { protocol, classes, by_class });
+        all.push(std::sync::Arc::clone(&m));
+        m
+    }
 }
 
 /// gRPC calls by method (`package.Service/Method`) and final `grpc-status` (0 to 16). Methods

@@ -325,3 +325,146 @@ async fn a_replicated_pool_answers_every_read_through_a_dead_and_a_paused_server
     assert!(pool_counter(&gw, "keyroute_pool_replica_failovers_total").await > 0);
     assert!(Command::new("kill").args(["-CONT", &paused]).status().expect("kill").success());
 }
+
+/// Issue 35: commands counted by class (count, errors, latency) in `/metrics`, and the slow ones
+/// in `/slowlog`, keys as hashes unless the pool shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_are_counted_by_class_and_slow_ones_logged() {
+    let (procs, addrs) = memcacheds(2).await;
+    let extra =
+        "[pool.retry]\nattempts = 1\nper_try_timeout_ms = 300\n[pool.slow_log]\nthreshold_ms = 150\nentries = 3\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", extra)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..5 {
+        assert_eq!(ask(&mut c, format!("set k{i} 0 0 1\r\nx\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+    }
+    assert_eq!(ask(&mut c, b"get k0\r\nget k1 k2\r\nbogus\r\nmn\r\n", "MN\r\n").await.matches("VALUE").count(), 3);
+    let (_, metrics) = admin(&gw, "GET", "/metrics", "", None).await;
+    let metrics = metrics.as_str().expect("text").to_owned();
+    let series = |name: &str, command: &str| {
+        let prefix = format!("{name}{{pool=\"cache\",protocol=\"memcached\",command=\"{command}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(series("keyroute_cache_commands_total", "set"), Some(5.0), "{metrics}");
+    assert_eq!(series("keyroute_cache_commands_total", "get"), Some(2.0));
+    assert_eq!(series("keyroute_cache_commands_total", "mn"), Some(1.0));
+    assert_eq!(series("keyroute_cache_commands_total", "other"), Some(1.0));
+    assert_eq!(series("keyroute_cache_command_errors_total", "other"), Some(1.0));
+    assert_eq!(series("keyroute_cache_command_errors_total", "set"), Some(0.0));
+    assert_eq!(series("keyroute_cache_command_duration_seconds_count", "set"), Some(5.0));
+    assert_eq!(series("keyroute_cache_commands_total", "delete"), None, "a class never used has no series");
+    // Nothing slow yet.
+    let (_, log) = admin(&gw, "GET", "/slowlog", "", None).await;
+    assert_eq!(log["pools"][0]["commands"].as_array().map(Vec::len), Some(0), "{log}");
+    // A paused server: a get of one of its keys waits out the timeout, and is logged.
+    let key = "slow-key";
+    let owner = copies_owner(&gw, key).await;
+    let paused = procs[addrs.iter().position(|a| *a == owner).expect("a server")].0.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &paused]).status().expect("kill").success());
+    let r = ask(&mut c, format!("get {key}\r\n").as_bytes(), "\r\n").await;
+    assert!(Command::new("kill").args(["-CONT", &paused]).status().expect("kill").success());
+    assert!(r.starts_with("SERVER_ERROR"), "{r}");
+    let (_, log) = admin(&gw, "GET", "/slowlog?pool=cache", "", None).await;
+    let commands = log["pools"][0]["commands"].as_array().cloned().unwrap_or_default();
+    assert_eq!(commands.len(), 1, "{log}");
+    let entry = &commands[0];
+    assert_eq!(
+        (entry["command"].as_str(), entry["protocol"].as_str(), entry["error"].as_bool()),
+        (Some("get"), Some("memcached"), Some(true))
+    );
+    assert!(entry["micros"].as_u64().is_some_and(|m| m >= 250_000), "{entry}");
+    assert!(entry["key"].is_null(), "keys are hashes unless the pool shows them: {entry}");
+    assert_eq!(entry["key_hash"].as_str().map(str::len), Some(16));
+    assert_eq!(series("keyroute_cache_command_errors_total", "get"), Some(0.0), "from the scrape before");
+    // With key text shown, and only the last `entries` kept.
+    let gw = start_gateway(&config(
+        &addrs,
+        "rendezvous",
+        &extra.replace("threshold_ms = 150", "threshold_ms = 0\nshow_keys = true"),
+    ))
+    .await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    assert_eq!(
+        ask(&mut c, b"get a1\r\nget a2\r\nget a3\r\nget a4\r\n", "END\r\nEND\r\nEND\r\nEND\r\n").await.len(),
+        20
+    );
+    let (_, log) = admin(&gw, "GET", "/slowlog", "", None).await;
+    let keys: Vec<&str> =
+        log["pools"][0]["commands"].as_array().expect("commands").iter().filter_map(|e| e["key"].as_str()).collect();
+    assert_eq!(keys, ["a4", "a3", "a2"], "{log}");
+}
+
+/// The server a key's commands go to (its owner: the pool has one copy).
+async fn copies_owner(gw: &Gw, key: &str) -> SocketAddr {
+    let (_, placement) = admin(gw, "GET", &format!("/placement?key={key}"), "", None).await;
+    placement["owner"].as_str().and_then(|o| o.parse().ok()).unwrap_or_else(|| panic!("{placement}"))
+}
+
+/// A silent server holds up only its own commands, also for the clients that share a
+/// connection to a healthy server with one that waits on it: their wait for their turn there is
+/// not the healthy server's silence (it once was, and got it ejected; the replicated pool's test
+/// found it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_behind_a_client_held_up_by_a_silent_server_fails_nothing() {
+    let (procs, addrs) = memcacheds(2).await;
+    let extra = "[pool.retry]\nattempts = 1\nper_try_timeout_ms = 300\n[pool.passive]\nconsecutive_failures = 2\n";
+    let gw = start_gateway(&config(&addrs, "rendezvous", extra)).await;
+    let mut keys = std::collections::BTreeMap::new();
+    for i in 0..40 {
+        let k = format!("k{i}");
+        keys.entry(copies_owner(&gw, &k).await).or_insert(k);
+    }
+    let (silent, healthy) = (&keys[&addrs[0]], &keys[&addrs[1]]);
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for k in [silent, healthy] {
+        assert_eq!(ask(&mut c, format!("set {k} 0 0 1\r\nx\r\n").as_bytes(), "\r\n").await, "STORED\r\n");
+    }
+    let paused = procs[0].0.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &paused]).status().expect("kill").success());
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    // One client asks for both keys at once, the silent server's first: its reads there take
+    // the whole timeout before it reads the healthy server's answer.
+    let both = format!("get {silent} {healthy}\r\n");
+    let mut tasks = tokio::task::JoinSet::new();
+    let addr = gw.addr;
+    tasks.spawn(async move {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        while tokio::time::Instant::now() < until {
+            ask(&mut c, both.as_bytes(), "END\r\n").await;
+        }
+        Vec::new()
+    });
+    // Others ask only the healthy server, on the same threads' connections.
+    for _ in 0..8 {
+        let one = format!("get {healthy}\r\n");
+        tasks.spawn(async move {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            let mut wrong = Vec::new();
+            while tokio::time::Instant::now() < until {
+                let got = ask(&mut c, one.as_bytes(), "\r\n").await;
+                let got = if got.starts_with("VALUE") && !got.ends_with("END\r\n") {
+                    got + &read_until(&mut c, "END\r\n").await
+                } else {
+                    got
+                };
+                if !got.starts_with("VALUE") {
+                    wrong.push(got);
+                }
+            }
+            wrong
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let wrong = done.expect("client");
+        assert!(wrong.is_empty(), "the healthy server's key failed {} times: {:?}", wrong.len(), wrong.first());
+    }
+    assert!(Command::new("kill").args(["-CONT", &paused]).status().expect("kill").success());
+    let (_, w) = admin(&gw, "GET", "/workers", "", None).await;
+    let healthy_state = w["pools"][0]["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|x| x["address"] == addrs[1].to_string())
+        .map(|x| x["state"].clone());
+    assert_eq!(healthy_state, Some(serde_json::json!("healthy")), "{w}");
+}

@@ -82,6 +82,43 @@ pub(crate) struct Memcached {
     /// Whether the commands of every server (`flush_all`, `verbosity`, `stats`) are sent to
     /// each server (`broadcast = true`), or refused.
     pub(crate) broadcast: bool,
+    /// The class of the command planned last (see [`CLASSES`]).
+    pub(crate) class: u16,
+}
+
+/// The classes a memcached listener's commands are counted by: each command it takes, and
+/// `other` (refused and unknown commands).
+pub(crate) const CLASSES: [&str; 24] = [
+    "get",
+    "gets",
+    "gat",
+    "gats",
+    "set",
+    "add",
+    "replace",
+    "append",
+    "prepend",
+    "cas",
+    "delete",
+    "incr",
+    "decr",
+    "touch",
+    "mg",
+    "ms",
+    "md",
+    "ma",
+    "mn",
+    "version",
+    "flush_all",
+    "verbosity",
+    "stats",
+    "other",
+];
+
+/// The class of a command line (its first word).
+fn class_of(line: &[u8]) -> u16 {
+    let word = line.split(|&c| c == b' ').find(|w| !w.is_empty()).unwrap_or_default();
+    CLASSES.iter().position(|c| c.as_bytes() == word).unwrap_or(CLASSES.len() - 1) as u16
 }
 
 /// A multi-get's key, and where a miss of it is asked next.
@@ -202,6 +239,20 @@ impl Pending {
 impl Protocol for Memcached {
     type Pending = Pending;
 
+    const NAME: &'static str = "memcached";
+
+    fn classes() -> &'static [&'static str] {
+        &CLASSES
+    }
+
+    fn class(&self) -> u16 {
+        self.class
+    }
+
+    fn is_error(answer: &[u8]) -> bool {
+        answer.starts_with(b"SERVER_ERROR") || answer.starts_with(b"CLIENT_ERROR") || answer.starts_with(b"ERROR")
+    }
+
     fn spare() -> &'static LocalKey<RefCell<Vec<Lists<Self>>>> {
         thread_local! {
             static SPARE: RefCell<Vec<Lists<Memcached>>> = const { RefCell::new(Vec::new()) };
@@ -215,12 +266,14 @@ impl Protocol for Memcached {
 
     async fn plan(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
         let Some((n, line)) = codec::line(input) else {
+            self.class = CLASSES.len() as u16 - 1;
             if input.len() > codec::MAX_LINE {
                 b.pending.push(Pending::Ready(b"CLIENT_ERROR line too long\r\n"));
                 return Planned::Close;
             }
             return Planned::Wait;
         };
+        self.class = class_of(line);
         match codec::parse(line, self.max_item) {
             Err(Refused::Unframed) => {
                 b.pending.push(Pending::Owned(Refused::Unframed.line()));
@@ -373,7 +426,7 @@ impl Protocol for Memcached {
 /// batch and again once it is answered (see [`crate::copies`]); a write to a key warming on a new
 /// owner deletes the previous owner's copy.
 async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_get: bool, quiet: bool, answer: Answer) {
-    let hash = Placed::of(b.pool, b.snap, key);
+    let hash = b.placed(key, key);
     let write = !meta_get;
     if let (Some(r), Some(h), true) = (b.snap.config().replication, hash.0, write) {
         let copies = replicated::copies(b, h, r.copies);
@@ -425,7 +478,7 @@ async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_ge
 /// steering rule sends it (the least loaded of its replicas); a miss on a replica is filled from
 /// the owner, and a miss on a server within its handoff window from the key's previous one.
 async fn retrieve_one(b: &mut Batch<'_, Memcached>, kind: codec::Retrieval, key: &[u8], request: &[u8]) -> Pending {
-    let hash = Placed::of(b.pool, b.snap, key);
+    let hash = b.placed(key, key);
     if let (Some(r), Some(h)) = (b.snap.config().replication, hash.0) {
         let copies = replicated::copies(b, h, r.copies);
         if kind == codec::Retrieval::Get {
@@ -487,7 +540,7 @@ async fn retrieve_many(
     let mut lines: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut warm: Vec<MultiKey> = Vec::new();
     for key in keys.iter() {
-        let hash = Placed::of(b.pool, b.snap, key);
+        let hash = b.placed(key, key);
         // A replicated pool's key: its first copy, the others behind it for a `get`.
         let mut copies = match (b.snap.config().replication, hash.0) {
             (Some(r), Some(h)) => replicated::copies(b, h, r.copies),

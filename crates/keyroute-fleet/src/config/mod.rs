@@ -45,6 +45,27 @@ pub struct PoolConfig {
     pub handoff: Option<Duration>,
     /// A memcached pool that keeps each key on several servers, if on.
     pub replication: Option<ReplicationConfig>,
+    /// Cache listeners: which commands the pool's slow log keeps.
+    pub slow_log: SlowLogConfig,
+}
+
+/// `[pool.slow_log]`: a cache pool's commands slower than `threshold` are kept, the last
+/// `entries` of them, for the admin API's `/slowlog` (as Redis's `SLOWLOG`, 10 ms and 128 by
+/// default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowLogConfig {
+    /// The time from the proxy having a command to its answer written past which it is kept.
+    pub threshold: Duration,
+    /// How many are kept (0: none).
+    pub entries: usize,
+    /// Whether keys are shown as text (otherwise as their placement hash).
+    pub show_keys: bool,
+}
+
+impl Default for SlowLogConfig {
+    fn default() -> Self {
+        SlowLogConfig { threshold: Duration::from_millis(10), entries: 128, show_keys: false }
+    }
 }
 
 /// `[pool.replication]`: each key kept on its first `copies` available servers (mcrouter's
@@ -78,6 +99,7 @@ impl PoolConfig {
             slow_start: None,
             handoff: None,
             replication: None,
+            slow_log: SlowLogConfig::default(),
         }
     }
 }

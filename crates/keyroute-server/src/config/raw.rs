@@ -108,6 +108,7 @@ pub(super) struct RawPool {
     pub(super) slow_start: Option<RawSlowStart>,
     pub(super) handoff: Option<RawHandoff>,
     pub(super) replication: Option<RawReplication>,
+    pub(super) slow_log: Option<RawSlowLog>,
     pub(super) compat: Option<RawCompat>,
     pub(super) upstream: Option<RawUpstream>,
     #[serde(default)]
@@ -179,6 +180,15 @@ pub(super) struct RawSlowStart {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHandoff {
     pub(super) window_ms: Spanned<u64>,
+}
+
+/// `[pool.slow_log]`: which of a cache pool's commands the admin API's `/slowlog` keeps.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSlowLog {
+    pub(super) threshold_ms: Option<Spanned<u64>>,
+    pub(super) entries: Option<Spanned<u64>>,
+    pub(super) show_keys: Option<Spanned<bool>>,
 }
 
 /// `[pool.replication]`: a memcached pool that keeps each key on several servers.

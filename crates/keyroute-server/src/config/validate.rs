@@ -631,6 +631,7 @@ fn validate_pool(
         slow_start: validate_slow_start(ctx, p, name, strategy)?,
         handoff: validate_handoff(ctx, p, name, strategy)?,
         replication: validate_replication(ctx, p, name, strategy)?,
+        slow_log: validate_slow_log(ctx, p, name)?,
     };
     let upstream = validate_upstream(ctx, p, name)?;
     let http = HttpPoolConfig {
@@ -1403,6 +1404,24 @@ fn validate_replication(
     }
     let repair = r.repair.as_ref().is_none_or(|b| *b.get_ref());
     Ok(Some(keyroute_fleet::config::ReplicationConfig { copies: copies as usize, repair }))
+}
+
+/// `[pool.slow_log]`: a threshold of 0 to 60 s, 0 to 10,000 entries.
+fn validate_slow_log(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+) -> Result<keyroute_fleet::config::SlowLogConfig, ConfigError> {
+    let default = keyroute_fleet::config::SlowLogConfig::default();
+    let Some(s) = &p.slow_log else { return Ok(default) };
+    let field = |f: &str| format!("pool.{name}.slow_log.{f}");
+    let threshold = ranged(ctx, s.threshold_ms.as_ref(), 10, 0, 60_000, field("threshold_ms"))?;
+    let entries = ranged(ctx, s.entries.as_ref(), default.entries as u64, 0, 10_000, field("entries"))?;
+    Ok(keyroute_fleet::config::SlowLogConfig {
+        threshold: Duration::from_millis(threshold),
+        entries: entries as usize,
+        show_keys: s.show_keys.as_ref().is_some_and(|b| *b.get_ref()),
+    })
 }
 
 fn validate_membership(ctx: &Ctx<'_>, p: &RawPool, name: &str) -> Result<MembershipConfig, ConfigError> {
