@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -416,16 +416,22 @@ fn encode_commands(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Re
     )?;
     for r in &rows {
         let Some(c) = r.1.by_class.get(r.2) else { continue };
-        let mut cumulative = 0;
-        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
-        for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
-            cumulative += c.latency_buckets[b].load(Relaxed);
-            buckets.push((*le, cumulative));
-        }
-        let sum = c.latency_sum_us.load(Relaxed) as f64 / 1e6;
-        metric.encode_family(&l(r))?.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)?;
+        let (sum, count, buckets) = histogram(&c.latency_buckets, &c.latency_sum_us);
+        metric.encode_family(&l(r))?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
     }
     Ok(())
+}
+
+/// A latency histogram's sum in seconds, count and cumulative buckets, from its
+/// [`LATENCY_BUCKETS`] counts (and the overflow's) and its sum in microseconds.
+fn histogram(counts: &[AtomicU64; 15], sum_us: &AtomicU64) -> (f64, u64, Vec<(f64, u64)>) {
+    let mut cumulative = 0;
+    let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+    for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
+        cumulative += counts[b].load(Relaxed);
+        buckets.push((*le, cumulative));
+    }
+    (sum_us.load(Relaxed) as f64 / 1e6, cumulative, buckets)
 }
 
 /// Hot keys and the gateway cache, for pools that have them.
@@ -534,14 +540,8 @@ fn encode_workers(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>, now: I
     )?;
     for &(p, s, i) in &members {
         let m = &s.workers()[i].metrics;
-        let mut cumulative = 0;
-        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
-        for (b, le) in LATENCY_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
-            cumulative += m.latency_buckets[b].load(Relaxed);
-            buckets.push((*le, cumulative));
-        }
-        let sum = m.latency_sum_us.load(Relaxed) as f64 / 1e6;
-        metric.encode_family(&wl(p, s, i))?.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)?;
+        let (sum, count, buckets) = histogram(&m.latency_buckets, &m.latency_sum_us);
+        metric.encode_family(&wl(p, s, i))?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
     }
     Ok(())
 }
