@@ -161,28 +161,7 @@ pub fn one_key(name: &str, args: usize) -> Option<Access> {
     if name == "PFCOUNT" {
         return (args == 2).then_some(Read);
     }
-    // A command name is looked up for every command a Redis listener serves: an open-addressing
-    // table (FNV-1a of the name, 512 slots for about 140 names), so that a lookup is a short hash
-    // and mostly one comparison.
-    static TABLE: std::sync::LazyLock<Vec<Option<(&'static str, Access)>>> = std::sync::LazyLock::new(|| {
-        let mut t = vec![None; SLOTS];
-        for &(n, a) in ONE_KEY {
-            let mut i = slot(n);
-            while t[i].is_some() {
-                i = (i + 1) % SLOTS;
-            }
-            t[i] = Some((n, a));
-        }
-        t
-    });
-    let mut i = slot(name);
-    loop {
-        match TABLE[i] {
-            Some((n, a)) if n == name => return Some(a),
-            Some(_) => i = (i + 1) % SLOTS,
-            None => return None,
-        }
-    }
+    lookup(name).and_then(|(access, _)| access)
 }
 
 /// The commands a Redis listener counts apart besides those of one key: those it splits, keeps
@@ -201,16 +180,41 @@ pub fn classes() -> &'static [&'static str] {
     &CLASSES
 }
 
+/// The class of every command not in the table: `OTHER`'s index in [`classes`].
+pub const OTHER: u16 = (ONE_KEY.len() + COUNTED.len()) as u16;
+
 /// The class of command `name` (in upper case): its index in [`classes`].
 pub fn class(name: &str) -> u16 {
-    let at = match ONE_KEY.binary_search_by(|(n, _)| (*n).cmp(name)) {
-        Ok(i) => i,
-        Err(_) => match COUNTED.iter().position(|c| *c == name) {
-            Some(i) => ONE_KEY.len() + i,
-            None => ONE_KEY.len() + COUNTED.len(),
-        },
-    };
-    at as u16
+    lookup(name).map_or(OTHER, |(_, class)| class)
+}
+
+/// A name's entry in the one table of counted commands: what it does to its key when it is a
+/// command of one key, and its class.
+fn lookup(name: &str) -> Option<(Option<Access>, u16)> {
+    // A command name is looked up for every command a Redis listener serves: an open-addressing
+    // table (FNV-1a of the name, 512 slots for about 160 names), so that a lookup is a short hash
+    // and mostly one comparison.
+    type Entry = Option<(&'static str, Option<Access>, u16)>;
+    static TABLE: std::sync::LazyLock<Vec<Entry>> = std::sync::LazyLock::new(|| {
+        let mut t = vec![None; SLOTS];
+        let named = ONE_KEY.iter().map(|&(n, a)| (n, Some(a))).chain(COUNTED.iter().map(|&n| (n, None)));
+        for (class, (n, a)) in named.enumerate() {
+            let mut i = slot(n);
+            while t[i].is_some() {
+                i = (i + 1) % SLOTS;
+            }
+            t[i] = Some((n, a, class as u16));
+        }
+        t
+    });
+    let mut i = slot(name);
+    loop {
+        match TABLE[i] {
+            Some((n, a, class)) if n == name => return Some((a, class)),
+            Some(_) => i = (i + 1) % SLOTS,
+            None => return None,
+        }
+    }
 }
 
 /// The command table's size: a power of two, well above the names it holds (so probes are short
@@ -278,6 +282,12 @@ mod tests {
         assert_eq!(classes()[usize::from(class("MGET"))], "MGET");
         assert_eq!(classes()[usize::from(class("NOSUCH"))], "OTHER");
         assert_eq!(classes()[usize::from(class("FLUSHALL"))], "OTHER");
+        assert_eq!(usize::from(OTHER), classes().len() - 1);
+        // One class a name: none counted apart is also a command of one key.
+        assert!(COUNTED.iter().all(|c| ONE_KEY.iter().all(|(n, _)| n != c)));
+        for (i, name) in classes().iter().enumerate().take(classes().len() - 1) {
+            assert_eq!(usize::from(class(name)), i, "{name}");
+        }
         assert_eq!(one_key("get", 2), None, "names are matched in upper case");
     }
 }

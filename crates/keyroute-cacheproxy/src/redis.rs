@@ -189,7 +189,7 @@ impl Redis {
         b: &mut Batch<'_, Self>,
         ranges: &mut Vec<std::ops::Range<usize>>,
     ) -> Planned {
-        self.class = commands::class("");
+        self.class = commands::OTHER;
         let (n, inline) = match codec::request_into(input, self.max_item, ranges) {
             Ok(Some(r)) => r,
             Ok(None) => return Planned::Wait,
