@@ -323,6 +323,16 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
     });
     let help = "Placements by outcome: served by the key's owner, or spilled and why.";
     family(encoder, "keyroute_pool_requests", help, MetricType::Counter, outcomes)?;
+    let shadowed: Vec<_> = snaps.iter().filter(|(_, s)| s.config().shadow.is_some()).collect();
+    if !shadowed.is_empty() {
+        let rows = shadowed.iter().flat_map(|(p, _)| {
+            keyroute_fleet::metrics::SHADOW_OUTCOMES.iter().enumerate().map(|(i, o)| {
+                (labels(&[("pool", &p.name), ("outcome", o)]), Value::Int(p.metrics.shadow[i].load(Relaxed)))
+            })
+        });
+        let help = "Cache listeners: commands copied to the pool's shadow pool, by what became of them.";
+        family(encoder, "keyroute_pool_shadow_commands", help, MetricType::Counter, rows)?;
+    }
     let rows = |encoder: &mut DescriptorEncoder<'_>, table: &[PoolRow], pools: &[&Arc<Pool>]| {
         for (name, help, kind, get) in table {
             family(encoder, name, help, *kind, pools.iter().map(|p| (labels(&[("pool", &p.name)]), get(p))))?;

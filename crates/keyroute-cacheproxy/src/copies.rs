@@ -39,7 +39,7 @@ use tokio::time::Instant;
 /// gateway keeps its per-pool state in its routes), so the fallback, a registry of its own per
 /// call, is never taken.
 pub(crate) fn of(pool: &keyroute_fleet::pool::Pool) -> Arc<Copies> {
-    pool.protocol_or(|| Arc::new(Copies::default())).map_or_else(|| Arc::new(Copies::default()), Arc::clone)
+    Arc::clone(&crate::state(pool).copies)
 }
 
 /// The longest a hot key's copy on a replica lives: Redis copies are set with `PX` of at most

@@ -141,6 +141,8 @@ pub(crate) struct Settings {
 /// on, its settings, the time it started, the client's connections to the servers and its output,
 /// and the load its requests put on their servers.
 pub(crate) struct Batch<'a, P: Protocol> {
+    /// The listener's fleet and pool name.
+    pub(crate) ctx: &'a Context,
     pub(crate) pool: &'a Arc<Pool>,
     pub(crate) snap: &'a Snapshot,
     pub(crate) s: &'a Settings,
@@ -378,6 +380,7 @@ async fn batch<P: Protocol>(
     }
     let mut lists = Lists::take();
     let mut b = Batch {
+        ctx,
         pool: &pool,
         snap: &snap,
         s: &s,

@@ -11,6 +11,7 @@
 //! - [`pipe`]: server connections shared by a thread's clients (tickets and turns).
 //! - [`conn`]: the one connection type, for side exchanges, checks and moves.
 //! - [`copies`]: where hot keys have copies, so that none is served older than the last write.
+//! - `shadow`: a share of a pool's commands copied to another pool (`[pool.shadow]`).
 //! - `stash`: byte buffers lent by the runtime thread to the batch that needs one.
 //! - [`relocate`]: `keyroute move`, a store's keys moved after a membership change, on the same
 //!   codecs and connections.
@@ -28,6 +29,7 @@ mod pipe;
 mod redis;
 pub mod relocate;
 mod servers;
+mod shadow;
 mod stash;
 
 use std::sync::Arc;
@@ -89,6 +91,21 @@ pub fn check(listener: &CacheListener, pool: &Pool) -> Arc<dyn Check> {
     }
 }
 
+/// What the cache listeners keep for a pool across its snapshots (the pool's protocol slot):
+/// where its hot keys have copies, and its shadow's queue.
+#[derive(Default)]
+pub(crate) struct PoolState {
+    pub(crate) copies: Arc<copies::Copies>,
+    pub(crate) shadow: shadow::Shadow,
+}
+
+/// The pool's [`PoolState`], made on first use. Only the cache listeners use a pool's slot (the
+/// HTTP gateway keeps its per-pool state in its routes), so the fallback, a state of its own per
+/// call, is never taken.
+pub(crate) fn state(pool: &Pool) -> Arc<PoolState> {
+    pool.protocol_or(|| Arc::new(PoolState::default())).map_or_else(|| Arc::new(PoolState::default()), Arc::clone)
+}
+
 /// When the proxy set up its first cache pool (the pools' checks are made as the server starts):
 /// the `uptime` a memcached listener's `stats` gives.
 pub(crate) fn started() -> std::time::Instant {
@@ -99,8 +116,8 @@ pub(crate) fn started() -> std::time::Instant {
 /// Ends what expired in every pool's copies registry (the server's ticker, every second or so).
 pub fn tick(fleet: &Fleet, now: tokio::time::Instant) {
     for pool in fleet.pools().iter() {
-        if let Some(copies) = pool.protocol::<Arc<copies::Copies>>() {
-            copies.sweep(now);
+        if let Some(state) = pool.protocol::<Arc<PoolState>>() {
+            state.copies.sweep(now);
         }
     }
 }

@@ -643,6 +643,8 @@ async fn one(
     raw: &[u8],
 ) -> Pending {
     let hash = placed(b, key);
+    let part = placed_part(b.snap.config().strategy, key);
+    crate::shadow::offer(b, (part, hash), raw, crate::shadow::Frame::Redis, b.s.greeting.bytes.clone());
     let mut written = None;
     let mut replicas = false;
     if let Some(h) = hash.0

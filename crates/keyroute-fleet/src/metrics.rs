@@ -183,6 +183,9 @@ impl Outcome {
 /// The outcome label values, in [`Outcome`] order.
 pub const OUTCOMES: [&str; 7] = ["owner", "unavailable", "overloaded", "retry", "unkeyed", "replica", "warming"];
 
+/// What became of a command copied to a shadow pool (the index into [`PoolMetrics::shadow`]).
+pub const SHADOW_OUTCOMES: [&str; 3] = ["answered", "failed", "dropped"];
+
 /// One pool's counters.
 #[derive(Debug, Default)]
 pub struct PoolMetrics {
@@ -209,6 +212,9 @@ pub struct PoolMetrics {
     pub replica_failovers: AtomicU64,
     /// Replicated pools: values added back to copies that missed them (repair on read).
     pub replica_repairs: AtomicU64,
+    /// Shadowed pools: commands copied to the shadow pool and answered there, failed there
+    /// (no server, a lost connection, a timeout), and dropped because its queue was full.
+    pub shadow: [AtomicU64; 3],
     /// gRPC calls by method and final status.
     pub grpc: GrpcCalls,
     /// Cache listeners: their commands by class, one table per protocol that serves the pool.

@@ -468,3 +468,74 @@ async fn waiting_behind_a_client_held_up_by_a_silent_server_fails_nothing() {
         .map(|x| x["state"].clone());
     assert_eq!(healthy_state, Some(serde_json::json!("healthy")), "{w}");
 }
+
+/// Issue 35: shadow traffic. A share of the keys (always the same ones) is copied to another
+/// pool; a paused shadow drops copies and never holds up a client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_of_keys_is_shadowed_and_a_paused_shadow_holds_up_no_client() {
+    let (_primary_procs, primary) = memcacheds(2).await;
+    let (shadow_procs, shadow) = memcacheds(2).await;
+    let mut text = config(&primary, "rendezvous", "[pool.shadow]\npool = \"shadow\"\nshare = 0.5\nqueue = 16\n");
+    text.push_str(
+        "\n[[pool]]\nname = \"shadow\"\nstrategy = \"rendezvous\"\n[pool.retry]\nper_try_timeout_ms = 30000\n",
+    );
+    for a in &shadow {
+        text.push_str(&format!("[[pool.worker]]\nname = \"{a}\"\naddress = \"{a}\"\n"));
+    }
+    let gw = start_gateway(&text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let keys = 200;
+    for round in ["one", "two"] {
+        for i in 0..keys {
+            let r = ask(&mut c, format!("set s{i} 0 0 3\r\n{round}\r\n").as_bytes(), "\r\n").await;
+            assert_eq!(r, "STORED\r\n");
+        }
+    }
+    // Each key on the shadow pool is there with its last value, or not at all.
+    let answered = async || {
+        let (_, m) = admin(&gw, "GET", "/metrics", "", None).await;
+        let m = m.as_str().expect("text").to_owned();
+        let get = |o: &str| {
+            let prefix = format!("keyroute_pool_shadow_commands_total{{pool=\"cache\",outcome=\"{o}\"}} ");
+            m.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        };
+        (get("answered"), get("failed"), get("dropped"))
+    };
+    // The copies are sent behind the client's answers: wait until the count stops moving.
+    let mut last = u64::MAX;
+    for _ in 0..50 {
+        let (a, _, _) = answered().await;
+        if a == last {
+            break;
+        }
+        last = a;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut shadowed = 0;
+    for i in 0..keys {
+        let on_shadow = holders(&shadow, &format!("s{i}"), None).await;
+        let with_last = holders(&shadow, &format!("s{i}"), Some("two")).await;
+        assert_eq!(on_shadow, with_last, "s{i} is on the shadow pool with its last value or not at all");
+        assert!(on_shadow.len() <= 1);
+        shadowed += on_shadow.len();
+    }
+    assert!((60..=140).contains(&shadowed), "about half the keys shadowed: {shadowed} of {keys}");
+    let (a, f, d) = answered().await;
+    assert_eq!((a, f, d), (2 * shadowed as u64, 0, 0), "two writes of each shadowed key, all answered");
+    // The primary pool has every key, and gets are shadowed too.
+    assert_eq!(ask(&mut c, b"get s1\r\n", "END\r\n").await, "VALUE s1 0 3\r\ntwo\r\nEND\r\n");
+    // A paused shadow (answers waited for up to 30 s): the client's commands go on, the copies
+    // that do not fit the queue are dropped.
+    for p in &shadow_procs {
+        assert!(Command::new("kill").args(["-STOP", &p.0.id().to_string()]).status().expect("kill").success());
+    }
+    for i in 0..2000 {
+        let r = ask(&mut c, format!("set s{} 0 0 5\r\nthree\r\n", i % keys).as_bytes(), "\r\n").await;
+        assert_eq!(r, "STORED\r\n");
+    }
+    let (_, _, dropped) = answered().await;
+    assert!(dropped > 500, "copies dropped rather than queued: {dropped}");
+    for p in &shadow_procs {
+        assert!(Command::new("kill").args(["-CONT", &p.0.id().to_string()]).status().expect("kill").success());
+    }
+}

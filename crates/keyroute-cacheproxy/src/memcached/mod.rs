@@ -427,6 +427,8 @@ impl Protocol for Memcached {
 /// owner deletes the previous owner's copy.
 async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_get: bool, quiet: bool, answer: Answer) {
     let hash = b.placed(key, key);
+    let frame = crate::shadow::Frame::Memcached { retrieval: false, answer, quiet };
+    crate::shadow::offer(b, (key, hash), request, frame, None);
     let write = !meta_get;
     if let (Some(r), Some(h), true) = (b.snap.config().replication, hash.0, write) {
         let copies = replicated::copies(b, h, r.copies);
@@ -479,6 +481,8 @@ async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_ge
 /// the owner, and a miss on a server within its handoff window from the key's previous one.
 async fn retrieve_one(b: &mut Batch<'_, Memcached>, kind: codec::Retrieval, key: &[u8], request: &[u8]) -> Pending {
     let hash = b.placed(key, key);
+    let frame = crate::shadow::Frame::Memcached { retrieval: true, answer: Answer::Line, quiet: false };
+    crate::shadow::offer(b, (key, hash), request, frame, None);
     if let (Some(r), Some(h)) = (b.snap.config().replication, hash.0) {
         let copies = replicated::copies(b, h, r.copies);
         if kind == codec::Retrieval::Get {

@@ -47,6 +47,20 @@ pub struct PoolConfig {
     pub replication: Option<ReplicationConfig>,
     /// Cache listeners: which commands the pool's slow log keeps.
     pub slow_log: SlowLogConfig,
+    /// Cache listeners: a share of the commands copied to another pool, if on.
+    pub shadow: Option<ShadowConfig>,
+}
+
+/// `[pool.shadow]`: a share of a cache pool's commands of one key, chosen by key hash (a key is
+/// shadowed always or never), copied to another pool whose answers are read and dropped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShadowConfig {
+    /// The pool the copies go to.
+    pub pool: String,
+    /// The share of keys shadowed, in (0, 1].
+    pub share: f64,
+    /// The most copies waiting to be sent; past it copies are dropped (counted), never queued.
+    pub queue: usize,
 }
 
 /// `[pool.slow_log]`: a cache pool's commands slower than `threshold` are kept, the last
@@ -100,6 +114,7 @@ impl PoolConfig {
             handoff: None,
             replication: None,
             slow_log: SlowLogConfig::default(),
+            shadow: None,
         }
     }
 }

@@ -355,6 +355,44 @@ weight = 2
         }
     }
 
+    /// `[pool.shadow]`: a cache listener's pool copying to another pool that speaks its protocol.
+    #[test]
+    fn a_shadow_is_a_cache_pool_of_the_same_protocol() {
+        let two = |listener: &str, section: &str, second_listener: &str| {
+            format!(
+                "[[listener]]\nlisten = \"127.0.0.1:0\"\n{listener}\n[[pool]]\nname = \"a\"\nstrategy = \"rendezvous\"\n{section}\n[[pool.worker]]\nname = \"w1\"\naddress = \"127.0.0.1:9001\"\n\n[[pool]]\nname = \"b\"\nstrategy = \"rendezvous\"\n[[pool.worker]]\nname = \"w2\"\naddress = \"127.0.0.1:9002\"\n{second_listener}"
+            )
+        };
+        let mc = "protocol = \"memcached\"\npool = \"a\"\n";
+        let c = Config::parse(&two(mc, "[pool.shadow]\npool = \"b\"\nshare = 0.1", ""), "k.toml").expect("valid");
+        let shadow = c.pools[0].shadow.clone().expect("shadowed");
+        assert_eq!((shadow.pool.as_str(), shadow.share, shadow.queue), ("b", 0.1, 1024));
+        let redis_b = "[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"redis\"\npool = \"b\"\n";
+        for (text, line, field, needle) in [
+            (two(mc, "[pool.shadow]\npool = \"c\"\nshare = 0.1", ""), 10, "pool.a.shadow.pool", "no pool named 'c'"),
+            (two(mc, "[pool.shadow]\npool = \"a\"\nshare = 0.1", ""), 10, "pool.a.shadow.pool", "itself"),
+            (two(mc, "[pool.shadow]\npool = \"b\"\nshare = 0", ""), 11, "pool.a.shadow.share", "(0, 1]"),
+            (two(mc, "[pool.shadow]\npool = \"b\"\nshare = 1.5", ""), 11, "pool.a.shadow.share", "(0, 1]"),
+            (two(mc, "[pool.shadow]\npool = \"b\"\nshare = 0.5\nqueue = 0", ""), 12, "pool.a.shadow.queue", "1..="),
+            (
+                two(mc, "[pool.shadow]\npool = \"b\"\nshare = 0.5", redis_b),
+                10,
+                "pool.a.shadow.pool",
+                "another protocol",
+            ),
+            (
+                two("[[listener.route]]\npool = \"b\"", "[pool.shadow]\npool = \"b\"\nshare = 0.5", ""),
+                9,
+                "pool.a.shadow.pool",
+                "only a memcached or Redis listener's pool",
+            ),
+        ] {
+            let err = Config::parse(&text, "k.toml").expect_err(&text);
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}\n{text}");
+            assert!(err.message.contains(needle), "{err}");
+        }
+    }
+
     /// GOOD with `section` inserted before the workers.
     fn with_section(section: &str) -> String {
         let at = GOOD.find("[[pool.worker]]").expect("workers");

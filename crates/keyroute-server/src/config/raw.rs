@@ -109,6 +109,7 @@ pub(super) struct RawPool {
     pub(super) handoff: Option<RawHandoff>,
     pub(super) replication: Option<RawReplication>,
     pub(super) slow_log: Option<RawSlowLog>,
+    pub(super) shadow: Option<RawShadow>,
     pub(super) compat: Option<RawCompat>,
     pub(super) upstream: Option<RawUpstream>,
     #[serde(default)]
@@ -180,6 +181,15 @@ pub(super) struct RawSlowStart {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHandoff {
     pub(super) window_ms: Spanned<u64>,
+}
+
+/// `[pool.shadow]`: a share of a cache pool's commands copied to another pool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShadow {
+    pub(super) pool: Spanned<String>,
+    pub(super) share: Spanned<f64>,
+    pub(super) queue: Option<Spanned<u64>>,
 }
 
 /// `[pool.slow_log]`: which of a cache pool's commands the admin API's `/slowlog` keeps.

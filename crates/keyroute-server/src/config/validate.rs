@@ -184,6 +184,31 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             store_defaults(&mut pools[at], raw_pool);
         }
     }
+    // A shadowed pool is a cache listener's, and its shadow a pool that speaks its protocol.
+    for (at, pool) in pools.iter().enumerate() {
+        let (Some(shadow), Some(raw_shadow)) = (&pool.shadow, raw.pool[at].shadow.as_ref()) else { continue };
+        let field = format!("pool.{}.shadow.pool", pool.name);
+        let Some(target) = pools.iter().position(|p| p.name == shadow.pool) else {
+            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+            let msg = format!("no pool named '{}' (pools: {})", shadow.pool.escape_debug(), known.join(", "));
+            return ctx.err(Some(raw_shadow.pool.span()), field, msg);
+        };
+        let served =
+            |i: usize| listeners.iter().filter_map(|l| l.cache()).find(|c| c.pool == pools[i].name).map(|c| c.protocol);
+        let http = |i: usize| listeners.iter().filter_map(|l| l.http()).any(|h| h.routes.iter().any(|r| r.pool == i));
+        let msg = match (served(at), served(target)) {
+            (None, _) => Some("only a memcached or Redis listener's pool is shadowed".to_owned()),
+            (Some(a), Some(b)) if a != b => Some(format!(
+                "pool '{}' is served in another protocol: its servers would not understand the copies",
+                shadow.pool
+            )),
+            _ if http(target) => Some(format!("pool '{}' is an HTTP listener's", shadow.pool)),
+            _ => None,
+        };
+        if let Some(msg) = msg {
+            return ctx.err(Some(raw_shadow.pool.span()), field, msg);
+        }
+    }
     // A replicated pool is a memcached listener's: its writes to every copy are that
     // listener's doing, and anything else would reach one copy.
     for (at, pool) in pools.iter().enumerate() {
@@ -632,6 +657,7 @@ fn validate_pool(
         handoff: validate_handoff(ctx, p, name, strategy)?,
         replication: validate_replication(ctx, p, name, strategy)?,
         slow_log: validate_slow_log(ctx, p, name)?,
+        shadow: validate_shadow(ctx, p, name)?,
     };
     let upstream = validate_upstream(ctx, p, name)?;
     let http = HttpPoolConfig {
@@ -1404,6 +1430,25 @@ fn validate_replication(
     }
     let repair = r.repair.as_ref().is_none_or(|b| *b.get_ref());
     Ok(Some(keyroute_fleet::config::ReplicationConfig { copies: copies as usize, repair }))
+}
+
+/// `[pool.shadow]`: its share and queue (the pool it names is checked with the listeners).
+fn validate_shadow(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+) -> Result<Option<keyroute_fleet::config::ShadowConfig>, ConfigError> {
+    let Some(s) = &p.shadow else { return Ok(None) };
+    let field = |f: &str| format!("pool.{name}.shadow.{f}");
+    let share = *s.share.get_ref();
+    if !(share > 0.0 && share <= 1.0) {
+        return ctx.err(Some(s.share.span()), field("share"), "must be in (0, 1]: the share of keys shadowed");
+    }
+    let queue = ranged(ctx, s.queue.as_ref(), 1024, 1, 1 << 20, field("queue"))?;
+    if s.pool.get_ref() == name {
+        return ctx.err(Some(s.pool.span()), field("pool"), "a pool cannot shadow itself");
+    }
+    Ok(Some(keyroute_fleet::config::ShadowConfig { pool: s.pool.get_ref().clone(), share, queue: queue as usize }))
 }
 
 /// `[pool.slow_log]`: a threshold of 0 to 60 s, 0 to 10,000 entries.
