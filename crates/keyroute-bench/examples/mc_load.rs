@@ -13,6 +13,7 @@
 //!   answer's latency taken from the time its command was due (no coordinated omission). Adds
 //!   `p50_us= p99_us= p999_us= max_us=` to the line.
 //! - `MC_PROTOCOL=redis`: the same commands in RESP (`GET`, `SET`; `MGET` for `MC_MULTI`).
+//! - `MC_SETS=1`: every command a SET (a write load).
 
 use std::time::{Duration, Instant};
 
@@ -194,10 +195,13 @@ impl Proto {
     }
 }
 
-/// One command of the mix: one SET in sixteen, the rest GETs of `multi` keys.
+/// One command of the mix: one SET in sixteen (every one with `MC_SETS=1`), the rest GETs of
+/// `multi` keys.
 fn command(proto: Proto, x: &mut u64, keys: u64, multi: usize, value: &[u8], out: &mut Vec<u8>) {
+    static SETS: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::env::var("MC_SETS").as_deref() == Ok("1"));
     let r = next(x);
-    if r >> 60 == 0 {
+    if r >> 60 == 0 || *SETS {
         proto.set(out, r % keys, value);
     } else {
         let ks: Vec<u64> = std::iter::once(r % keys).chain((1..multi).map(|_| next(x) % keys)).collect();
