@@ -56,6 +56,11 @@ pub(crate) trait Protocol: Send + Sized + 'static {
     /// Whether a command's answer to the client is an error.
     fn is_error(answer: &[u8]) -> bool;
 
+    /// The key that routes the first whole command of `input` (its first key; an empty key for a
+    /// command of every server, which goes to the listener's own pool), and whether the command
+    /// only reads; `None` for a command without keys, or one not whole yet.
+    fn route_key<'a>(&self, input: &'a [u8]) -> Option<(std::borrow::Cow<'a, [u8]>, bool)>;
+
     /// Whether `input` begins with a whole command (the next batch starts without a read).
     fn whole(&self, input: &[u8]) -> bool;
 
@@ -253,6 +258,13 @@ impl<P: Protocol> Batch<'_, P> {
         placed
     }
 
+    /// Whether some of a command's `keys` (`read`: the command only reads) route to another pool
+    /// than the batch's: such a command is refused (its parts would go to different pools).
+    pub(crate) fn off_route<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>, read: bool) -> bool {
+        let l = &self.ctx.listener;
+        l.routed() && keys.any(|k| l.route(k, read) != self.pool.name)
+    }
+
     /// Counts a request sent to `node` as in flight until the batch's answers are read.
     pub(crate) fn sent(&mut self, node: usize) {
         if let Some(w) = self.snap.workers().get(node) {
@@ -327,8 +339,9 @@ impl<P: Protocol> Batch<'_, P> {
 /// Serves one client connection of a cache listener to its end: batch after batch, as long as
 /// the client sends and the server runs (see [`Client::read`] for the stop).
 pub(crate) async fn serve<P: Protocol, H: Send>(mut c: Client, ctx: Arc<Context>, mut proto: P, _held: H) {
-    // The pool's command counters, found once (again if a reload made a new pool of its name).
-    let mut counters: Option<(Arc<Pool>, Arc<CommandMetrics>)> = None;
+    // The command counters of each pool the connection sent to, found once (again if a reload
+    // made a new pool of its name).
+    let mut counters: Vec<(Arc<Pool>, Arc<CommandMetrics>)> = Vec::new();
     loop {
         // A batch's work is a future of its own, on the heap while it runs: an idle connection's
         // task holds only its client and its read.
@@ -348,14 +361,23 @@ async fn batch<P: Protocol>(
     c: &mut Client,
     ctx: &Context,
     proto: &mut P,
-    counters: &mut Option<(Arc<Pool>, Arc<CommandMetrics>)>,
+    counters: &mut Vec<(Arc<Pool>, Arc<CommandMetrics>)>,
 ) -> bool {
-    let Some(pool) = ctx.fleet.pool(&ctx.pool) else { return false };
-    let commands = match counters {
-        Some((p, m)) if Arc::ptr_eq(p, &pool) => Arc::clone(m),
-        _ => {
+    // The batch's pool: the listener's, or with routes its first command's. A batch is placed in
+    // one pool; a command routed to another ends it, and starts the next.
+    let listener = &ctx.listener;
+    let routed = listener.routed();
+    let name = match proto.route_key(&c.input) {
+        Some((key, read)) if routed => listener.route(&key, read),
+        _ => listener.pool.as_str(),
+    };
+    let Some(pool) = ctx.fleet.pool(name) else { return false };
+    let commands = match counters.iter().find(|(p, _)| Arc::ptr_eq(p, &pool)) {
+        Some((_, m)) => Arc::clone(m),
+        None => {
             let m = pool.metrics.commands(P::NAME, P::classes());
-            *counters = Some((Arc::clone(&pool), Arc::clone(&m)));
+            counters.retain(|(p, _)| p.name != pool.name);
+            counters.push((Arc::clone(&pool), Arc::clone(&m)));
             m
         }
     };
@@ -396,6 +418,13 @@ async fn batch<P: Protocol>(
     };
     let mut close = false;
     loop {
+        if routed
+            && !b.pending.is_empty()
+            && let Some((key, read)) = proto.route_key(input)
+            && listener.route(&key, read) != pool.name
+        {
+            break;
+        }
         let before = b.pending.len();
         let planned = proto.plan(input, &mut b).await;
         let key = b.key.take();

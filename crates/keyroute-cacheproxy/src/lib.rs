@@ -39,7 +39,7 @@ use keyroute_fleet::pool::{Check, Pool};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-pub use crate::config::{CacheListener, CacheProtocol};
+pub use crate::config::{CacheListener, CacheProtocol, KeyRoute};
 
 /// What a cache listener's connections share with the server: the fleet (its pools), the pool the
 /// listener serves, and the server's stop.
@@ -47,8 +47,9 @@ pub use crate::config::{CacheListener, CacheProtocol};
 pub struct Context {
     /// The server's pools.
     pub fleet: Arc<Fleet>,
-    /// The name of the pool the listener serves.
-    pub pool: String,
+    /// The listener's settings: its pool (found by name in every snapshot of the fleet: a reload
+    /// may add pools before it) and its routes.
+    pub listener: Arc<CacheListener>,
     /// Set when the server stops accepting: a client is served what it had sent, then closed.
     pub stop: watch::Receiver<bool>,
 }

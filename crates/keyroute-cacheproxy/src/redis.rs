@@ -300,6 +300,23 @@ impl Protocol for Redis {
         matches!(answer.first(), Some(b'-' | b'!'))
     }
 
+    fn route_key<'a>(&self, input: &'a [u8]) -> Option<(std::borrow::Cow<'a, [u8]>, bool)> {
+        let mut ranges = Vec::new();
+        let (_, inline) = codec::request_into(input, self.max_item, &mut ranges).ok()??;
+        let args: Vec<std::borrow::Cow<'a, [u8]>> = match inline {
+            None => ranges.iter().map(|r| std::borrow::Cow::Borrowed(&input[r.clone()])).collect(),
+            Some(words) => words.into_iter().map(std::borrow::Cow::Owned).collect(),
+        };
+        let name = String::from_utf8_lossy(args.first()?).to_ascii_uppercase();
+        let (at, read) = match name.as_str() {
+            "MGET" | "EXISTS" => (1, true),
+            "DEL" | "UNLINK" | "TOUCH" | "MSET" | "MSETNX" => (1, false),
+            "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" => (3, name.ends_with("_RO")),
+            n => (1, commands::one_key(n, args.len())? == Access::Read),
+        };
+        args.into_iter().nth(at).map(|k| (k, read))
+    }
+
     fn whole(&self, input: &[u8]) -> bool {
         // Asked between batches, of what is left: a partial command, or more than a batch.
         matches!(codec::request(input, self.max_item), Ok(Some(_)))
@@ -489,6 +506,21 @@ fn matches_password(given: &[u8], password: &str) -> bool {
     bool::from(given.ct_eq(password.as_bytes()))
 }
 
+/// Whether some keys of a command of several (`MSET`'s every other argument, `EVAL`'s `numkeys`)
+/// route to another pool than the batch's.
+fn off_route(b: &Batch<'_, Redis>, name: &str, args: &[&[u8]]) -> bool {
+    let read = matches!(name, "MGET" | "EXISTS" | "EVAL_RO" | "EVALSHA_RO");
+    let keys: Vec<&[u8]> = match name {
+        "MSET" | "MSETNX" => args.iter().skip(1).step_by(2).copied().collect(),
+        "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" => {
+            let n = args.get(2).and_then(|n| std::str::from_utf8(n).ok()).and_then(|n| n.parse::<usize>().ok());
+            args.iter().skip(3).take(n.unwrap_or(0)).copied().collect()
+        }
+        _ => args.iter().skip(1).copied().collect(),
+    };
+    b.off_route(keys.into_iter(), read)
+}
+
 /// One command: answered here, refused, or sent (whole, or split by server).
 async fn serve_command(b: &mut Batch<'_, Redis>, pw: Option<&str>, name: &str, args: &[&[u8]], raw: &[u8]) -> Pending {
     let mut scratch = Vec::new();
@@ -517,6 +549,12 @@ async fn serve_command(b: &mut Batch<'_, Redis>, pw: Option<&str>, name: &str, a
         "COMMAND" => return Pending::Ready(b"*0\r\n".to_vec()),
         "CLIENT" if args.len() >= 2 && matches!(args[1].to_ascii_uppercase().as_slice(), b"SETNAME" | b"SETINFO") => {
             return Pending::Ready(b"+OK\r\n".to_vec());
+        }
+        "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" | "MSET" | "MSETNX" | "EVAL" | "EVALSHA" | "EVAL_RO"
+        | "EVALSHA_RO"
+            if b.ctx.listener.routed() && off_route(b, name, args) =>
+        {
+            return Pending::Ready(error(&mut scratch, "keys of one command route to different pools"));
         }
         "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" if arity(2) => {
             let how = if name == "MGET" { Merge::Values } else { Merge::Sum };

@@ -12,7 +12,7 @@ use crate::config::Config;
 /// Sets the check of each pool of `config` (a bind or a reload), by the protocol that serves it.
 pub(crate) fn set_checks(config: &Config, pools: &[Arc<Pool>]) {
     for pool in pools {
-        let check: Option<Arc<dyn Check>> = match config.cache_listeners().find(|c| c.pool == pool.name) {
+        let check: Option<Arc<dyn Check>> = match config.cache_listeners().find(|c| c.pools().any(|p| p == pool.name)) {
             Some(c) => Some(keyroute_cacheproxy::check(c, pool)),
             None => config.pools.iter().zip(&config.http).find(|(p, _)| p.name == pool.name).map(|(_, http)| {
                 Arc::new(keyroute_gateway::probe::HttpCheck {

@@ -573,14 +573,17 @@ async fn accept_loop(
             let l = &shared.listeners[i];
             let metrics = Arc::clone(&shared.listener_metrics[i]);
             let listener = match &l.serves {
-                Serves::Cache(cache) => Listener::Cache(
-                    Arc::new(keyroute_cacheproxy::Context {
-                        fleet: Arc::clone(&shared.fleet),
-                        pool: cache.pool.clone(),
-                        stop: shared.stop_accepting.subscribe(),
-                    }),
-                    Arc::new(cache.clone()),
-                ),
+                Serves::Cache(cache) => {
+                    let listener = Arc::new(cache.clone());
+                    Listener::Cache(
+                        Arc::new(keyroute_cacheproxy::Context {
+                            fleet: Arc::clone(&shared.fleet),
+                            listener: Arc::clone(&listener),
+                            stop: shared.stop_accepting.subscribe(),
+                        }),
+                        listener,
+                    )
+                }
                 Serves::Http(h) => Listener::Http(Arc::new(Settings {
                     header_timeout: h.header_timeout,
                     send_timeout: h.send_timeout,

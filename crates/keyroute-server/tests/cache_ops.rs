@@ -539,3 +539,73 @@ async fn a_share_of_keys_is_shadowed_and_a_paused_shadow_holds_up_no_client() {
         assert!(Command::new("kill").args(["-CONT", &p.0.id().to_string()]).status().expect("kill").success());
     }
 }
+
+/// Pools of one server each, by name, after the memcached listener's `pool = "cache"` (whose
+/// servers are `servers`), with `routes` in the listener.
+fn routed(servers: &[SocketAddr], routes: &str, pools: &[(&str, SocketAddr)]) -> String {
+    let mut text = config(servers, "rendezvous", "")
+        .replace("max_item_bytes = 4096\n", &format!("max_item_bytes = 4096\nbroadcast = true\n{routes}\n"));
+    for (name, addr) in pools {
+        text.push_str(&format!("\n[[pool]]\nname = \"{name}\"\nstrategy = \"rendezvous\"\n[[pool.worker]]\nname = \"{addr}\"\naddress = \"{addr}\"\n"));
+    }
+    text
+}
+
+/// Issue 35: routes by key prefix (the longest wins) and by operation (a route's reads to
+/// another pool), with the client's order kept across pools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_route_by_key_prefix_and_reads_by_operation() {
+    let (_procs, addrs) = memcacheds(4).await;
+    let (default, users, users_ro, admins) = (addrs[0], addrs[1], addrs[2], addrs[3]);
+    let routes = "read_pool = \"cache\"\n[[listener.prefix_route]]\nprefix = \"user:\"\npool = \"users\"\nread_pool = \"users-ro\"\n[[listener.prefix_route]]\nprefix = \"user:admin:\"\npool = \"admins\"\n";
+    let gw =
+        start_gateway(&routed(&[default], routes, &[("users", users), ("users-ro", users_ro), ("admins", admins)]))
+            .await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    // Pipelined across three pools: answered in the client's order.
+    let r = ask(
+        &mut c,
+        b"set a 0 0 1\r\n1\r\nset user:7 0 0 1\r\n2\r\nset user:admin:1 0 0 1\r\n3\r\nset b 0 0 1\r\n4\r\ndelete user:7\r\nset user:8 0 0 1\r\n5\r\nmn\r\n",
+        "MN\r\n",
+    )
+    .await;
+    assert_eq!(r, "STORED\r\nSTORED\r\nSTORED\r\nSTORED\r\nDELETED\r\nSTORED\r\nMN\r\n");
+    assert_eq!(holders(&addrs, "a", Some("1")).await, [default]);
+    assert_eq!(holders(&addrs, "b", Some("4")).await, [default]);
+    assert_eq!(holders(&addrs, "user:8", Some("5")).await, [users], "a prefix's writes to its pool");
+    assert_eq!(holders(&addrs, "user:admin:1", Some("3")).await, [admins], "the longest prefix wins");
+    assert!(holders(&addrs, "user:7", None).await.is_empty());
+    // A route's reads go to its read pool: what is there, not what was written.
+    assert_eq!(direct(users_ro, "set user:8 0 0 7\r\nreplica\r\n", "\r\n").await, "STORED\r\n");
+    assert_eq!(ask(&mut c, b"get user:8\r\n", "END\r\n").await, "VALUE user:8 0 7\r\nreplica\r\nEND\r\n");
+    assert_eq!(
+        ask(&mut c, b"gets user:admin:1\r\n", "END\r\n")
+            .await
+            .lines()
+            .next()
+            .map(|l| l.starts_with("VALUE user:admin:1 0 1")),
+        Some(true)
+    );
+    // A multi-get within one pool is served; across pools, refused (its parts would go to
+    // different pools).
+    assert_eq!(ask(&mut c, b"get a b\r\n", "END\r\n").await, "VALUE a 0 1\r\n1\r\nVALUE b 0 1\r\n4\r\nEND\r\n");
+    assert_eq!(
+        ask(&mut c, b"get a user:8\r\n", "\r\n").await,
+        "CLIENT_ERROR keys of one command route to different pools\r\n"
+    );
+    // A command of every server goes to the listener's own pool.
+    assert_eq!(ask(&mut c, b"flush_all\r\n", "\r\n").await, "OK\r\n");
+    assert!(holders(&addrs, "a", None).await.is_empty());
+    assert_eq!(holders(&addrs, "user:admin:1", None).await, [admins]);
+    // Each pool's commands are counted in it.
+    let (_, m) = admin(&gw, "GET", "/metrics", "", None).await;
+    let m = m.as_str().expect("text");
+    assert!(
+        m.contains("keyroute_cache_commands_total{pool=\"admins\",protocol=\"memcached\",command=\"set\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("keyroute_cache_commands_total{pool=\"users-ro\",protocol=\"memcached\",command=\"get\"} 1"),
+        "{m}"
+    );
+}

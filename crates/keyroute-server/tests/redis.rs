@@ -965,3 +965,31 @@ async fn a_stop_answers_every_command_already_sent() {
     let result = tokio::time::timeout(Duration::from_secs(15), run).await.expect("stops").expect("join");
     assert!(result.is_ok(), "nothing was cut: {result:?}");
 }
+
+/// Issue 35: a Redis listener's routes by key prefix; a command of several keys across routes is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_commands_route_by_key_prefix() {
+    let (_procs, addrs) = redis_servers(2).await;
+    let mut text = config(&addrs[..1], "rendezvous").replace(
+        "max_item_bytes = 4096\n",
+        "max_item_bytes = 4096\n[[listener.prefix_route]]\nprefix = \"session:\"\npool = \"sessions\"\n",
+    );
+    text.push_str(&format!(
+        "\n[[pool]]\nname = \"sessions\"\nstrategy = \"rendezvous\"\n[[pool.worker]]\nname = \"s1\"\naddress = \"{}\"\n",
+        addrs[1]
+    ));
+    let gw = start_gateway(&text).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut pipeline = cmd(&["SET", "a", "1"]);
+    pipeline.extend(cmd(&["SET", "session:1", "2"]));
+    pipeline.extend(cmd(&["INCR", "session:1"]));
+    pipeline.extend(cmd(&["GET", "a"]));
+    assert_eq!(ask(&mut c, &pipeline, 4).await, "+OK\r\n+OK\r\n:3\r\n$1\r\n1\r\n");
+    let mut d = TcpStream::connect(addrs[1]).await.expect("direct");
+    assert_eq!(ask(&mut d, &cmd(&["GET", "session:1"]), 1).await, "$1\r\n3\r\n");
+    assert_eq!(ask(&mut d, &cmd(&["EXISTS", "a"]), 1).await, ":0\r\n");
+    let r = ask(&mut c, &cmd(&["MGET", "a", "session:1"]), 1).await;
+    assert!(r.starts_with("-ERR") && r.contains("different pools"), "{r}");
+    assert_eq!(ask(&mut c, &cmd(&["MGET", "session:1", "session:2"]), 1).await, "*2\r\n$1\r\n3\r\n$-1\r\n");
+}

@@ -253,6 +253,16 @@ impl Protocol for Memcached {
         answer.starts_with(b"SERVER_ERROR") || answer.starts_with(b"CLIENT_ERROR") || answer.starts_with(b"ERROR")
     }
 
+    fn route_key<'a>(&self, input: &'a [u8]) -> Option<(std::borrow::Cow<'a, [u8]>, bool)> {
+        let (_, line) = codec::line(input)?;
+        match codec::parse(line, self.max_item).ok()? {
+            Command::Keyed { key, .. } => Some((key, line.starts_with(b"mg "))),
+            Command::Retrieve { keys, .. } => keys.iter().next().map(|k| (std::borrow::Cow::Borrowed(k), true)),
+            Command::Broadcast { .. } => Some((std::borrow::Cow::Borrowed(&b""[..]), false)),
+            _ => None,
+        }
+    }
+
     fn spare() -> &'static LocalKey<RefCell<Vec<Lists<Self>>>> {
         thread_local! {
             static SPARE: RefCell<Vec<Lists<Memcached>>> = const { RefCell::new(Vec::new()) };
@@ -534,6 +544,9 @@ async fn retrieve_many(
     exptime: Option<&[u8]>,
     keys: codec::Keys<'_>,
 ) -> Pending {
+    if b.off_route(keys.iter(), true) {
+        return Pending::Ready(b"CLIENT_ERROR keys of one command route to different pools\r\n");
+    }
     let verb: &[u8] = match kind {
         codec::Retrieval::Get => b"get",
         codec::Retrieval::Gets => b"gets",

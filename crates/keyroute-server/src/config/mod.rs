@@ -255,6 +255,8 @@ weight = 2
                 password: None,
                 server_password: None,
                 broadcast: false,
+                read_pool: None,
+                routes: Vec::new(),
             })
         );
         assert!(c.listeners[0].http().is_none());
@@ -269,6 +271,36 @@ weight = 2
             (mc("max_item_bytes = 10\n"), 5, "listener.listener-1.max_item_bytes", "1024..="),
             (mc("password = \"x\"\n"), 5, "listener.listener-1.password", "only a Redis listener"),
             (mc("h2c = true\n"), 5, "listener.listener-1.h2c", "speaks no HTTP"),
+            (mc("read_pool = \"nope\"\n"), 5, "listener.listener-1.read_pool", "no pool named 'nope'"),
+            (
+                mc("[[listener.prefix_route]]\nprefix = \"\"\npool = \"thumbs\"\n"),
+                6,
+                "listener.listener-1.prefix_route[0].prefix",
+                "non-empty",
+            ),
+            (
+                mc("[[listener.prefix_route]]\nprefix = \"u:\"\npool = \"nope\"\n"),
+                7,
+                "listener.listener-1.prefix_route[0].pool",
+                "no pool named 'nope'",
+            ),
+            (
+                mc(
+                    "[[listener.prefix_route]]\nprefix = \"u:\"\npool = \"thumbs\"\n[[listener.prefix_route]]\nprefix = \"u:\"\npool = \"thumbs\"\n",
+                ),
+                9,
+                "listener.listener-1.prefix_route[1].prefix",
+                "comes before",
+            ),
+            (
+                GOOD.replace(
+                    "listen = \"127.0.0.1:0\"\n",
+                    "listen = \"127.0.0.1:0\"\n[[listener.prefix_route]]\nprefix = \"u:\"\npool = \"thumbs\"\n",
+                ),
+                5,
+                "listener.listener-1.prefix_route",
+                "only a memcached or Redis listener routes by key prefix",
+            ),
             (
                 mc("broadcast = true\n").replace("\"memcached\"", "\"redis\""),
                 5,

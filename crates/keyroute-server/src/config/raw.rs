@@ -45,10 +45,22 @@ pub(super) struct RawListener {
     pub(super) password: Option<Spanned<String>>,
     pub(super) server_password: Option<Spanned<String>>,
     pub(super) broadcast: Option<Spanned<bool>>,
+    pub(super) read_pool: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) prefix_route: Vec<RawPrefixRoute>,
     pub(super) tls: Option<RawTls>,
     pub(super) access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub(super) route: Vec<RawRoute>,
+}
+
+/// `[[listener.prefix_route]]`: a cache listener's keys of a prefix to a pool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPrefixRoute {
+    pub(super) prefix: Spanned<String>,
+    pub(super) pool: Spanned<String>,
+    pub(super) read_pool: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

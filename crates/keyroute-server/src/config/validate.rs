@@ -156,16 +156,25 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     for (i, l) in raw.listener.iter().enumerate() {
         listeners.push(validate_listener(ctx, l, i, own[i + 1].0, &pools)?);
     }
-    for (l, raw_listener) in listeners.iter().zip(&raw.listener) {
+    let served: Vec<(usize, usize)> = listeners
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.cache().map(|c| (i, c)))
+        .flat_map(|(i, c)| {
+            c.pools().filter_map(|name| pools.iter().position(|p| p.name == name)).map(move |at| (i, at))
+        })
+        .collect();
+    for (i, at) in served {
+        let (l, raw_listener) = (&listeners[i], &raw.listener[i]);
         let Some(cache) = l.cache() else { continue };
-        let Some(at) = pools.iter().position(|p| p.name == cache.pool) else { continue };
+        let cache_pool = pools[at].name.clone();
         let raw_pool = &raw.pool[at];
         if raw_pool.health.as_ref().is_some_and(|h| h.path.is_some()) {
             // A cache pool's active check is its protocol's (memcached `version`, Redis `PING`).
             let at = raw_listener.pool.as_ref().map_or_else(|| raw_listener.listen.span(), Spanned::span);
             let msg = format!(
                 "pool '{}' has an HTTP health path ([pool.health] path), which a cache server cannot answer: remove it (the pool is checked with the listener's protocol)",
-                cache.pool
+                cache_pool
             );
             return ctx.err(Some(at), format!("listener.{}.pool", l.name), msg);
         }
@@ -176,9 +185,9 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             let at = at.unwrap_or(listener_at);
             let msg = format!(
                 "pool '{}' has [pool.upstream] (HTTP and TLS to workers), which a cache listener does not use: remove it",
-                cache.pool
+                cache_pool
             );
-            return ctx.err(Some(at), format!("pool.{}.upstream", cache.pool), msg);
+            return ctx.err(Some(at), format!("pool.{cache_pool}.upstream"), msg);
         }
         if cache.protocol == CacheProtocol::Redis {
             store_defaults(&mut pools[at], raw_pool);
@@ -193,8 +202,10 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             let msg = format!("no pool named '{}' (pools: {})", shadow.pool.escape_debug(), known.join(", "));
             return ctx.err(Some(raw_shadow.pool.span()), field, msg);
         };
-        let served =
-            |i: usize| listeners.iter().filter_map(|l| l.cache()).find(|c| c.pool == pools[i].name).map(|c| c.protocol);
+        let served = |i: usize| {
+            let mut cache = listeners.iter().filter_map(|l| l.cache());
+            cache.find(|c| c.pools().any(|p| p == pools[i].name)).map(|c| c.protocol)
+        };
         let http = |i: usize| listeners.iter().filter_map(|l| l.http()).any(|h| h.routes.iter().any(|r| r.pool == i));
         let msg = match (served(at), served(target)) {
             (None, _) => Some("only a memcached or Redis listener's pool is shadowed".to_owned()),
@@ -214,7 +225,7 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     for (at, pool) in pools.iter().enumerate() {
         let Some(r) = raw.pool[at].replication.as_ref().filter(|_| pool.replication.is_some()) else { continue };
         let other = listeners.iter().find(|l| match (l.cache(), l.http()) {
-            (Some(c), _) => c.pool == pool.name && c.protocol != CacheProtocol::Memcached,
+            (Some(c), _) => c.pools().any(|p| p == pool.name) && c.protocol != CacheProtocol::Memcached,
             (_, Some(h)) => h.routes.iter().any(|route| route.pool == at),
             _ => false,
         });
@@ -325,7 +336,7 @@ fn validate_http_listener(
     pools: &[PoolConfig],
 ) -> Result<HttpListenerConfig, ConfigError> {
     let field = |f: &str| format!("listener.{name}.{f}");
-    let cache_only: [(&str, Option<std::ops::Range<usize>>, &str); 5] = [
+    let cache_only: [(&str, Option<std::ops::Range<usize>>, &str); 7] = [
         ("pool", l.pool.as_ref().map(Spanned::span), "an HTTP listener chooses pools by its [[listener.route]]s"),
         (
             "max_item_bytes",
@@ -335,6 +346,12 @@ fn validate_http_listener(
         ("password", l.password.as_ref().map(Spanned::span), "only a Redis listener takes passwords"),
         ("server_password", l.server_password.as_ref().map(Spanned::span), "only a Redis listener takes passwords"),
         ("broadcast", l.broadcast.as_ref().map(Spanned::span), "only a memcached listener broadcasts"),
+        ("read_pool", l.read_pool.as_ref().map(Spanned::span), "only a memcached or Redis listener routes by key"),
+        (
+            "prefix_route",
+            l.prefix_route.first().map(|r| r.prefix.span()),
+            "only a memcached or Redis listener routes by key prefix (an HTTP listener: [[listener.route]])",
+        ),
     ];
     if let Some((f, span, msg)) = cache_only.into_iter().find(|(_, s, _)| s.is_some()) {
         return ctx.err(span, field(f), msg);
@@ -462,7 +479,37 @@ fn validate_cache_listener(
         b => b.as_ref().is_some_and(|b| *b.get_ref()),
     };
     let pool = pools[pool].name.clone();
-    Ok(CacheListener { protocol, pool, max_item_bytes, password, server_password, broadcast })
+    let pool_named = |p: &Spanned<String>, f: String| match pools.iter().find(|x| x.name == *p.get_ref()) {
+        Some(x) => Ok(x.name.clone()),
+        None => {
+            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+            let msg = format!("no pool named '{}' (pools: {})", p.get_ref().escape_debug(), known.join(", "));
+            ctx.err(Some(p.span()), f, msg)
+        }
+    };
+    let read_pool = l.read_pool.as_ref().map(|p| pool_named(p, field("read_pool"))).transpose()?;
+    let mut routes: Vec<keyroute_cacheproxy::KeyRoute> = Vec::new();
+    for (i, r) in l.prefix_route.iter().enumerate() {
+        let f = |name: &str| field(&format!("prefix_route[{i}].{name}"));
+        let prefix = r.prefix.get_ref();
+        if prefix.is_empty() || prefix.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return ctx.err(
+                Some(r.prefix.span()),
+                f("prefix"),
+                "must be non-empty, without spaces or control bytes (a key's start)",
+            );
+        }
+        if routes.iter().any(|x| x.prefix == prefix.as_bytes()) {
+            return ctx.err(Some(r.prefix.span()), f("prefix"), format!("a route for '{prefix}' comes before"));
+        }
+        let read_pool = r.read_pool.as_ref().map(|p| pool_named(p, f("read_pool"))).transpose()?;
+        routes.push(keyroute_cacheproxy::KeyRoute {
+            prefix: prefix.as_bytes().to_vec(),
+            pool: pool_named(&r.pool, f("pool"))?,
+            read_pool,
+        });
+    }
+    Ok(CacheListener { protocol, pool, max_item_bytes, password, server_password, broadcast, read_pool, routes })
 }
 
 /// A listener's `[[listener.route]]`s (one to the only pool when it has none).
