@@ -367,9 +367,10 @@ async fn batch<P: Protocol>(
     // one pool; a command routed to another ends it, and starts the next.
     let listener = &ctx.listener;
     let routed = listener.routed();
-    let name = match proto.route_key(&c.input) {
-        Some((key, read)) if routed => listener.route(&key, read),
-        _ => listener.pool.as_str(),
+    let first = if routed { proto.route_key(&c.input) } else { None };
+    let name = match &first {
+        Some((key, read)) => listener.route(key, *read),
+        None => listener.pool.as_str(),
     };
     let Some(pool) = ctx.fleet.pool(name) else { return false };
     let commands = match counters.iter().find(|(p, _)| Arc::ptr_eq(p, &pool)) {
