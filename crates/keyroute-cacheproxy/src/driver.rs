@@ -419,8 +419,9 @@ async fn batch<P: Protocol>(
     };
     let mut close = false;
     loop {
+        // (Checked for every command, the first of a batch too: a refused block skipped in the
+        // middle of the batch, or a command that planned nothing, leaves it without pendings.)
         if routed
-            && !b.pending.is_empty()
             && let Some((key, read)) = proto.route_key(input)
             && listener.route(&key, read) != pool.name
         {
@@ -459,6 +460,8 @@ async fn batch<P: Protocol>(
                 if !io.reply(b.out).await || !io.discard(input, skip).await {
                     return false;
                 }
+                // The client's upload of the skipped block is not the next commands' time.
+                b.now = Instant::now();
             }
         }
     }
@@ -520,6 +523,12 @@ fn record<P: Protocol>(b: &mut Batch<'_, P>, outs: &[usize]) {
     let slow = b.snap.config().slow_log;
     let keep = if slow.entries > 0 && latency >= slow.threshold { slow.entries } else { 0 };
     let first_kept = marks.len().saturating_sub(keep);
+    let mut slow_entries = Vec::new();
+    let at_ms = if keep > 0 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    } else {
+        0
+    };
     // Commands of one class in a row are counted at once.
     let mut run: Option<(u16, u64, u64)> = None;
     let last = outs.len() - 1;
@@ -541,27 +550,25 @@ fn record<P: Protocol>(b: &mut Batch<'_, P>, outs: &[usize]) {
         };
         if i >= first_kept {
             let (hash, text) = m.key.take().unwrap_or((None, None));
-            let at_ms =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             let command = P::classes().get(usize::from(m.class)).copied().unwrap_or("?");
-            b.pool.metrics.slow.push(
-                keyroute_fleet::metrics::SlowCommand {
-                    at_ms,
-                    protocol: P::NAME,
-                    command,
-                    key_hash: hash.map(|h| format!("{h:016x}")),
-                    key: text.map(|t| String::from_utf8_lossy(&t).into_owned()),
-                    micros: latency.as_micros() as u64,
-                    error,
-                },
-                keep,
-            );
+            slow_entries.push(keyroute_fleet::metrics::SlowCommand {
+                at_ms,
+                protocol: P::NAME,
+                command,
+                key_hash: hash.map(|h| format!("{h:016x}")),
+                key: text.map(|t| String::from_utf8_lossy(&t).into_owned()),
+                micros: latency.as_micros() as u64,
+                error,
+            });
         }
     }
     if let Some((class, n, errors)) = run
         && let Some(c) = b.commands.by_class.get(usize::from(class))
     {
         c.record(n, errors, latency);
+    }
+    if !slow_entries.is_empty() {
+        b.pool.metrics.slow.extend(slow_entries, keep);
     }
     marks.clear();
     b.lists.marks = marks;
@@ -646,7 +653,7 @@ pub(crate) async fn delete_copies<P: Protocol, F: Framing>(
     delete: &[u8],
     how: &F,
 ) {
-    if b.snap.hot().is_none() {
+    if b.snap.hot().is_none() && b.snap.config().replication.is_none() {
         return;
     }
     let holders = b.s.copies.written(hash, Instant::now()).await;

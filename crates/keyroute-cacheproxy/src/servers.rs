@@ -164,9 +164,12 @@ impl Servers {
 
     /// Sets the link to `addr` at `at` (or a new one): its index.
     fn put(&mut self, at: Option<usize>, addr: SocketAddr, link: Link) -> usize {
-        let server = Server { addr, link, out: Vec::new(), broken: false };
+        let mut server = Server { addr, link, out: Vec::new(), broken: false };
         match at {
             Some(i) => {
+                // What the batch gathered for the dead link and has not submitted goes on the new
+                // one: its commands' answers are read from this index.
+                server.out = std::mem::take(&mut self.0[i].out);
                 self.0[i] = server;
                 i
             }

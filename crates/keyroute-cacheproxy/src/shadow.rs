@@ -16,8 +16,9 @@
 //!
 //! What is copied: memcached's commands of one key (storage, `delete`, arithmetic, `touch`, a
 //! `get` of one key, the meta commands) and Redis's commands of one key; multi-key commands are
-//! not (their parts would be placed anew on the shadow pool). The queue's size is the one the pool
-//! had when its first copy was made.
+//! not (their parts would be placed anew on the shadow pool), nor is a command of more than 64 KiB
+//! (counted as dropped: the queue holds at most `queue` times that). The queue's size is the one
+//! the pool had when its first copy was made.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +36,10 @@ use crate::driver::{Batch, Placed, Protocol};
 
 /// The most copies the task takes at once.
 const TAKE: usize = 256;
+
+/// The largest command copied: a larger one (a big value) is dropped, counted, so that the queue
+/// holds at most `queue` times this many bytes.
+const LARGEST: usize = 64 * 1024;
 
 /// A pool's shadow: the queue to its task, made with the first copy.
 #[derive(Default)]
@@ -83,6 +88,10 @@ pub(crate) fn offer<P: Protocol>(
     let Some(config) = &b.snap.config().shadow else { return };
     let h = hash.0.unwrap_or_else(|| b.snap.policy().key_hash(part));
     if !chosen(h, config.share) {
+        return;
+    }
+    if request.len() > LARGEST {
+        b.pool.metrics.shadow[2].fetch_add(1, Relaxed);
         return;
     }
     let state = crate::state(b.pool);

@@ -128,13 +128,15 @@ pub struct SlowLog {
 }
 
 impl SlowLog {
-    /// Adds `c`, keeping the last `keep`.
-    pub fn push(&self, c: SlowCommand, keep: usize) {
+    /// Adds `entries` in their order under one lock, keeping the last `keep`.
+    pub fn extend(&self, entries: Vec<SlowCommand>, keep: usize) {
         let mut e = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        while e.len() >= keep.max(1) {
-            e.pop_front();
+        for c in entries {
+            while e.len() >= keep.max(1) {
+                e.pop_front();
+            }
+            e.push_back(c);
         }
-        e.push_back(c);
     }
 
     /// The entries, newest first.

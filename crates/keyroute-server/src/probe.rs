@@ -12,7 +12,17 @@ use crate::config::Config;
 /// Sets the check of each pool of `config` (a bind or a reload), by the protocol that serves it.
 pub(crate) fn set_checks(config: &Config, pools: &[Arc<Pool>]) {
     for pool in pools {
-        let check: Option<Arc<dyn Check>> = match config.cache_listeners().find(|c| c.pools().any(|p| p == pool.name)) {
+        // A pool a cache listener sends to, or a shadow of one (its copies are that protocol's).
+        let serves = |c: &&keyroute_cacheproxy::CacheListener| {
+            c.pools().any(|p| {
+                p == pool.name
+                    || config
+                        .pools
+                        .iter()
+                        .any(|q| q.name == p && q.shadow.as_ref().is_some_and(|s| s.pool == pool.name))
+            })
+        };
+        let check: Option<Arc<dyn Check>> = match config.cache_listeners().find(serves) {
             Some(c) => Some(keyroute_cacheproxy::check(c, pool)),
             None => config.pools.iter().zip(&config.http).find(|(p, _)| p.name == pool.name).map(|(_, http)| {
                 Arc::new(keyroute_gateway::probe::HttpCheck {

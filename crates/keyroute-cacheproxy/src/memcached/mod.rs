@@ -115,6 +115,18 @@ pub(crate) const CLASSES: [&str; 24] = [
     "other",
 ];
 
+/// Whether a command line only reads its key, for a route's `read_pool`: `get`, and `mg` without
+/// the flags that write (`T` sets a new TTL, `N` creates the item, `E` sets its CAS). `gets` and
+/// `gat` are not: the `cas` after a `gets` needs its server's unique, and `gat` touches.
+fn reads_only(line: &[u8]) -> bool {
+    let mut words = line.split(|&c| c == b' ').filter(|w| !w.is_empty());
+    match words.next() {
+        Some(b"get") => true,
+        Some(b"mg") => words.skip(1).all(|f| !matches!(f.first(), Some(b'T' | b'N' | b'E'))),
+        _ => false,
+    }
+}
+
 /// The class of a command line (its first word).
 fn class_of(line: &[u8]) -> u16 {
     let word = line.split(|&c| c == b' ').find(|w| !w.is_empty()).unwrap_or_default();
@@ -256,8 +268,10 @@ impl Protocol for Memcached {
     fn route_key<'a>(&self, input: &'a [u8]) -> Option<(std::borrow::Cow<'a, [u8]>, bool)> {
         let (_, line) = codec::line(input)?;
         match codec::parse(line, self.max_item).ok()? {
-            Command::Keyed { key, .. } => Some((key, line.starts_with(b"mg "))),
-            Command::Retrieve { keys, .. } => keys.iter().next().map(|k| (std::borrow::Cow::Borrowed(k), true)),
+            Command::Keyed { key, .. } => Some((key, reads_only(line))),
+            Command::Retrieve { kind, keys, .. } => {
+                keys.iter().next().map(|k| (std::borrow::Cow::Borrowed(k), kind == codec::Retrieval::Get))
+            }
             Command::Broadcast { .. } => Some((std::borrow::Cow::Borrowed(&b""[..]), false)),
             _ => None,
         }
@@ -329,7 +343,7 @@ impl Protocol for Memcached {
                     b.pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
                     return Planned::Next(total);
                 }
-                keyed(b, &key, &input[..total], line.starts_with(b"mg "), quiet, answer).await;
+                keyed(b, &key, &input[..total], line.trim_ascii_start().starts_with(b"mg "), quiet, answer).await;
                 Planned::Next(total)
             }
             Ok(Command::Retrieve { kind, exptime, keys }) => {
@@ -367,8 +381,9 @@ impl Protocol for Memcached {
                 broadcast::answer(b, every, &parts, unreachable, noreply, slot, arena);
             }
             Pending::Written { hash, key, node } => {
-                let mut delete = b"delete ".to_vec();
-                delete.extend_from_slice(&key);
+                // (The meta form: a key decoded from base64 may not be a classic command's.)
+                let mut delete = b"md ".to_vec();
+                delete.extend_from_slice(&codec::meta_key(&key));
                 delete.extend_from_slice(b"\r\n");
                 let line = Framed { retrieval: false, answer: Answer::Line, quiet: false };
                 crate::driver::delete_copies(b, hash, node, &delete, &line).await;
@@ -440,9 +455,15 @@ async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_ge
     let frame = crate::shadow::Frame::Memcached { retrieval: false, answer, quiet };
     crate::shadow::offer(b, (key, hash), request, frame, None);
     let write = !meta_get;
-    if let (Some(r), Some(h), true) = (b.snap.config().replication, hash.0, write) {
+    if let (Some(r), Some(h)) = (b.snap.config().replication, hash.0) {
         let copies = replicated::copies(b, h, r.copies);
-        return replicated::write(b, hash, &copies, (key, request), quiet, answer).await;
+        if write {
+            return replicated::write(b, hash, &copies, (key, request), quiet, answer).await;
+        }
+        // `mg`: the first copy's answer, as a `gets`'s.
+        let p = send_one(b, hash, copies.first().copied(), request, quiet, answer, false).await;
+        b.pending.push(p);
+        return;
     }
     let copies = match (b.snap.hot(), hash.0) {
         (Some(hot), Some(h)) if write && codec::valid_key(key) => Some((h, hot.replicas(h))),
@@ -878,5 +899,29 @@ impl keyroute_fleet::pool::Check for Check {
                 Err(_) => false,
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_only;
+
+    #[test]
+    fn only_pure_reads_go_to_a_read_pool() {
+        for r in [&b"get k"[..], b"get a b", b"mg k v", b"mg k v f t c", b"  mg k v"] {
+            assert!(reads_only(r), "{}", String::from_utf8_lossy(r));
+        }
+        for w in [
+            &b"gets k"[..],
+            b"gat 10 k",
+            b"gats 10 k",
+            b"mg k v T30",
+            b"mg k N30 v",
+            b"mg k E5",
+            b"set k 0 0 1",
+            b"md k",
+        ] {
+            assert!(!reads_only(w), "{}", String::from_utf8_lossy(w));
+        }
     }
 }

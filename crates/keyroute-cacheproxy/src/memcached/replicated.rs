@@ -87,22 +87,34 @@ pub(super) async fn write(
         }
         let noreply = quiet && answer == Answer::Line;
         b.pending.push(Pending::AllSync { parts, unreachable, answer, quiet, noreply });
+        written(b, hash, key);
         return;
     }
     let p = send_one(b, hash, copies.first().copied(), request, quiet, answer, false).await;
-    let written = match &p {
+    let sent = match &p {
         Pending::One { node, .. } => Some(*node),
         _ => None,
     };
     b.pending.push(p);
-    let Some(written) = written else { return };
-    for &node in copies.iter().filter(|&&n| n != written) {
+    let Some(first) = sent else { return };
+    for &node in copies.iter().filter(|&&n| n != first) {
         let Some(server) = b.connect(node).await else { continue };
         let out = &mut b.servers.0[server].out;
         out.extend_from_slice(b"md ");
         out.extend_from_slice(&codec::meta_key(key));
         out.extend_from_slice(b" q\r\nmn\r\n");
         b.pending.push(Pending::Discard { server, answer: Answer::Meta, quiet: true });
+    }
+    written(b, hash, key);
+}
+
+/// Once a write of the key is answered: a repair that read the key before it either drops its
+/// value or lands before the write is answered, and the copies a repair may have filled meanwhile
+/// are deleted (the registry of [`crate::copies`], as for hot keys' copies: see
+/// [`crate::driver::delete_copies`]).
+fn written(b: &mut Batch<'_, Memcached>, hash: Placed, key: &[u8]) {
+    if let Some(h) = hash.0 {
+        b.pending.push(Pending::Written { hash: h, key: key.to_vec(), node: usize::MAX });
     }
 }
 
@@ -205,19 +217,33 @@ pub(super) async fn get_answer(
 /// A key that missed, or failed, on its first copy, asked of the `rest` in order: the first value
 /// found is appended to the client's answer as a `VALUE` block, and with `repair` added to the
 /// copies that answered a miss (`missed`, and those of `rest` before it). Whether one was found.
+///
+/// A repair races the key's writes as a hot key's fill does, and is fenced the same way
+/// ([`crate::copies`]): it takes the key's write epoch before the read, adds its value only if no
+/// write of the key was answered since, and holds the key's fill lock until the add is answered;
+/// a write, once answered, waits for that lock and deletes the key on the copies repaired meanwhile
+/// (a `delete` never answered before a repair brings back what it deleted).
 pub(super) async fn failover(b: &mut Batch<'_, Memcached>, key: &[u8], mut missed: Vec<usize>, rest: &[usize]) -> bool {
     let repair = b.snap.config().replication.is_some_and(|r| r.repair);
+    let h = b.snap.policy().key_hash(key);
     for &node in rest {
         b.pool.metrics.replica_failovers.fetch_add(1, Relaxed);
+        // The repairs' epochs are taken before the value is read.
+        let fills: Vec<(usize, crate::copies::Fill)> = if repair {
+            let now = tokio::time::Instant::now();
+            missed.iter().map(|&m| (m, b.s.copies.begin_fill(h, b.worker(m).address, now))).collect()
+        } else {
+            Vec::new()
+        };
         match read_value(b, key, node).await {
             Ok(Some(value)) => {
                 value.block(key, b.out);
-                if repair {
-                    for m in missed {
-                        if add_value(b, key, &value, m).await {
-                            b.pool.metrics.replica_repairs.fetch_add(1, Relaxed);
-                        }
+                for (m, fill) in fills {
+                    let Some(landing) = b.s.copies.landing(fill).await else { continue };
+                    if add_value(b, key, &value, m).await {
+                        b.pool.metrics.replica_repairs.fetch_add(1, Relaxed);
                     }
+                    b.s.copies.landed(landing, tokio::time::Instant::now());
                 }
                 return true;
             }

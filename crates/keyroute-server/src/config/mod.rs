@@ -412,6 +412,16 @@ weight = 2
                 "pool.a.shadow.pool",
                 "another protocol",
             ),
+            // The shadow is sent memcached: it is checked in it, not over HTTP.
+            (
+                two(mc, "[pool.shadow]\npool = \"b\"\nshare = 0.5", "").replace(
+                    "name = \"b\"\nstrategy = \"rendezvous\"\n",
+                    "name = \"b\"\nstrategy = \"rendezvous\"\n[pool.health]\npath = \"/\"\n",
+                ),
+                20,
+                "pool.b.health.path",
+                "HTTP health path",
+            ),
             (
                 two("[[listener.route]]\npool = \"b\"", "[pool.shadow]\npool = \"b\"\nshare = 0.5", ""),
                 9,

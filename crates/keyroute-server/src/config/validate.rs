@@ -164,19 +164,33 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             c.pools().filter_map(|name| pools.iter().position(|p| p.name == name)).map(move |at| (i, at))
         })
         .collect();
+    // A shadow pool is sent the listener's protocol too: checked and defaulted the same way.
+    let shadows: Vec<(usize, usize)> = served
+        .iter()
+        .filter_map(|&(i, at)| {
+            let target = pools[at].shadow.as_ref()?;
+            pools.iter().position(|p| p.name == target.pool).map(|t| (i, t))
+        })
+        .collect();
+    let served: Vec<(usize, usize)> = served.into_iter().chain(shadows).collect();
     for (i, at) in served {
         let (l, raw_listener) = (&listeners[i], &raw.listener[i]);
         let Some(cache) = l.cache() else { continue };
         let cache_pool = pools[at].name.clone();
         let raw_pool = &raw.pool[at];
-        if raw_pool.health.as_ref().is_some_and(|h| h.path.is_some()) {
+        if let Some(path) = raw_pool.health.as_ref().and_then(|h| h.path.as_ref()) {
             // A cache pool's active check is its protocol's (memcached `version`, Redis `PING`).
-            let at = raw_listener.pool.as_ref().map_or_else(|| raw_listener.listen.span(), Spanned::span);
             let msg = format!(
                 "pool '{}' has an HTTP health path ([pool.health] path), which a cache server cannot answer: remove it (the pool is checked with the listener's protocol)",
                 cache_pool
             );
-            return ctx.err(Some(at), format!("listener.{}.pool", l.name), msg);
+            // Named where the listener names it as its pool, else (a route's, a shadow) where
+            // the path is.
+            if cache_pool == cache.pool {
+                let at = raw_listener.pool.as_ref().map_or_else(|| raw_listener.listen.span(), Spanned::span);
+                return ctx.err(Some(at), format!("listener.{}.pool", l.name), msg);
+            }
+            return ctx.err(Some(path.span()), format!("pool.{cache_pool}.health.path"), msg);
         }
         if let Some(u) = &raw_pool.upstream {
             // memcached and Redis servers are reached in their own protocols, never HTTP or TLS.
