@@ -420,22 +420,38 @@ impl Protocol for Memcached {
                 // server's head per key (a key asked twice is answered twice).
                 let blocks: Vec<Vec<(&[u8], &[u8])>> = answers.iter().map(|a| codec::value_blocks(a)).collect();
                 let mut heads = vec![0usize; blocks.len()];
-                for (key, fallback) in &keys {
+                let mut found: Vec<Option<&[u8]>> = Vec::with_capacity(keys.len());
+                for (key, _) in &keys {
                     let hit =
                         (0..blocks.len()).find(|&p| blocks[p].get(heads[p]).is_some_and(|(k, _)| *k == key.as_slice()));
-                    if let Some(p) = hit {
-                        b.out.extend_from_slice(blocks[p][heads[p]].1);
+                    found.push(hit.map(|p| {
                         heads[p] += 1;
-                        continue;
+                        blocks[p][heads[p] - 1].1
+                    }));
+                }
+                // A replicated pool's keys that missed, or failed, on their first copy: asked of
+                // their next copies, each copy's at once.
+                let todo = keys.iter().zip(&found).filter_map(|((key, fallback), hit)| match fallback {
+                    Fallback::Copies { first, rest } if hit.is_none() => {
+                        let missed = if answered.contains(first) { vec![*first] } else { Vec::new() };
+                        Some(replicated::Todo { key, rest, missed })
                     }
-                    match fallback {
-                        Fallback::None => {}
+                    _ => None,
+                });
+                let todo: Vec<replicated::Todo<'_>> = todo.collect();
+                let mut failed_over = replicated::resolve(b, todo).await.into_iter();
+                for ((key, fallback), hit) in keys.iter().zip(found) {
+                    match (hit, fallback) {
+                        (Some(block), _) => b.out.extend_from_slice(block),
+                        (None, Fallback::None) => {}
                         // A miss on a server within its handoff window: the warm-up route.
-                        Fallback::Warm { node, previous } => fill_from(b, (key, None), *previous, *node, true).await,
-                        // A miss, or a failure, on a key's first copy: the next copies.
-                        Fallback::Copies { first, rest } => {
-                            let missed = if answered.contains(first) { vec![*first] } else { Vec::new() };
-                            replicated::failover(b, key, missed, rest).await;
+                        (None, Fallback::Warm { node, previous }) => {
+                            fill_from(b, (key, None), *previous, *node, true).await;
+                        }
+                        (None, Fallback::Copies { .. }) => {
+                            if let Some(Some(block)) = failed_over.next() {
+                                b.out.extend_from_slice(&block);
+                            }
                         }
                     }
                 }
@@ -791,24 +807,43 @@ impl Value {
     }
 }
 
-/// The value of `key` on node `from` (`mg KEY v f t`, for its flags and remaining time to live),
-/// over the client's side connections: `Ok(None)` when it has none, `Err` when it failed to
-/// answer (counted against it).
-pub(crate) async fn read_value(b: &mut Batch<'_, Memcached>, key: &[u8], from: usize) -> Result<Option<Value>, ()> {
+/// The values of `keys` on node `from` (`mg KEY v f t` each, for its flags and remaining time to
+/// live, in one write), over the client's side connections, in the order of `keys`: `None` for a
+/// key it has not; `Err` when it failed to answer (counted against it).
+pub(crate) async fn read_values(
+    b: &mut Batch<'_, Memcached>,
+    keys: &[&[u8]],
+    from: usize,
+) -> Result<Vec<Option<Value>>, ()> {
     let Some(p) = b.side(from).await else { return Err(()) };
     let server = &mut b.side.0[p];
-    server.out.extend_from_slice(b"mg ");
-    server.out.extend_from_slice(&codec::meta_key(key));
-    server.out.extend_from_slice(b" v f t\r\n");
-    flush(b.side, b.s.answer).await;
-    let mut read = Vec::new();
-    if answer_into(&mut b.side.0[p], false, Answer::Meta, false, b.s.answer, &mut read).await.is_err() {
-        failed(b.worker(from), b.s);
-        b.side.sweep();
-        return Err(());
+    for key in keys {
+        server.out.extend_from_slice(b"mg ");
+        server.out.extend_from_slice(&codec::meta_key(key));
+        server.out.extend_from_slice(b" v f t\r\n");
     }
-    // VA <size> f<flags> t<ttl>\r\n<data>\r\n, or EN.
-    let Some((n, head)) = codec::line(&read) else { return Err(()) };
+    flush(b.side, b.s.answer).await;
+    let mut values = Vec::with_capacity(keys.len());
+    for _ in keys {
+        let mut read = Vec::new();
+        if answer_into(&mut b.side.0[p], false, Answer::Meta, false, b.s.answer, &mut read).await.is_err() {
+            failed(b.worker(from), b.s);
+            b.side.sweep();
+            return Err(());
+        }
+        values.push(parse_value(&read)?);
+    }
+    Ok(values)
+}
+
+/// The value of `key` on node `from` (see [`read_values`]).
+pub(crate) async fn read_value(b: &mut Batch<'_, Memcached>, key: &[u8], from: usize) -> Result<Option<Value>, ()> {
+    Ok(read_values(b, &[key], from).await?.pop().flatten())
+}
+
+/// A meta get's answer: `VA <size> f<flags> t<ttl>`, the data; or `EN`.
+fn parse_value(read: &[u8]) -> Result<Option<Value>, ()> {
+    let Some((n, head)) = codec::line(read) else { return Err(()) };
     let mut words = head.split(|&c| c == b' ');
     match words.next() {
         Some(b"VA") => {}

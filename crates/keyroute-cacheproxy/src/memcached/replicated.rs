@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use keyroute_cache_proto::memcache::{self as codec, Answer};
 
-use super::{Memcached, Pending, add_value, read_value, send_one};
+use super::{Memcached, Pending, add_value, read_values, send_one};
 use crate::driver::{Batch, Placed};
 use crate::servers::Slot;
 
@@ -214,44 +214,96 @@ pub(super) async fn get_answer(
     b.out.extend_from_slice(b"END\r\n");
 }
 
+/// A key that missed, or failed, on its first copy: the copies left to ask, in order, and those
+/// that answered a miss.
+pub(super) struct Todo<'k> {
+    pub(super) key: &'k [u8],
+    pub(super) rest: &'k [usize],
+    pub(super) missed: Vec<usize>,
+}
+
 /// A key that missed, or failed, on its first copy, asked of the `rest` in order: the first value
 /// found is appended to the client's answer as a `VALUE` block, and with `repair` added to the
 /// copies that answered a miss (`missed`, and those of `rest` before it). Whether one was found.
+pub(super) async fn failover(b: &mut Batch<'_, Memcached>, key: &[u8], missed: Vec<usize>, rest: &[usize]) -> bool {
+    match resolve(b, vec![Todo { key, rest, missed }]).await.pop().flatten() {
+        Some(block) => {
+            b.out.extend_from_slice(&block);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Each key of `todo` asked of its next copies, in rounds: a round asks every copy its keys at
+/// once (one write, pipelined `mg`s), so that a multi-get's misses cost a round trip a copy, not
+/// one a key. For each key, in `todo`'s order, its `VALUE` block when a copy had it.
 ///
 /// A repair races the key's writes as a hot key's fill does, and is fenced the same way
 /// ([`crate::copies`]): it takes the key's write epoch before the read, adds its value only if no
 /// write of the key was answered since, and holds the key's fill lock until the add is answered;
 /// a write, once answered, waits for that lock and deletes the key on the copies repaired meanwhile
 /// (a `delete` never answered before a repair brings back what it deleted).
-pub(super) async fn failover(b: &mut Batch<'_, Memcached>, key: &[u8], mut missed: Vec<usize>, rest: &[usize]) -> bool {
+pub(super) async fn resolve(b: &mut Batch<'_, Memcached>, mut todo: Vec<Todo<'_>>) -> Vec<Option<Vec<u8>>> {
     let repair = b.snap.config().replication.is_some_and(|r| r.repair);
-    let h = b.snap.policy().key_hash(key);
-    for &node in rest {
-        b.pool.metrics.replica_failovers.fetch_add(1, Relaxed);
-        // The repairs' epochs are taken before the value is read.
-        let fills: Vec<(usize, crate::copies::Fill)> = if repair {
-            let now = tokio::time::Instant::now();
-            missed.iter().map(|&m| (m, b.s.copies.begin_fill(h, b.worker(m).address, now))).collect()
-        } else {
-            Vec::new()
-        };
-        match read_value(b, key, node).await {
-            Ok(Some(value)) => {
-                value.block(key, b.out);
-                for (m, fill) in fills {
-                    let Some(landing) = b.s.copies.landing(fill).await else { continue };
-                    if add_value(b, key, &value, m).await {
-                        b.pool.metrics.replica_repairs.fetch_add(1, Relaxed);
-                    }
-                    b.s.copies.landed(landing, tokio::time::Instant::now());
-                }
-                return true;
+    let mut found: Vec<Option<Vec<u8>>> = vec![None; todo.len()];
+    let mut open: Vec<usize> = (0..todo.len()).filter(|&i| !todo[i].rest.is_empty()).collect();
+    while !open.is_empty() {
+        // This round: each open key's next copy, keys grouped by copy.
+        let mut by: Vec<(usize, Vec<usize>)> = Vec::new();
+        for &i in &open {
+            let node = todo[i].rest[0];
+            match by.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, list)) => list.push(i),
+                None => by.push((node, vec![i])),
             }
-            Ok(None) => missed.push(node),
-            Err(()) => {}
         }
+        for (node, list) in by {
+            b.pool.metrics.replica_failovers.fetch_add(list.len() as u64, Relaxed);
+            // The repairs' epochs are taken before the values are read.
+            let now = tokio::time::Instant::now();
+            let mut fills = Vec::new();
+            for &i in &list {
+                let h = b.snap.policy().key_hash(todo[i].key);
+                for &m in todo[i].missed.iter().filter(|_| repair) {
+                    fills.push(Some((i, m, b.s.copies.begin_fill(h, b.worker(m).address, now))));
+                }
+            }
+            let keys: Vec<&[u8]> = list.iter().map(|&i| todo[i].key).collect();
+            let values = read_values(b, &keys, node).await;
+            let mut values = match values {
+                Ok(v) => v.into_iter().map(Some).collect::<Vec<_>>(),
+                Err(()) => list.iter().map(|_| None).collect(),
+            };
+            for (at, &i) in list.iter().enumerate() {
+                match values[at].take() {
+                    Some(Some(value)) => {
+                        let mut block = Vec::new();
+                        value.block(todo[i].key, &mut block);
+                        found[i] = Some(block);
+                        let mine: Vec<_> = fills.iter_mut().filter_map(|f| f.take_if(|(j, ..)| *j == i)).collect();
+                        for (_, m, fill) in mine {
+                            let Some(landing) = b.s.copies.landing(fill).await else { continue };
+                            if add_value(b, todo[i].key, &value, m).await {
+                                b.pool.metrics.replica_repairs.fetch_add(1, Relaxed);
+                            }
+                            b.s.copies.landed(landing, tokio::time::Instant::now());
+                        }
+                        todo[i].rest = &[];
+                    }
+                    // A miss there: it is repaired too once a later copy has the value.
+                    Some(None) => {
+                        todo[i].missed.push(node);
+                        todo[i].rest = &todo[i].rest[1..];
+                    }
+                    // No answer: the next copy.
+                    None => todo[i].rest = &todo[i].rest[1..],
+                }
+            }
+        }
+        open.retain(|&i| found[i].is_none() && !todo[i].rest.is_empty());
     }
-    false
+    found
 }
 
 #[cfg(test)]
