@@ -323,6 +323,16 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
     });
     let help = "Placements by outcome: served by the key's owner, or spilled and why.";
     family(encoder, "keyroute_pool_requests", help, MetricType::Counter, outcomes)?;
+    let clusters: Vec<_> = snaps.iter().filter(|(_, s)| s.config().cluster.is_some()).collect();
+    if !clusters.is_empty() {
+        let rows = clusters.iter().flat_map(|(p, _)| {
+            ["moved", "ask"].iter().enumerate().map(|(i, kind)| {
+                (labels(&[("pool", &p.name), ("kind", kind)]), Value::Int(p.metrics.cluster_redirects[i].load(Relaxed)))
+            })
+        });
+        let help = "Redis Cluster pools: redirections followed (MOVED, ASK).";
+        family(encoder, "keyroute_pool_cluster_redirections", help, MetricType::Counter, rows)?;
+    }
     let shadowed: Vec<_> = snaps.iter().filter(|(_, s)| s.config().shadow.is_some()).collect();
     if !shadowed.is_empty() {
         let rows = shadowed.iter().flat_map(|(p, _)| {

@@ -12,6 +12,8 @@
 //! - [`conn`]: the one connection type, for side exchanges, checks and moves.
 //! - [`copies`]: where hot keys have copies, so that none is served older than the last write.
 //! - `shadow`: a share of a pool's commands copied to another pool (`[pool.shadow]`).
+//! - `cluster`: Redis Cluster behind a Redis listener (`[pool.cluster]`): the slot map, and
+//!   redirections followed.
 //! - `stash`: byte buffers lent by the runtime thread to the batch that needs one.
 //! - [`relocate`]: `keyroute move`, a store's keys moved after a membership change, on the same
 //!   codecs and connections.
@@ -20,6 +22,7 @@
 //! are below the driver: `driver` is used by `memcached` and `redis`, and uses `servers`,
 //! `pipe`, `conn` and `copies`, none of which use it.
 
+mod cluster;
 pub mod config;
 pub mod conn;
 pub mod copies;
@@ -98,6 +101,7 @@ pub fn check(listener: &CacheListener, pool: &Pool) -> Arc<dyn Check> {
 pub(crate) struct PoolState {
     pub(crate) copies: Arc<copies::Copies>,
     pub(crate) shadow: shadow::Shadow,
+    pub(crate) cluster: cluster::Cluster,
 }
 
 /// The pool's [`PoolState`], made on first use. Only the cache listeners use a pool's slot (the

@@ -77,7 +77,8 @@ pub(crate) enum Pending {
     /// One reply from one server (`node` of the batch's snapshot); `written`, a key the command
     /// writes in a pool with hot keys (its hash and bytes), whose copies on replicas are deleted
     /// once the server answered (see [`crate::driver::delete_copies`]).
-    One { server: usize, node: usize, written: Option<Written> },
+    /// `raw`: in a Redis Cluster pool, the command as sent, for a redirection to follow.
+    One { server: usize, node: usize, written: Option<Written>, raw: Option<Box<[u8]>> },
     /// A split command's parts: (server, node, the client's positions of its keys), and the keys
     /// it writes in a pool with hot keys, whose copies are deleted once the servers answered.
     Split { how: Merge, parts: Vec<(usize, usize, Positions)>, n: usize, written: Vec<(Written, usize)> },
@@ -347,11 +348,24 @@ impl Protocol for Redis {
     async fn answer(&mut self, b: &mut Batch<'_, Self>, p: Pending, slot: &[Slot], arena: &[u8]) {
         match p {
             Pending::Ready(bytes) => b.out.extend_from_slice(&bytes),
-            Pending::One { node, written, .. } => {
+            Pending::One { node, written, raw, .. } => {
                 match &slot[0] {
                     Ok(range) => {
                         b.succeeded(node);
-                        b.out.extend_from_slice(&arena[range.clone()]);
+                        let reply = &arena[range.clone()];
+                        match raw {
+                            // A Redis Cluster's redirection, followed.
+                            Some(raw) if crate::cluster::redirected(reply) => {
+                                let greeting = self.greetings[usize::from(self.resp3)].clone();
+                                match crate::cluster::follow(b.pool, greeting.as_deref(), reply, &raw).await {
+                                    Some(last) => b.out.extend_from_slice(&last),
+                                    None => b.out.extend_from_slice(
+                                        b"-ERR keyroute: the cluster's redirection could not be followed\r\n",
+                                    ),
+                                }
+                            }
+                            _ => b.out.extend_from_slice(reply),
+                        }
                     }
                     Err(why) => server_error(b, node, why),
                 }
@@ -622,10 +636,45 @@ async fn node_for(b: &mut Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Opt
 /// [`node_for`] of a key already placed (hashed once, and counted once in the pool's key
 /// statistics and hot-key detection).
 async fn node_of(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: &[u8]) -> Option<usize> {
+    if b.snap.config().cluster.is_some()
+        && let Some(node) = cluster_node(b, pw, key)
+    {
+        return Some(node);
+    }
     if let Some(node) = read_through(b, pw, hash, key).await {
         return Some(node);
     }
     b.pick(hash, &[], false).map(|d| d.node)
+}
+
+/// In a Redis Cluster pool, the member that serves `key`'s slot by the pool's map, if it knows
+/// one (the pool's refresh task starts here, with the servers' `AUTH`).
+fn cluster_node(b: &Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<usize> {
+    crate::cluster::start(&b.ctx.fleet, b.pool, greeting(pw, false));
+    let master = crate::cluster::master(b.pool, keyroute::slots::key_slot(key))?;
+    b.snap.workers().iter().position(|w| w.address == master)
+}
+
+/// A command of one key in a Redis Cluster pool: to its slot's master by the map (or, without
+/// one, where the pool's strategy places it: the cluster redirects it), the command kept for the
+/// redirection to follow.
+async fn cluster_one(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: &[u8], raw: &[u8]) -> Pending {
+    let direct = match cluster_node(b, pw, key) {
+        Some(node) => b.connect(node).await.map(|server| {
+            b.sent(node);
+            (server, node)
+        }),
+        None => None,
+    };
+    let placed = match direct {
+        Some(p) => Some(p),
+        None => b.place(hash, false).await,
+    };
+    let Some((server, node)) = placed else {
+        return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
+    };
+    b.servers.0[server].out.extend_from_slice(raw);
+    Pending::One { server, node, written: None, raw: Some(raw.into()) }
 }
 
 /// A key whose owner joined the pool within its handoff window, and was another member's before:
@@ -681,6 +730,9 @@ async fn one(
     raw: &[u8],
 ) -> Pending {
     let hash = placed(b, key);
+    if b.snap.config().cluster.is_some() {
+        return cluster_one(b, pw, hash, key, raw).await;
+    }
     let part = placed_part(b.snap.config().strategy, key);
     crate::shadow::offer(b, (part, hash), raw, crate::shadow::Frame::Redis, b.s.greeting.bytes.clone());
     let mut written = None;
@@ -715,7 +767,7 @@ async fn one(
     let owner = if replicas { hash.0.and_then(|h| Some((h, b.snap.policy().owner(h)?))) } else { None };
     match owner {
         Some((h, owner)) if owner != node => Pending::HotGet { server, node, owner, hash: h, key: key.to_vec() },
-        _ => Pending::One { server, node, written },
+        _ => Pending::One { server, node, written, raw: None },
     }
 }
 
@@ -801,6 +853,12 @@ fn bulk_payload(reply: &[u8]) -> Option<&[u8]> {
 
 /// A command whose keys must share a server (it is atomic there): sent whole to it, or refused.
 async fn together(b: &mut Batch<'_, Redis>, pw: Option<&str>, name: &str, keys: &[&[u8]], raw: &[u8]) -> Pending {
+    if b.snap.config().cluster.is_some() {
+        let first = keys.first().map(|k| keyroute::slots::key_slot(k));
+        if keys.iter().any(|k| Some(keyroute::slots::key_slot(k)) != first) {
+            return Pending::Ready(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n".to_vec());
+        }
+    }
     let mut nodes = Vec::with_capacity(keys.len());
     for k in keys {
         nodes.push(node_for(b, pw, k).await);
@@ -825,8 +883,10 @@ async fn split(
     items: &[&[u8]],
     stride: usize,
 ) -> Pending {
-    // node -> the client's positions of its keys (a few servers, a few keys each, on the stack)
-    let mut by_node: SmallVec<[(usize, Positions); 4]> = SmallVec::new();
+    // (node, slot in a cluster pool) -> the client's positions of its keys (a few servers, a few
+    // keys each, on the stack): a cluster's node takes a command of several keys of one slot.
+    let mut by_node: SmallVec<[((usize, u16), Positions); 4]> = SmallVec::new();
+    let cluster = b.snap.config().cluster.is_some();
     let n = items.len() / stride;
     let writes = matches!(how, Merge::Ok) || verb.eq_ignore_ascii_case(b"DEL") || verb.eq_ignore_ascii_case(b"UNLINK");
     let mut written = Vec::new();
@@ -849,22 +909,23 @@ async fn split(
         if let Some(h) = hot_hash {
             written.push(((h, key.to_vec()), node));
         }
-        match by_node.iter_mut().find(|(x, _)| *x == node) {
+        let group = (node, if cluster { keyroute::slots::key_slot(key) } else { 0 });
+        match by_node.iter_mut().find(|(x, _)| *x == group) {
             Some((_, positions)) => positions.push(i),
-            None => by_node.push((node, smallvec::smallvec![i])),
+            None => by_node.push((group, smallvec::smallvec![i])),
         }
     }
     // Every server's connection first: a part sent is a reply owed, so nothing is sent unless
     // every part can be.
     let mut conns: SmallVec<[usize; 4]> = SmallVec::with_capacity(by_node.len());
-    for (node, _) in &by_node {
+    for ((node, _), _) in &by_node {
         match b.connect(*node).await {
             Some(server) => conns.push(server),
             None => return Pending::Ready(b"-ERR keyroute: a server of these keys cannot be reached\r\n".to_vec()),
         }
     }
     let mut parts = Vec::with_capacity(by_node.len());
-    for ((node, positions), server) in by_node.into_iter().zip(conns) {
+    for (((node, _), positions), server) in by_node.into_iter().zip(conns) {
         b.sent(node);
         let words = std::iter::once(verb)
             .chain(positions.iter().flat_map(|&i| items[i * stride..(i + 1) * stride].iter().copied()));

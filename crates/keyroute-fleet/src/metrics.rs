@@ -217,6 +217,8 @@ pub struct PoolMetrics {
     /// Shadowed pools: commands copied to the shadow pool and answered there, failed there
     /// (no server, a lost connection, a timeout), and dropped because its queue was full.
     pub shadow: [AtomicU64; 3],
+    /// Redis Cluster pools: redirections followed, `MOVED` and `ASK`.
+    pub cluster_redirects: [AtomicU64; 2],
     /// gRPC calls by method and final status.
     pub grpc: GrpcCalls,
     /// Cache listeners: their commands by class, one table per protocol that serves the pool.

@@ -49,6 +49,16 @@ pub struct PoolConfig {
     pub slow_log: SlowLogConfig,
     /// Cache listeners: a share of the commands copied to another pool, if on.
     pub shadow: Option<ShadowConfig>,
+    /// Redis listeners: the pool is a Redis Cluster (its workers are seed nodes), if on.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[pool.cluster]`: a Redis Cluster behind a Redis listener; the slot map is asked for every
+/// `refresh`, and at once after a redirection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// How often the slot map is asked for.
+    pub refresh: Duration,
 }
 
 /// `[pool.shadow]`: a share of a cache pool's commands of one key, chosen by key hash (a key is
@@ -115,6 +125,7 @@ impl PoolConfig {
             replication: None,
             slow_log: SlowLogConfig::default(),
             shadow: None,
+            cluster: None,
         }
     }
 }

@@ -343,14 +343,6 @@ weight = 2
     /// handoff; each mistake named by its line and field.
     #[test]
     fn a_replicated_pool_is_a_memcached_listeners() {
-        let listener = |protocol: &str, section: &str| {
-            let text = with_section(section);
-            match protocol {
-                "http" => text,
-                p => text
-                    .replace("listen = \"127.0.0.1:0\"\n", &format!("listen = \"127.0.0.1:0\"\nprotocol = \"{p}\"\n")),
-            }
-        };
         let c = Config::parse(&listener("memcached", "[pool.replication]\ncopies = 2"), "k.toml").expect("valid");
         let r = c.pools[0].replication.expect("replicated");
         assert_eq!((r.copies, r.repair), (2, true));
@@ -432,6 +424,46 @@ weight = 2
             let err = Config::parse(&text, "k.toml").expect_err(&text);
             assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}\n{text}");
             assert!(err.message.contains(needle), "{err}");
+        }
+    }
+
+    /// `[pool.cluster]`: a Redis listener's pool, without what would place keys by the pool's own
+    /// table.
+    #[test]
+    fn a_cluster_pool_is_a_redis_listeners() {
+        let c = Config::parse(&listener("redis", "[pool.cluster]"), "k.toml").expect("valid");
+        assert_eq!(c.pools[0].cluster.map(|c| c.refresh), Some(Duration::from_secs(5)));
+        let c = Config::parse(&listener("redis", "[pool.cluster]\nrefresh_ms = 250"), "k.toml").expect("valid");
+        assert_eq!(c.pools[0].cluster.map(|c| c.refresh), Some(Duration::from_millis(250)));
+        for (text, line, field, needle) in [
+            (listener("redis", "[pool.cluster]\nrefresh_ms = 10"), 12, "pool.thumbs.cluster.refresh_ms", "100..="),
+            (
+                listener("memcached", "[pool.cluster]\nrefresh_ms = 1000"),
+                12,
+                "pool.thumbs.cluster",
+                "only a Redis listener",
+            ),
+            (listener("http", "[pool.cluster]\nrefresh_ms = 1000"), 11, "pool.thumbs.cluster", "only a Redis listener"),
+            (
+                listener("redis", "[pool.cluster]\nrefresh_ms = 1000\n[pool.handoff]\nwindow_ms = 1000"),
+                12,
+                "pool.thumbs.cluster",
+                "[pool.handoff]",
+            ),
+        ] {
+            let err = Config::parse(&text, "k.toml").expect_err(&text);
+            assert_eq!((err.line, err.field.as_str()), (Some(line), field), "{err}\n{text}");
+            assert!(err.message.contains(needle), "{err}");
+        }
+    }
+
+    /// GOOD with `section` inserted before the workers, its listener speaking `protocol` (`http`:
+    /// as it is).
+    fn listener(protocol: &str, section: &str) -> String {
+        let text = with_section(section);
+        match protocol {
+            "http" => text,
+            p => text.replace("listen = \"127.0.0.1:0\"\n", &format!("listen = \"127.0.0.1:0\"\nprotocol = \"{p}\"\n")),
         }
     }
 

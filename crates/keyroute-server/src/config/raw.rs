@@ -122,6 +122,7 @@ pub(super) struct RawPool {
     pub(super) replication: Option<RawReplication>,
     pub(super) slow_log: Option<RawSlowLog>,
     pub(super) shadow: Option<RawShadow>,
+    pub(super) cluster: Option<RawCluster>,
     pub(super) compat: Option<RawCompat>,
     pub(super) upstream: Option<RawUpstream>,
     #[serde(default)]
@@ -193,6 +194,13 @@ pub(super) struct RawSlowStart {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawHandoff {
     pub(super) window_ms: Spanned<u64>,
+}
+
+/// `[pool.cluster]`: a Redis Cluster behind a Redis listener.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCluster {
+    pub(super) refresh_ms: Option<Spanned<u64>>,
 }
 
 /// `[pool.shadow]`: a share of a cache pool's commands copied to another pool.

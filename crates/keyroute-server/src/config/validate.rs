@@ -234,6 +234,30 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
             return ctx.err(Some(raw_shadow.pool.span()), field, msg);
         }
     }
+    // A Redis Cluster pool is a Redis listener's only (and no pool's shadow: its copies would not
+    // follow the cluster's redirections).
+    for (at, pool) in pools.iter().enumerate() {
+        if pool.cluster.is_none() {
+            continue;
+        }
+        let at_span = raw.pool[at].cluster.as_ref().and_then(|c| c.refresh_ms.as_ref().map(Spanned::span));
+        let at_span = at_span.unwrap_or_else(|| raw.pool[at].name.span());
+        let other = listeners.iter().find(|l| match (l.cache(), l.http()) {
+            (Some(c), _) => c.pools().any(|p| p == pool.name) && c.protocol != CacheProtocol::Redis,
+            (_, Some(h)) => h.routes.iter().any(|route| route.pool == at),
+            _ => false,
+        });
+        let shadowed = pools.iter().any(|p| p.shadow.as_ref().is_some_and(|s| s.pool == pool.name));
+        let msg = match (other, shadowed) {
+            (Some(l), _) => format!(
+                "pool '{}' is a Redis Cluster, which only a Redis listener serves, and listener '{}' serves it otherwise",
+                pool.name, l.name
+            ),
+            (None, true) => format!("pool '{}' is a Redis Cluster, which cannot be a shadow", pool.name),
+            (None, false) => continue,
+        };
+        return ctx.err(Some(at_span), format!("pool.{}.cluster", pool.name), msg);
+    }
     // A replicated pool is a memcached listener's: its writes to every copy are that
     // listener's doing, and anything else would reach one copy.
     for (at, pool) in pools.iter().enumerate() {
@@ -719,6 +743,7 @@ fn validate_pool(
         replication: validate_replication(ctx, p, name, strategy)?,
         slow_log: validate_slow_log(ctx, p, name)?,
         shadow: validate_shadow(ctx, p, name)?,
+        cluster: validate_cluster(ctx, p, name)?,
     };
     let upstream = validate_upstream(ctx, p, name)?;
     let http = HttpPoolConfig {
@@ -1491,6 +1516,34 @@ fn validate_replication(
     }
     let repair = r.repair.as_ref().is_none_or(|b| *b.get_ref());
     Ok(Some(keyroute_fleet::config::ReplicationConfig { copies: copies as usize, repair }))
+}
+
+/// `[pool.cluster]`: its refresh (100 ms to 10 min, 5 s by default); not with what places keys
+/// by the pool's own table (hot keys, the handoff, replication) or copies them (a shadow). The
+/// listeners that may serve it are checked with them.
+fn validate_cluster(
+    ctx: &Ctx<'_>,
+    p: &RawPool,
+    name: &str,
+) -> Result<Option<keyroute_fleet::config::ClusterConfig>, ConfigError> {
+    let Some(c) = &p.cluster else { return Ok(None) };
+    let field = |f: &str| format!("pool.{name}.cluster.{f}");
+    let refresh = ranged(ctx, c.refresh_ms.as_ref(), 5_000, 100, 600_000, field("refresh_ms"))?;
+    let at = c.refresh_ms.as_ref().map_or_else(|| p.name.span(), Spanned::span);
+    for (what, set) in [
+        ("hot_keys", p.hot_keys.is_some()),
+        ("handoff", p.handoff.is_some()),
+        ("replication", p.replication.is_some()),
+        ("shadow", p.shadow.is_some()),
+    ] {
+        if set {
+            let msg = format!(
+                "a Redis Cluster places keys by its own slots, which [pool.{what}] would not follow: remove one of them"
+            );
+            return ctx.err(Some(at), format!("pool.{name}.cluster"), msg);
+        }
+    }
+    Ok(Some(keyroute_fleet::config::ClusterConfig { refresh: Duration::from_millis(refresh) }))
 }
 
 /// `[pool.shadow]`: its share and queue (the pool it names is checked with the listeners).
