@@ -19,11 +19,15 @@
 //!   one command to its master; `MSETNX` and `EVAL` need all their keys in one slot (else Redis's
 //!   `CROSSSLOT`).
 //!
-//! Not done: reads from replicas (`READONLY`); the redirection of a split command's parts (a part
-//! redirected while its slot moves answers the client an error, as `TRYAGAIN` would).
+//! Not done: reads from replicas (`READONLY`); following the redirection of a split command's
+//! part (a part redirected while its slot moves answers `-TRYAGAIN`, as Redis Cluster does for a
+//! command of several keys; a command of several keys waits for the pool's first map, up to a
+//! second, so that it is split on it); nodes named by host name (a map or redirection naming one
+//! is not taken: the command answers an error).
 
-use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -45,7 +49,8 @@ const HOPS: usize = 5;
 pub(crate) struct Cluster {
     map: ArcSwapOption<SlotMap>,
     refresh: tokio::sync::Notify,
-    started: OnceLock<()>,
+    /// Whether the pool's refresh task runs (it clears this when it ends).
+    running: AtomicBool,
 }
 
 /// Which master serves each slot.
@@ -63,15 +68,23 @@ impl SlotMap {
         self.masters.get(usize::from(i)).copied()
     }
 
-    /// The map from a `CLUSTER SLOTS` reply: `[[start, end, [ip, port, ...], replicas...], ...]`.
-    fn parse(reply: &[u8]) -> Option<SlotMap> {
+    /// The map from a `CLUSTER SLOTS` reply: `[[start, end, [ip, port, ...], replicas...], ...]`,
+    /// given by the node at `from` (a node that does not know its own address says `""`, `?` or
+    /// null: it is `from`'s). A node named by host name only is refused (the map is not taken).
+    fn parse(reply: &[u8], from: SocketAddr) -> Option<SlotMap> {
         let mut masters: Vec<SocketAddr> = Vec::new();
         let mut owner = vec![u16::MAX; SLOTS].into_boxed_slice();
         for range in resp::elements(reply)? {
             let fields = resp::elements(range)?;
             let (start, end) = (integer(fields.first()?)?, integer(fields.get(1)?)?);
             let node = resp::elements(fields.get(2)?)?;
-            let ip: std::net::IpAddr = std::str::from_utf8(bulk(node.first()?)?).ok()?.parse().ok()?;
+            let host = node.first()?;
+            let ip: IpAddr = match bulk(host) {
+                None if host.starts_with(b"$-1") || host.starts_with(b"_") => from.ip(),
+                Some(b"") | Some(b"?") => from.ip(),
+                Some(text) => std::str::from_utf8(text).ok()?.parse().ok()?,
+                None => return None,
+            };
             let port = u16::try_from(integer(node.get(1)?)?).ok()?;
             let addr = SocketAddr::new(ip, port);
             let i = match masters.iter().position(|m| *m == addr) {
@@ -120,8 +133,17 @@ pub(crate) fn master(pool: &Pool, slot: u16) -> Option<SocketAddr> {
 /// sent first, the servers' `AUTH`).
 pub(crate) fn start(fleet: &Arc<Fleet>, pool: &Arc<Pool>, greeting: Option<Arc<[u8]>>) {
     let state = of(pool);
-    if state.cluster.started.set(()).is_ok() {
-        tokio::spawn(run(Arc::clone(fleet), pool.name.clone(), greeting));
+    if state.cluster.running.compare_exchange(false, true, SeqCst, SeqCst).is_ok() {
+        tokio::spawn(run(Arc::clone(fleet), Arc::downgrade(pool), greeting));
+    }
+}
+
+/// Waits (at most `limit`) for the pool's first slot map: a command of several keys is split by
+/// slot, and a part sent where the map does not say would come back redirected.
+pub(crate) async fn first_map(pool: &Pool, limit: Duration) {
+    let until = tokio::time::Instant::now() + limit;
+    while of(pool).cluster.map.load().is_none() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -130,18 +152,25 @@ fn refresh_soon(pool: &Pool) {
     of(pool).cluster.refresh.notify_one();
 }
 
-/// The refresh task of cluster pool `name`: the map asked for every `refresh_ms`, or at once when
-/// woken; ends with the pool.
-async fn run(fleet: Arc<Fleet>, name: String, greeting: Option<Arc<[u8]>>) {
+/// The refresh task of a cluster pool: the map asked for every `refresh_ms`, or when woken (at
+/// most every 100 ms); ends when the pool is gone from the fleet (a reload removed or replaced
+/// it) or is no longer a cluster, and may then be started again.
+async fn run(fleet: Arc<Fleet>, pool: Weak<Pool>, greeting: Option<Arc<[u8]>>) {
     loop {
-        let Some(pool) = fleet.pool(&name) else { return };
-        let Some(every) = pool.snapshot().config().cluster.map(|c| c.refresh) else { return };
-        let state = of(&pool);
-        match discover(&pool, &state, greeting.as_deref()).await {
-            Some(map) => apply(&pool, &state, map),
-            None => tracing::warn!(pool = %name, "no node of the cluster answered CLUSTER SLOTS"),
+        let Some(current) = pool.upgrade() else { return };
+        let state = of(&current);
+        let serving = fleet.pool(&current.name).is_some_and(|p| Arc::ptr_eq(&p, &current));
+        let every = current.snapshot().config().cluster.map(|c| c.refresh);
+        let Some(every) = every.filter(|_| serving) else {
+            state.cluster.running.store(false, SeqCst);
+            return;
+        };
+        match discover(&current, &state, greeting.as_deref()).await {
+            Some(map) => apply(&current, &state, map),
+            None => tracing::warn!(pool = %current.name, "no node of the cluster answered CLUSTER SLOTS"),
         }
-        drop(pool);
+        drop(current);
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let woken = state.cluster.refresh.notified();
         let _ = tokio::time::timeout(every, woken).await;
     }
@@ -174,7 +203,7 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
             resp::command(&mut request, [&b"CLUSTER"[..], b"SLOTS"].into_iter());
             conn.write(&request).await.ok()?;
             let n = conn.frame(|b| resp::reply_len(b).map_err(|_| crate::conn::Garbled)).await.ok()?;
-            SlotMap::parse(&conn.buffered()[..n])
+            SlotMap::parse(&conn.buffered()[..n], addr)
         };
         if let Ok(Some(map)) = tokio::time::timeout(timeout.max(Duration::from_millis(500)), ask).await
             && !map.masters.is_empty()
@@ -185,11 +214,9 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
     None
 }
 
-/// A new map in force: the pool's members become its masters, and the map is published.
+/// A new map in force: the pool's members become its masters (again, after a reload set them to
+/// the seeds: nothing is published when they are the same), and the map is published.
 fn apply(pool: &Pool, state: &crate::PoolState, map: SlotMap) {
-    if state.cluster.map.load().as_deref() == Some(&map) {
-        return;
-    }
     let members: Vec<Member> = map
         .masters
         .iter()
@@ -214,7 +241,10 @@ fn redirection(reply: &[u8]) -> Option<(bool, u16, SocketAddr)> {
     };
     let text = std::str::from_utf8(rest).ok()?.trim_end();
     let (slot, addr) = text.split_once(' ')?;
-    Some((ask, slot.parse().ok()?, addr.parse().ok()?))
+    // HOST:PORT, the host an IP (v6 written without brackets); a host name is not followed.
+    let (host, port) = addr.rsplit_once(':')?;
+    let ip: IpAddr = host.trim_start_matches('[').trim_end_matches(']').parse().ok()?;
+    Some((ask, slot.parse().ok()?, SocketAddr::new(ip, port.parse().ok()?)))
 }
 
 /// Whether a reply is a redirection.
@@ -229,7 +259,12 @@ pub(crate) async fn follow(pool: &Pool, greeting: Option<&[u8]>, reply: &[u8], r
     let (connect, timeout) = (snap.config().connect_timeout, snap.config().retry.per_try_timeout);
     let mut reply = reply.to_vec();
     for _ in 0..HOPS {
-        let Some((ask, slot, addr)) = redirection(&reply) else { return Some(reply) };
+        if !redirected(&reply) {
+            return Some(reply);
+        }
+        // A redirection keyroute cannot read (a host name) is not passed on: the client speaks
+        // plain Redis.
+        let (ask, slot, addr) = redirection(&reply)?;
         pool.metrics.cluster_redirects[usize::from(ask)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if !ask {
             patch(pool, slot, addr);
@@ -261,23 +296,34 @@ pub(crate) async fn follow(pool: &Pool, greeting: Option<&[u8]>, reply: &[u8], r
 /// The map with `slot` served by `addr` (a `MOVED` says so before the next refresh does).
 fn patch(pool: &Pool, slot: u16, addr: SocketAddr) {
     let state = of(pool);
-    let Some(current) = state.cluster.map.load_full() else { return };
-    if current.master(slot) == Some(addr) {
-        return;
-    }
-    let mut masters = current.masters.clone();
-    let i = match masters.iter().position(|m| *m == addr) {
-        Some(i) => i,
-        None => {
-            masters.push(addr);
-            masters.len() - 1
+    // As one update of whatever map is there (a refresh may store a newer one meanwhile).
+    state.cluster.map.rcu(|current| {
+        let current = current.as_ref()?;
+        if current.master(slot) == Some(addr) {
+            return Some(Arc::clone(current));
         }
-    };
-    let mut owner = current.owner.clone();
-    if let (Some(o), Ok(i)) = (owner.get_mut(usize::from(slot)), u16::try_from(i)) {
-        *o = i;
-    }
-    state.cluster.map.store(Some(Arc::new(SlotMap { masters, owner })));
+        let mut masters = current.masters.clone();
+        let i = match masters.iter().position(|m| *m == addr) {
+            Some(i) => i,
+            None => {
+                masters.push(addr);
+                masters.len() - 1
+            }
+        };
+        let mut owner = current.owner.clone();
+        if let (Some(o), Ok(i)) = (owner.get_mut(usize::from(slot)), u16::try_from(i)) {
+            *o = i;
+        }
+        Some(Arc::new(SlotMap { masters, owner }))
+    });
+}
+
+/// A split command's part redirected (its slot moved under it): refreshes the map, and gives the
+/// client `TRYAGAIN` (as Redis Cluster does for a command of several keys in a moving slot)
+/// rather than the redirection.
+pub(crate) fn part_redirected(pool: &Pool) -> &'static [u8] {
+    refresh_soon(pool);
+    b"-TRYAGAIN keyroute: a slot of these keys is moving; try again\r\n"
 }
 
 #[cfg(test)]
@@ -292,12 +338,19 @@ mod tests {
                 format!("*3\r\n:{start}\r\n:{end}\r\n*3\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$2\r\nid\r\n").as_bytes(),
             );
         }
-        let map = SlotMap::parse(&reply).expect("a map");
+        let from: SocketAddr = "127.0.0.1:7000".parse().expect("addr");
+        let map = SlotMap::parse(&reply, from).expect("a map");
         assert_eq!(map.master(0), Some("127.0.0.1:7000".parse().expect("addr")));
         assert_eq!(map.master(5461), Some("127.0.0.1:7001".parse().expect("addr")));
         assert_eq!(map.master(16383), Some("127.0.0.1:7001".parse().expect("addr")));
-        assert!(SlotMap::parse(b"*1\r\n*3\r\n:5\r\n:16384\r\n*2\r\n$9\r\n127.0.0.1\r\n:1\r\n").is_none());
-        assert!(SlotMap::parse(b"+OK\r\n").is_none());
+        assert!(SlotMap::parse(b"*1\r\n*3\r\n:5\r\n:16384\r\n*2\r\n$9\r\n127.0.0.1\r\n:1\r\n", from).is_none());
+        assert!(SlotMap::parse(b"+OK\r\n", from).is_none());
+        // A node that does not know its address: the one that answered.
+        let empty = SlotMap::parse(b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$0\r\n\r\n:7005\r\n", from).expect("a map");
+        assert_eq!(empty.master(9), Some("127.0.0.1:7005".parse().expect("addr")));
+        assert!(SlotMap::parse(b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$6\r\nnode-b\r\n:7005\r\n", from).is_none());
+        assert_eq!(redirection(b"-MOVED 1 fe80::1:6381\r\n").map(|r| r.2.port()), Some(6381));
+        assert_eq!(redirection(b"-MOVED 1 node-b:6381\r\n"), None);
         assert_eq!(
             redirection(b"-MOVED 3999 127.0.0.1:6381\r\n"),
             Some((false, 3999, "127.0.0.1:6381".parse().expect("addr")))

@@ -356,7 +356,9 @@ impl Protocol for Redis {
                         match raw {
                             // A Redis Cluster's redirection, followed.
                             Some(raw) if crate::cluster::redirected(reply) => {
-                                let greeting = self.greetings[usize::from(self.resp3)].clone();
+                                // The protocol the batch's connections speak (the client's when
+                                // it was sent, whatever a later HELLO of the batch says).
+                                let greeting = b.s.greeting.bytes.clone();
                                 match crate::cluster::follow(b.pool, greeting.as_deref(), reply, &raw).await {
                                     Some(last) => b.out.extend_from_slice(&last),
                                     None => b.out.extend_from_slice(
@@ -396,7 +398,15 @@ impl Protocol for Redis {
                     match result {
                         Ok(range) => {
                             b.succeeded(node);
-                            replies.push((&arena[range.clone()], positions));
+                            let reply = &arena[range.clone()];
+                            // A cluster part whose slot moved under it: TRYAGAIN, not the
+                            // redirection (the client speaks plain Redis).
+                            let reply = if crate::cluster::redirected(reply) {
+                                crate::cluster::part_redirected(b.pool)
+                            } else {
+                                reply
+                            };
+                            replies.push((reply, positions));
                         }
                         Err(why) => {
                             b.failed(node);
@@ -887,6 +897,11 @@ async fn split(
     // keys each, on the stack): a cluster's node takes a command of several keys of one slot.
     let mut by_node: SmallVec<[((usize, u16), Positions); 4]> = SmallVec::new();
     let cluster = b.snap.config().cluster.is_some();
+    if cluster {
+        // Split on the cluster's map: its first one is waited for (a second at most).
+        crate::cluster::start(&b.ctx.fleet, b.pool, greeting(pw, false));
+        crate::cluster::first_map(b.pool, Duration::from_secs(1)).await;
+    }
     let n = items.len() / stride;
     let writes = matches!(how, Merge::Ok) || verb.eq_ignore_ascii_case(b"DEL") || verb.eq_ignore_ascii_case(b"UNLINK");
     let mut written = Vec::new();

@@ -77,6 +77,15 @@ fn node(dir: &std::path::Path) -> (Proc, SocketAddr) {
     (Proc(child), SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
+/// Whether a `CLUSTER NODES` line's slot ranges hold `slot`.
+fn slot_in(line: &str, slot: &str) -> bool {
+    let Ok(slot) = slot.parse::<u32>() else { return false };
+    line.split(' ').skip(8).any(|r| match r.split_once('-') {
+        Some((a, b)) => a.parse::<u32>().is_ok_and(|a| a <= slot) && b.parse::<u32>().is_ok_and(|b| slot <= b),
+        None => r.parse::<u32>() == Ok(slot),
+    })
+}
+
 fn redis_cli(args: &[&str]) -> String {
     let out =
         Command::new("redis-cli").args(args).stdin(Stdio::null()).output().expect("redis-cli (Debian redis-tools)");
@@ -136,6 +145,33 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
         w["pools"][0]["workers"].as_array().map(Vec::len) == Some(3)
     })
     .await;
+    // A slot being migrated by hand: a key already moved is answered by its new node after ASK.
+    let masters: Vec<SocketAddr> =
+        nodes.iter().map(|(_, a)| *a).filter(|a| redis_cli(&["-p", &port(a), "role"]).starts_with("master")).collect();
+    assert_eq!(masters.len(), 3);
+    let id = |a: &SocketAddr| redis_cli(&["-p", &port(a), "cluster", "myid"]).trim().to_owned();
+    let slot = redis_cli(&["-p", &port(&masters[0]), "cluster", "keyslot", "asked"]).trim().to_owned();
+    let owner = masters
+        .iter()
+        .copied()
+        .find(|m| {
+            let nodes = redis_cli(&["-p", &port(m), "cluster", "nodes"]);
+            nodes.lines().any(|l| l.contains("myself") && l.contains("master") && slot_in(l, &slot))
+        })
+        .expect("the slot's master");
+    let target = masters.iter().copied().find(|m| *m != owner).expect("another master");
+    assert_eq!(ask(&mut c, &cmd(&["SET", "asked", "here"])).await, "+OK\r\n");
+    redis_cli(&["-p", &port(&target), "cluster", "setslot", &slot, "importing", &id(&owner)]);
+    redis_cli(&["-p", &port(&owner), "cluster", "setslot", &slot, "migrating", &id(&target)]);
+    redis_cli(&["-p", &port(&owner), "migrate", "127.0.0.1", &port(&target), "asked", "0", "5000"]);
+    assert_eq!(ask(&mut c, &cmd(&["GET", "asked"])).await, "$4\r\nhere\r\n");
+    let (_, m) = admin(&gw, "GET", "/metrics", "", None).await;
+    let ask_line = "keyroute_pool_cluster_redirections_total{pool=\"cluster\",kind=\"ask\"} 1";
+    assert!(m.as_str().is_some_and(|m| m.contains(ask_line)), "{m}");
+    for node in [&target, &owner] {
+        redis_cli(&["-p", &port(node), "cluster", "setslot", &slot, "node", &id(&target)]);
+    }
+    assert_eq!(ask(&mut c, &cmd(&["GET", "asked"])).await, "$4\r\nhere\r\n");
     // A writer and a reader through keyroute while 3,000 slots move from one master to another.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut load = tokio::task::JoinSet::new();
@@ -167,10 +203,6 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
         });
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let id = |a: &SocketAddr| redis_cli(&["-p", &port(a), "cluster", "myid"]).trim().to_owned();
-    let masters: Vec<SocketAddr> =
-        nodes.iter().map(|(_, a)| *a).filter(|a| redis_cli(&["-p", &port(a), "role"]).starts_with("master")).collect();
-    assert_eq!(masters.len(), 3);
     let (from, to) = (id(&masters[0]), id(&masters[1]));
     let seed = masters[0].to_string();
     let reshard = tokio::task::spawn_blocking(move || {

@@ -831,7 +831,15 @@ pub(crate) async fn read_values(
             b.side.sweep();
             return Err(());
         }
-        values.push(parse_value(&read)?);
+        let Ok(value) = parse_value(&read) else {
+            // Not a meta answer: the copy's later answers cannot be told apart; the connection
+            // is dropped.
+            failed(b.worker(from), b.s);
+            b.side.0[p].broken = true;
+            b.side.sweep();
+            return Err(());
+        };
+        values.push(value);
     }
     Ok(values)
 }

@@ -1535,6 +1535,8 @@ fn validate_cluster(
         ("handoff", p.handoff.is_some()),
         ("replication", p.replication.is_some()),
         ("shadow", p.shadow.is_some()),
+        // Its members are the cluster's masters: another source would overwrite them.
+        ("membership", p.membership.is_some()),
     ] {
         if set {
             let msg = format!(
