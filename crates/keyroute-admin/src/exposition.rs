@@ -316,33 +316,19 @@ impl Collector for Scrape {
 /// Placements by outcome, the pool counters, the membership source of etcd-backed pools, and the
 /// pools' generations.
 fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Result<(), std::fmt::Error> {
-    let outcomes = snaps.iter().flat_map(|(p, _)| {
-        OUTCOMES.iter().enumerate().map(|(i, o)| {
-            (labels(&[("pool", &p.name), ("outcome", o)]), Value::Int(p.metrics.outcomes[i].load(Relaxed)))
-        })
-    });
+    let all = |_: &Snapshot| true;
     let help = "Placements by outcome: served by the key's owner, or spilled and why.";
-    family(encoder, "keyroute_pool_requests", help, MetricType::Counter, outcomes)?;
-    let clusters: Vec<_> = snaps.iter().filter(|(_, s)| s.config().cluster.is_some()).collect();
-    if !clusters.is_empty() {
-        let rows = clusters.iter().flat_map(|(p, _)| {
-            ["moved", "ask"].iter().enumerate().map(|(i, kind)| {
-                (labels(&[("pool", &p.name), ("kind", kind)]), Value::Int(p.metrics.cluster_redirects[i].load(Relaxed)))
-            })
-        });
-        let help = "Redis Cluster pools: redirections followed (MOVED, ASK).";
-        family(encoder, "keyroute_pool_cluster_redirections", help, MetricType::Counter, rows)?;
-    }
-    let shadowed: Vec<_> = snaps.iter().filter(|(_, s)| s.config().shadow.is_some()).collect();
-    if !shadowed.is_empty() {
-        let rows = shadowed.iter().flat_map(|(p, _)| {
-            keyroute_fleet::metrics::SHADOW_OUTCOMES.iter().enumerate().map(|(i, o)| {
-                (labels(&[("pool", &p.name), ("outcome", o)]), Value::Int(p.metrics.shadow[i].load(Relaxed)))
-            })
-        });
-        let help = "Cache listeners: commands copied to the pool's shadow pool, by what became of them.";
-        family(encoder, "keyroute_pool_shadow_commands", help, MetricType::Counter, rows)?;
-    }
+    by_label(encoder, ("keyroute_pool_requests", help), snaps, all, ("outcome", &OUTCOMES), |m| &m.outcomes)?;
+    let help = "Redis Cluster pools: redirections followed (MOVED, ASK).";
+    let clusters = |s: &Snapshot| s.config().cluster.is_some();
+    let kinds = ["moved", "ask"];
+    by_label(encoder, ("keyroute_pool_cluster_redirections", help), snaps, clusters, ("kind", &kinds), |m| {
+        &m.cluster_redirects
+    })?;
+    let help = "Cache listeners: commands copied to the pool's shadow pool, by what became of them.";
+    let shadowed = |s: &Snapshot| s.config().shadow.is_some();
+    let outcomes = &keyroute_fleet::metrics::SHADOW_OUTCOMES;
+    by_label(encoder, ("keyroute_pool_shadow_commands", help), snaps, shadowed, ("outcome", outcomes), |m| &m.shadow)?;
     let rows = |encoder: &mut DescriptorEncoder<'_>, table: &[PoolRow], pools: &[&Arc<Pool>]| {
         for (name, help, kind, get) in table {
             family(encoder, name, help, *kind, pools.iter().map(|p| (labels(&[("pool", &p.name)]), get(p))))?;
@@ -389,6 +375,27 @@ fn encode_pools(encoder: &mut DescriptorEncoder<'_>, snaps: &Snaps<'_>) -> Resul
     }
     let generations = snaps.iter().map(|(p, s)| (labels(&[("pool", &p.name)]), Value::Int(s.generation())));
     family(encoder, "keyroute_pool_generation", "The pool snapshot's generation.", MetricType::Gauge, generations)
+}
+
+/// A counter family of one sample per pool (those `which` takes) and label value: `values[i]`
+/// is counted in `counters(metrics)[i]`. No pool taken: no family.
+fn by_label(
+    encoder: &mut DescriptorEncoder<'_>,
+    (name, help): (&str, &str),
+    snaps: &Snaps<'_>,
+    which: impl Fn(&Snapshot) -> bool,
+    (label, values): (&'static str, &[&str]),
+    counters: impl Fn(&keyroute_fleet::metrics::PoolMetrics) -> &[AtomicU64],
+) -> Result<(), std::fmt::Error> {
+    let taken: Vec<&Arc<Pool>> = snaps.iter().filter(|(_, s)| which(s)).map(|(p, _)| *p).collect();
+    if taken.is_empty() {
+        return Ok(());
+    }
+    let rows = taken.iter().flat_map(|p| {
+        let counts = counters(&p.metrics);
+        values.iter().zip(counts).map(|(v, n)| (labels(&[("pool", &p.name), (label, v)]), Value::Int(n.load(Relaxed))))
+    });
+    family(encoder, name, help, MetricType::Counter, rows)
 }
 
 /// Cache listeners' commands by pool, protocol and class: counts, errors and latency (the

@@ -26,7 +26,7 @@
 //! is not taken: the command answers an error).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -119,22 +119,19 @@ fn bulk(reply: &[u8]) -> Option<&[u8]> {
     body.get(at + 1..)?.strip_suffix(b"\r\n")
 }
 
-/// The cluster state of `pool` (made on first use).
-fn of(pool: &Pool) -> Arc<crate::PoolState> {
-    crate::state(pool)
-}
-
 /// The master that serves `slot` now by the pool's map, if it has one.
 pub(crate) fn master(pool: &Pool, slot: u16) -> Option<SocketAddr> {
-    of(pool).cluster.map.load().as_ref()?.master(slot)
+    crate::state(pool).cluster.map.load().as_ref()?.master(slot)
 }
 
 /// Starts the pool's refresh task if it is not running (`greeting`: what a new connection is
-/// sent first, the servers' `AUTH`).
-pub(crate) fn start(fleet: &Arc<Fleet>, pool: &Arc<Pool>, greeting: Option<Arc<[u8]>>) {
-    let state = of(pool);
-    if state.cluster.running.compare_exchange(false, true, SeqCst, SeqCst).is_ok() {
-        tokio::spawn(run(Arc::clone(fleet), Arc::downgrade(pool), greeting));
+/// sent first, the servers' `AUTH`, made only then: this is asked for every command).
+pub(crate) fn start(fleet: &Arc<Fleet>, pool: &Arc<Pool>, greeting: impl FnOnce() -> Option<Arc<[u8]>>) {
+    let state = crate::state(pool);
+    if !state.cluster.running.load(Relaxed)
+        && state.cluster.running.compare_exchange(false, true, SeqCst, SeqCst).is_ok()
+    {
+        tokio::spawn(run(Arc::clone(fleet), Arc::downgrade(pool), greeting()));
     }
 }
 
@@ -142,14 +139,14 @@ pub(crate) fn start(fleet: &Arc<Fleet>, pool: &Arc<Pool>, greeting: Option<Arc<[
 /// slot, and a part sent where the map does not say would come back redirected.
 pub(crate) async fn first_map(pool: &Pool, limit: Duration) {
     let until = tokio::time::Instant::now() + limit;
-    while of(pool).cluster.map.load().is_none() && tokio::time::Instant::now() < until {
+    while crate::state(pool).cluster.map.load().is_none() && tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
 /// Asks the pool's refresh task for a new map now (after a redirection).
 fn refresh_soon(pool: &Pool) {
-    of(pool).cluster.refresh.notify_one();
+    crate::state(pool).cluster.refresh.notify_one();
 }
 
 /// The refresh task of a cluster pool: the map asked for every `refresh_ms`, or when woken (at
@@ -158,7 +155,7 @@ fn refresh_soon(pool: &Pool) {
 async fn run(fleet: Arc<Fleet>, pool: Weak<Pool>, greeting: Option<Arc<[u8]>>) {
     loop {
         let Some(current) = pool.upgrade() else { return };
-        let state = of(&current);
+        let state = crate::state(&current);
         let serving = fleet.pool(&current.name).is_some_and(|p| Arc::ptr_eq(&p, &current));
         let every = current.snapshot().config().cluster.map(|c| c.refresh);
         let Some(every) = every.filter(|_| serving) else {
@@ -295,7 +292,7 @@ pub(crate) async fn follow(pool: &Pool, greeting: Option<&[u8]>, reply: &[u8], r
 
 /// The map with `slot` served by `addr` (a `MOVED` says so before the next refresh does).
 fn patch(pool: &Pool, slot: u16, addr: SocketAddr) {
-    let state = of(pool);
+    let state = crate::state(pool);
     // As one update of whatever map is there (a refresh may store a newer one meanwhile).
     state.cluster.map.rcu(|current| {
         let current = current.as_ref()?;

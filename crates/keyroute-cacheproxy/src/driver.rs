@@ -280,11 +280,18 @@ impl<P: Protocol> Batch<'_, P> {
         pick(self.pool, self.snap, hash, tried, self.now, replicas)
     }
 
-    /// The server for a key: its placement, walking its ranking past servers that cannot be
-    /// reached (nothing was sent to them), up to the pool's attempts; the request counted in
-    /// flight there. Returns the connection's index and the node; `None` (counted as no worker)
-    /// when none could be reached.
-    pub(crate) async fn place(&mut self, hash: Placed, replicas: bool) -> Option<(usize, usize)> {
+    /// The server for a key: node `to` when one is given and it can be reached (a key's new owner
+    /// within a handoff, a replicated key's first copy, a cluster slot's master), else its
+    /// placement, walking its ranking past servers that cannot be reached (nothing was sent to
+    /// them), up to the pool's attempts; the request counted in flight there. Returns the
+    /// connection's index and the node; `None` (counted as no worker) when none could be reached.
+    pub(crate) async fn place(&mut self, to: Option<usize>, hash: Placed, replicas: bool) -> Option<(usize, usize)> {
+        if let Some(node) = to
+            && let Some(server) = self.connect(node).await
+        {
+            self.sent(node);
+            return Some((server, node));
+        }
         let mut tried = Vec::new();
         while tried.len() < self.s.attempts {
             let Some(d) = self.pick(hash, &tried, replicas) else { break };

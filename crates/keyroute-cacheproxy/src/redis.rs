@@ -660,7 +660,7 @@ async fn node_of(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: 
 /// In a Redis Cluster pool, the member that serves `key`'s slot by the pool's map, if it knows
 /// one (the pool's refresh task starts here, with the servers' `AUTH`).
 fn cluster_node(b: &Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<usize> {
-    crate::cluster::start(&b.ctx.fleet, b.pool, greeting(pw, false));
+    crate::cluster::start(&b.ctx.fleet, b.pool, || greeting(pw, false));
     let master = crate::cluster::master(b.pool, keyroute::slots::key_slot(key))?;
     b.snap.workers().iter().position(|w| w.address == master)
 }
@@ -669,18 +669,8 @@ fn cluster_node(b: &Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<us
 /// one, where the pool's strategy places it: the cluster redirects it), the command kept for the
 /// redirection to follow.
 async fn cluster_one(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: &[u8], raw: &[u8]) -> Pending {
-    let direct = match cluster_node(b, pw, key) {
-        Some(node) => b.connect(node).await.map(|server| {
-            b.sent(node);
-            (server, node)
-        }),
-        None => None,
-    };
-    let placed = match direct {
-        Some(p) => Some(p),
-        None => b.place(hash, false).await,
-    };
-    let Some((server, node)) = placed else {
+    let to = cluster_node(b, pw, key);
+    let Some((server, node)) = b.place(to, hash, false).await else {
         return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
     };
     b.servers.0[server].out.extend_from_slice(raw);
@@ -743,8 +733,10 @@ async fn one(
     if b.snap.config().cluster.is_some() {
         return cluster_one(b, pw, hash, key, raw).await;
     }
-    let part = placed_part(b.snap.config().strategy, key);
-    crate::shadow::offer(b, (part, hash), raw, crate::shadow::Frame::Redis, b.s.greeting.bytes.clone());
+    if b.snap.config().shadow.is_some() {
+        let part = placed_part(b.snap.config().strategy, key);
+        crate::shadow::offer(b, (part, hash), raw, crate::shadow::Frame::Redis, b.s.greeting.bytes.clone());
+    }
     let mut written = None;
     let mut replicas = false;
     if let Some(h) = hash.0
@@ -758,17 +750,9 @@ async fn one(
             written = Some((h, key.to_vec()));
         }
     }
-    let placed = match read_through(b, pw, hash, key).await {
-        Some(node) => match b.connect(node).await {
-            Some(server) => {
-                b.sent(node);
-                Some((server, node))
-            }
-            None => b.place(hash, false).await,
-        },
-        None => b.place(hash, replicas).await,
-    };
-    let Some((server, node)) = placed else {
+    // A key read through from its previous owner goes to its new one (then, as any key, placed).
+    let to = read_through(b, pw, hash, key).await;
+    let Some((server, node)) = b.place(to, hash, replicas && to.is_none()).await else {
         return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
     };
     b.servers.0[server].out.extend_from_slice(raw);
@@ -899,7 +883,7 @@ async fn split(
     let cluster = b.snap.config().cluster.is_some();
     if cluster {
         // Split on the cluster's map: its first one is waited for (a second at most).
-        crate::cluster::start(&b.ctx.fleet, b.pool, greeting(pw, false));
+        crate::cluster::start(&b.ctx.fleet, b.pool, || greeting(pw, false));
         crate::cluster::first_map(b.pool, Duration::from_secs(1)).await;
     }
     let n = items.len() / stride;

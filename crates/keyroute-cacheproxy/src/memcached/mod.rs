@@ -472,7 +472,7 @@ async fn keyed(b: &mut Batch<'_, Memcached>, key: &[u8], request: &[u8], meta_ge
     crate::shadow::offer(b, (key, hash), request, frame, None);
     let write = !meta_get;
     if let (Some(r), Some(h)) = (b.snap.config().replication, hash.0) {
-        let copies = replicated::copies(b, h, r.copies);
+        let copies = b.snap.copies(h, r.copies, b.now);
         if write {
             return replicated::write(b, hash, &copies, (key, request), quiet, answer).await;
         }
@@ -531,7 +531,7 @@ async fn retrieve_one(b: &mut Batch<'_, Memcached>, kind: codec::Retrieval, key:
     let frame = crate::shadow::Frame::Memcached { retrieval: true, answer: Answer::Line, quiet: false };
     crate::shadow::offer(b, (key, hash), request, frame, None);
     if let (Some(r), Some(h)) = (b.snap.config().replication, hash.0) {
-        let copies = replicated::copies(b, h, r.copies);
+        let copies = b.snap.copies(h, r.copies, b.now);
         if kind == codec::Retrieval::Get {
             return replicated::get(b, hash, copies, key, request).await;
         }
@@ -597,7 +597,7 @@ async fn retrieve_many(
         let hash = b.placed(key, key);
         // A replicated pool's key: its first copy, the others behind it for a `get`.
         let mut copies = match (b.snap.config().replication, hash.0) {
-            (Some(r), Some(h)) => replicated::copies(b, h, r.copies),
+            (Some(r), Some(h)) => b.snap.copies(h, r.copies, b.now),
             _ => Vec::new(),
         };
         // Within a handoff the key's new owner, as for one key.
@@ -671,18 +671,7 @@ async fn send_one(
     answer: Answer,
     replicas: bool,
 ) -> Pending {
-    let direct = match to {
-        Some(node) => b.connect(node).await.map(|server| {
-            b.sent(node);
-            (server, node)
-        }),
-        None => None,
-    };
-    let placed = match direct {
-        Some(d) => Some(d),
-        None => b.place(hash, replicas).await,
-    };
-    let Some((server, node)) = placed else {
+    let Some((server, node)) = b.place(to, hash, replicas).await else {
         return Pending::Ready(b"SERVER_ERROR no server available\r\n");
     };
     let out = &mut b.servers.0[server].out;

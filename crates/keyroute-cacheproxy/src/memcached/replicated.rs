@@ -34,11 +34,6 @@ use super::{Memcached, Pending, add_value, read_values, send_one};
 use crate::driver::{Batch, Placed};
 use crate::servers::Slot;
 
-/// The servers that hold key `h`'s copies, in order ([`keyroute_fleet::pool::Snapshot::copies`]).
-pub(super) fn copies(b: &Batch<'_, Memcached>, h: u64, n: usize) -> Vec<usize> {
-    b.snap.copies(h, n, b.now)
-}
-
 /// Whether a write sets its key whatever the key held (then every copy takes it): `set`,
 /// `delete`, `touch`, `ms` in set mode without a CAS, `md` without a CAS.
 pub(super) fn unconditional(request: &[u8]) -> bool {
