@@ -289,6 +289,28 @@ pub fn reply_len(buf: &[u8]) -> Result<Option<usize>, Unframed> {
     }
 }
 
+/// The answer to a greeting of one or several commands (what a proxy sends first on a new
+/// server connection: `AUTH`, `HELLO 3`, `READONLY`): `None` while it is not all there (a reply a
+/// command), else whether every reply accepted its command (a status, or `HELLO`'s map). An
+/// answer that is not RESP accepted nothing.
+pub fn greeted(greeting: &[u8], answer: &[u8]) -> Option<bool> {
+    let mut ok = true;
+    let (mut asked, mut answered) = (0, 0);
+    while asked < greeting.len() {
+        let Ok(Some((n, _))) = request(&greeting[asked..], usize::MAX) else { return Some(false) };
+        asked += n;
+        match reply_len(&answer[answered..]) {
+            Ok(Some(m)) => {
+                ok &= matches!(answer[answered], b'+' | b'%');
+                answered += m;
+            }
+            Ok(None) => return None,
+            Err(_) => return Some(false),
+        }
+    }
+    Some(ok)
+}
+
 /// The elements of an array reply (each a whole reply), or `None` when `reply` is not an array.
 pub fn elements(reply: &[u8]) -> Option<Vec<&[u8]>> {
     if reply.first() != Some(&b'*') {
@@ -414,6 +436,25 @@ pub fn check_invariants(bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_greeting_is_answered_by_a_reply_a_command() {
+        let mut g = Vec::new();
+        command(&mut g, [&b"AUTH"[..], b"pw"].into_iter());
+        command(&mut g, [&b"READONLY"[..]].into_iter());
+        assert_eq!(greeted(&g, b""), None);
+        assert_eq!(greeted(&g, b"+OK\r\n"), None);
+        assert_eq!(greeted(&g, b"+OK\r\n+O"), None);
+        assert_eq!(greeted(&g, b"+OK\r\n+OK\r\n"), Some(true));
+        assert_eq!(greeted(&g, b"-WRONGPASS x\r\n+OK\r\n"), Some(false));
+        assert_eq!(greeted(&g, b"+OK\r\n-ERR cluster support disabled\r\n"), Some(false));
+        assert_eq!(greeted(&g, b"?\r\n"), Some(false));
+        // HELLO's map is an acceptance.
+        let mut hello = Vec::new();
+        command(&mut hello, [&b"HELLO"[..], b"3"].into_iter());
+        assert_eq!(greeted(&hello, b"%1\r\n+server\r\n+redis\r\n"), Some(true));
+        assert_eq!(greeted(&hello, b"%1\r\n+server\r\n"), None);
+    }
 
     #[test]
     fn lengths_are_written_in_decimal() {

@@ -3,13 +3,21 @@
 //!
 //! - **The slot map**: the pool's `[[pool.worker]]`s are seed nodes. A task per pool asks a known
 //!   node for `CLUSTER SLOTS` (the map's nodes first, then the seeds), every `refresh_ms` and at
-//!   once after a redirection, and keeps the map: which master serves each of the 16,384 slots.
-//!   The pool's members become the masters (as a membership source's would), so that connections,
-//!   health, ejection and metrics are theirs.
+//!   once after a redirection, and keeps the map: which master, and which replicas, serve each of
+//!   the 16,384 slots. The pool's members become the masters (and the replicas, when they serve
+//!   reads), as a membership source's would, so that connections, health, ejection and metrics
+//!   are theirs.
 //! - **Placement**: a key's slot is Redis Cluster's (CRC16 of its `{hash tag}`, mod 16,384); its
 //!   command goes to the master the map names for it. Before the first map (or for a master not
 //!   yet a member), the command goes where the pool's strategy places it, and the cluster
 //!   redirects it.
+//! - **Reads from replicas** (`replica_reads`, `READONLY` sent on every connection of the pool):
+//!   `always`, every reading command; `hot`, a hot key's (`[pool.hot_keys]`, detected as in any
+//!   pool) over the first `r` of its slot's nodes, `r` its replica count. Such a read goes to the
+//!   least loaded (commands in flight) of the slot's healthy master and replicas, ties taken in
+//!   turn. A replica is as new as Redis's asynchronous replication made it; so that a client
+//!   reads what it wrote through this proxy, a key written through it is read from its master
+//!   for the next second ([`PIN`]).
 //! - **Redirections**: a `-MOVED SLOT HOST:PORT` reply sends the command again to that node (the
 //!   map is patched for the slot and refreshed); `-ASK SLOT HOST:PORT` sends it there after
 //!   `ASKING` (a slot being migrated: the map is not changed). Up to five hops; the client gets the
@@ -19,22 +27,24 @@
 //!   one command to its master; `MSETNX` and `EVAL` need all their keys in one slot (else Redis's
 //!   `CROSSSLOT`).
 //!
-//! Not done: reads from replicas (`READONLY`); following the redirection of a split command's
-//! part (a part redirected while its slot moves answers `-TRYAGAIN`, as Redis Cluster does for a
-//! command of several keys; a command of several keys waits for the pool's first map, up to a
-//! second, so that it is split on it); nodes named by host name (a map or redirection naming one
-//! is not taken: the command answers an error).
+//! Not done: following the redirection of a split command's part (a part redirected while its
+//! slot moves answers `-TRYAGAIN`, as Redis Cluster does for a command of several keys; a command
+//! of several keys waits for the pool's first map, up to a second, so that it is split on it);
+//! nodes named by host name (a map or redirection naming a master by one is not taken: the
+//! command answers an error; a replica named by one is left out).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use keyroute_cache_proto::resp;
 use keyroute_fleet::Fleet;
+use keyroute_fleet::config::ReplicaReads;
 use keyroute_fleet::config::WorkerConfig;
-use keyroute_fleet::pool::{Member, Pool};
+use keyroute_fleet::pool::{Member, Pool, Snapshot, State};
+use tokio::time::Instant;
 
 use crate::conn::ServerConn;
 
@@ -44,56 +54,107 @@ const SLOTS: usize = 16_384;
 /// The most redirections one command follows.
 const HOPS: usize = 5;
 
+/// How long a key written through the proxy is read from its master only (a replica may not have
+/// the write yet).
+pub(crate) const PIN: Duration = Duration::from_secs(1);
+
+/// The keys' last writes are kept in this many places (by key hash; two keys that share one share
+/// their pin, which only sends a read to its master).
+const PINS: usize = 16_384;
+
 /// A cluster pool's state: its slot map, and its refresh task's wake-up.
-#[derive(Default)]
 pub(crate) struct Cluster {
     map: ArcSwapOption<SlotMap>,
     refresh: tokio::sync::Notify,
     /// Whether the pool's refresh task runs (it clears this when it ends).
     running: AtomicBool,
+    /// Where the next read that may go to a replica starts looking (ties taken in turn).
+    turn: AtomicUsize,
+    /// When each place of [`PINS`] was last written, in ms since `epoch` (0: never), made on first
+    /// use (a pool whose replicas serve reads).
+    written: std::sync::OnceLock<Box<[AtomicU32]>>,
+    epoch: Instant,
 }
 
-/// Which master serves each slot.
+impl Default for Cluster {
+    fn default() -> Cluster {
+        Cluster {
+            map: ArcSwapOption::empty(),
+            refresh: tokio::sync::Notify::new(),
+            running: AtomicBool::new(false),
+            turn: AtomicUsize::new(0),
+            written: std::sync::OnceLock::new(),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl Cluster {
+    fn pins(&self) -> &[AtomicU32] {
+        self.written.get_or_init(|| (0..PINS).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    /// `now` in ms since the state was made, never 0.
+    fn ms(&self, now: Instant) -> u32 {
+        (now.saturating_duration_since(self.epoch).as_millis() as u32).max(1)
+    }
+}
+
+/// Which nodes serve each slot.
 #[derive(Debug, PartialEq)]
 pub(crate) struct SlotMap {
-    masters: Vec<SocketAddr>,
-    /// Each slot's master: an index into `masters`, or `u16::MAX` for a slot no node serves.
+    /// Each shard's nodes: its master, then its replicas.
+    shards: Vec<Box<[SocketAddr]>>,
+    /// Each slot's shard: an index into `shards`, or `u16::MAX` for a slot no node serves.
     owner: Box<[u16]>,
 }
 
 impl SlotMap {
+    /// The nodes of `slot`, its master first, if one serves it.
+    fn shard(&self, slot: u16) -> Option<&[SocketAddr]> {
+        let i = *self.owner.get(usize::from(slot))?;
+        self.shards.get(usize::from(i)).map(|s| &s[..])
+    }
+
     /// The master of `slot`, if one serves it.
     fn master(&self, slot: u16) -> Option<SocketAddr> {
-        let i = *self.owner.get(usize::from(slot))?;
-        self.masters.get(usize::from(i)).copied()
+        self.shard(slot)?.first().copied()
+    }
+
+    /// The masters.
+    fn masters(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.shards.iter().filter_map(|s| s.first().copied())
+    }
+
+    /// Every node: the masters, then the replicas.
+    fn nodes(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.masters().chain(self.shards.iter().flat_map(|s| s.iter().skip(1).copied()))
+    }
+
+    /// The shard whose master is `addr`, added (without replicas) when there is none.
+    fn shard_of(shards: &mut Vec<Box<[SocketAddr]>>, master: SocketAddr, replicas: Vec<SocketAddr>) -> usize {
+        match shards.iter().position(|s| s.first() == Some(&master)) {
+            Some(i) => i,
+            None => {
+                shards.push(std::iter::once(master).chain(replicas).collect());
+                shards.len() - 1
+            }
+        }
     }
 
     /// The map from a `CLUSTER SLOTS` reply: `[[start, end, [ip, port, ...], replicas...], ...]`,
     /// given by the node at `from` (a node that does not know its own address says `""`, `?` or
-    /// null: it is `from`'s). A node named by host name only is refused (the map is not taken).
+    /// null: it is `from`'s). A master named by host name only is refused (the map is not taken);
+    /// a replica named so is left out.
     fn parse(reply: &[u8], from: SocketAddr) -> Option<SlotMap> {
-        let mut masters: Vec<SocketAddr> = Vec::new();
+        let mut shards: Vec<Box<[SocketAddr]>> = Vec::new();
         let mut owner = vec![u16::MAX; SLOTS].into_boxed_slice();
         for range in resp::elements(reply)? {
             let fields = resp::elements(range)?;
             let (start, end) = (integer(fields.first()?)?, integer(fields.get(1)?)?);
-            let node = resp::elements(fields.get(2)?)?;
-            let host = node.first()?;
-            let ip: IpAddr = match bulk(host) {
-                None if host.starts_with(b"$-1") || host.starts_with(b"_") => from.ip(),
-                Some(b"") | Some(b"?") => from.ip(),
-                Some(text) => std::str::from_utf8(text).ok()?.parse().ok()?,
-                None => return None,
-            };
-            let port = u16::try_from(integer(node.get(1)?)?).ok()?;
-            let addr = SocketAddr::new(ip, port);
-            let i = match masters.iter().position(|m| *m == addr) {
-                Some(i) => i,
-                None => {
-                    masters.push(addr);
-                    masters.len() - 1
-                }
-            };
+            let master = address(fields.get(2)?, Some(from))?;
+            let replicas = fields[3..].iter().filter_map(|r| address(r, None)).collect();
+            let i = SlotMap::shard_of(&mut shards, master, replicas);
             let (start, end) = (usize::try_from(start).ok()?, usize::try_from(end).ok()?);
             if start > end || end >= SLOTS {
                 return None;
@@ -102,8 +163,23 @@ impl SlotMap {
                 *slot = u16::try_from(i).ok()?;
             }
         }
-        Some(SlotMap { masters, owner })
+        Some(SlotMap { shards, owner })
     }
+}
+
+/// A node of a `CLUSTER SLOTS` range (`[ip, port, id, ...]`); one that does not know its address
+/// is `from`'s when that is given (the answering node's).
+fn address(node: &[u8], from: Option<SocketAddr>) -> Option<SocketAddr> {
+    let node = resp::elements(node)?;
+    let host = node.first()?;
+    let ip: IpAddr = match bulk(host) {
+        None if host.starts_with(b"$-1") || host.starts_with(b"_") => from?.ip(),
+        Some(b"") | Some(b"?") => from?.ip(),
+        Some(text) => std::str::from_utf8(text).ok()?.parse().ok()?,
+        None => return None,
+    };
+    let port = u16::try_from(integer(node.get(1)?)?).ok()?;
+    Some(SocketAddr::new(ip, port))
 }
 
 /// A RESP integer reply's value.
@@ -119,9 +195,60 @@ fn bulk(reply: &[u8]) -> Option<&[u8]> {
     body.get(at + 1..)?.strip_suffix(b"\r\n")
 }
 
-/// The master that serves `slot` now by the pool's map, if it has one.
-pub(crate) fn master(pool: &Pool, slot: u16) -> Option<SocketAddr> {
-    crate::state(pool).cluster.map.load().as_ref()?.master(slot)
+/// The member of `snap` a command of `slot` goes to by the pool's map: the slot's master, or, for
+/// a read that may go to `readers` > 1 of the slot's nodes (its master first, then its replicas),
+/// the least loaded of those that are healthy members (commands in flight; ties taken in turn).
+/// `None` without a map, or when the node is not a member (yet).
+pub(crate) fn node(pool: &Pool, snap: &Snapshot, slot: u16, readers: usize, now: Instant) -> Option<usize> {
+    let state = crate::state(pool);
+    let map = state.cluster.map.load();
+    let shard = map.as_ref()?.shard(slot)?;
+    let member = |a: &SocketAddr| snap.workers().iter().position(|w| w.address == *a);
+    let n = readers.min(shard.len());
+    if n <= 1 {
+        return member(shard.first()?);
+    }
+    let start = state.cluster.turn.fetch_add(1, Relaxed);
+    let mut best: Option<(u64, usize)> = None;
+    for k in 0..n {
+        let Some(i) = member(&shard[(start + k) % n]) else { continue };
+        let w = &snap.workers()[i];
+        if w.state_with(now, Duration::ZERO) != State::Healthy {
+            continue;
+        }
+        let load = w.in_flight();
+        if best.is_none_or(|(least, _)| load < least) {
+            best = Some((load, i));
+        }
+    }
+    best.map(|(_, i)| i).or_else(|| member(shard.first()?))
+}
+
+/// How many of a slot's nodes a command of one key may go to (see [`node`]): 1 (its master) but
+/// for a read in a pool whose replicas serve reads (`hot`: `hot_replicas`, the key's replica count
+/// when it is hot), of a key not written through the proxy within [`PIN`] (`pin`: its hash).
+pub(crate) fn readers(pool: &Pool, reads: ReplicaReads, hot_replicas: usize, pin: u64, now: Instant) -> usize {
+    let readers = match reads {
+        ReplicaReads::Never => return 1,
+        ReplicaReads::Hot => hot_replicas,
+        ReplicaReads::Always => usize::MAX,
+    };
+    if readers <= 1 {
+        return 1;
+    }
+    let state = crate::state(pool);
+    let at = state.cluster.pins()[(pin % PINS as u64) as usize].load(Relaxed);
+    let pinned = at != 0 && state.cluster.ms(now).wrapping_sub(at) < PIN.as_millis() as u32;
+    if pinned { 1 } else { readers }
+}
+
+/// Notes a write of the key hashed `pin` at `now`, in a pool whose replicas serve reads: its reads
+/// go to its master for the next [`PIN`].
+pub(crate) fn written(pool: &Pool, reads: ReplicaReads, pin: u64, now: Instant) {
+    if reads != ReplicaReads::Never {
+        let state = crate::state(pool);
+        state.cluster.pins()[(pin % PINS as u64) as usize].store(state.cluster.ms(now), Relaxed);
+    }
 }
 
 /// Starts the pool's refresh task if it is not running (`greeting`: what a new connection is
@@ -179,7 +306,7 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
     let timeout = snap.config().retry.per_try_timeout;
     let connect = snap.config().connect_timeout;
     let mut candidates: Vec<SocketAddr> =
-        state.cluster.map.load().as_ref().map(|m| m.masters.clone()).unwrap_or_default();
+        state.cluster.map.load().as_ref().map(|m| m.nodes().collect()).unwrap_or_default();
     for w in snap.workers() {
         if !candidates.contains(&w.address) {
             candidates.push(w.address);
@@ -194,7 +321,7 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
         let ask = async {
             let mut conn = ServerConn::open(addr, connect).await.ok()?;
             if let Some(g) = greeting {
-                conn.greet(g, |a| matches!(resp::reply_len(a), Ok(Some(_)))).await.ok()?;
+                conn.greet_within(g, resp::greeted, timeout).await.ok()?;
             }
             let mut request = Vec::new();
             resp::command(&mut request, [&b"CLUSTER"[..], b"SLOTS"].into_iter());
@@ -203,7 +330,7 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
             SlotMap::parse(&conn.buffered()[..n], addr)
         };
         if let Ok(Some(map)) = tokio::time::timeout(timeout.max(Duration::from_millis(500)), ask).await
-            && !map.masters.is_empty()
+            && !map.shards.is_empty()
         {
             return Some(map);
         }
@@ -211,20 +338,23 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
     None
 }
 
-/// A new map in force: the pool's members become its masters (again, after a reload set them to
-/// the seeds: nothing is published when they are the same), and the map is published.
+/// A new map in force: the pool's members become its masters, and its replicas when they serve
+/// reads (again, after a reload set them to the seeds: nothing is published when they are the
+/// same), and the map is published.
 fn apply(pool: &Pool, state: &crate::PoolState, map: SlotMap) {
-    let members: Vec<Member> = map
-        .masters
-        .iter()
+    let reads = pool.snapshot().config().cluster.map_or(ReplicaReads::Never, |c| c.replica_reads);
+    let nodes: Vec<SocketAddr> =
+        if reads == ReplicaReads::Never { map.masters().collect() } else { map.nodes().collect() };
+    let members: Vec<Member> = nodes
+        .into_iter()
         .map(|a| Member {
-            worker: WorkerConfig { name: a.to_string(), address: *a, weight: 1, zone: None, id: None },
+            worker: WorkerConfig { name: a.to_string(), address: a, weight: 1, zone: None, id: None },
             draining: false,
             at_this_gateway: false,
         })
         .collect();
     if let Err(e) = pool.set_members(&members) {
-        tracing::warn!(pool = %pool.name, error = %e, "the cluster's masters could not become the pool's members");
+        tracing::warn!(pool = %pool.name, error = %e, "the cluster's nodes could not become the pool's members");
     }
     state.cluster.map.store(Some(Arc::new(map)));
 }
@@ -270,7 +400,7 @@ pub(crate) async fn follow(pool: &Pool, greeting: Option<&[u8]>, reply: &[u8], r
         let exchange = async {
             let mut conn = ServerConn::open(addr, connect).await.ok()?;
             if let Some(g) = greeting {
-                conn.greet(g, |a| matches!(resp::reply_len(a), Ok(Some(_)))).await.ok()?;
+                conn.greet_within(g, resp::greeted, timeout).await.ok()?;
             }
             let mut request = Vec::new();
             if ask {
@@ -299,19 +429,13 @@ fn patch(pool: &Pool, slot: u16, addr: SocketAddr) {
         if current.master(slot) == Some(addr) {
             return Some(Arc::clone(current));
         }
-        let mut masters = current.masters.clone();
-        let i = match masters.iter().position(|m| *m == addr) {
-            Some(i) => i,
-            None => {
-                masters.push(addr);
-                masters.len() - 1
-            }
-        };
+        let mut shards = current.shards.clone();
+        let i = SlotMap::shard_of(&mut shards, addr, Vec::new());
         let mut owner = current.owner.clone();
         if let (Some(o), Ok(i)) = (owner.get_mut(usize::from(slot)), u16::try_from(i)) {
             *o = i;
         }
-        Some(Arc::new(SlotMap { masters, owner }))
+        Some(Arc::new(SlotMap { shards, owner }))
     });
 }
 
@@ -346,6 +470,24 @@ mod tests {
         let empty = SlotMap::parse(b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$0\r\n\r\n:7005\r\n", from).expect("a map");
         assert_eq!(empty.master(9), Some("127.0.0.1:7005".parse().expect("addr")));
         assert!(SlotMap::parse(b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$6\r\nnode-b\r\n:7005\r\n", from).is_none());
+        // Replicas, after the master: two ranges of one master are one shard; a replica named by
+        // host name is left out.
+        let node = |host: &str, port: u16| format!("*2\r\n${}\r\n{host}\r\n:{port}\r\n", host.len());
+        let mut reply = b"*3\r\n".to_vec();
+        for (start, end, nodes) in [
+            (0, 99, vec![node("127.0.0.1", 7000), node("127.0.0.1", 7100), node("replica-b", 7200)]),
+            (100, 16000, vec![node("127.0.0.1", 7001)]),
+            (16001, 16383, vec![node("127.0.0.1", 7000), node("127.0.0.1", 7100)]),
+        ] {
+            reply.extend_from_slice(format!("*{}\r\n:{start}\r\n:{end}\r\n", 2 + nodes.len()).as_bytes());
+            reply.extend_from_slice(nodes.concat().as_bytes());
+        }
+        let map = SlotMap::parse(&reply, from).expect("a map");
+        let a = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        assert_eq!(map.shard(5), Some(&[a(7000), a(7100)][..]));
+        assert_eq!(map.shard(16383), Some(&[a(7000), a(7100)][..]));
+        assert_eq!(map.shard(100), Some(&[a(7001)][..]));
+        assert_eq!(map.nodes().collect::<Vec<_>>(), [a(7000), a(7001), a(7100)]);
         assert_eq!(redirection(b"-MOVED 1 fe80::1:6381\r\n").map(|r| r.2.port()), Some(6381));
         assert_eq!(redirection(b"-MOVED 1 node-b:6381\r\n"), None);
         assert_eq!(

@@ -57,7 +57,7 @@ impl ServerConn {
     /// # Errors
     ///
     /// The connection failed or closed first.
-    pub async fn greet(&mut self, greeting: &[u8], whole: fn(&[u8]) -> bool) -> std::io::Result<Bytes> {
+    pub async fn greet(&mut self, greeting: &[u8], whole: impl Fn(&[u8]) -> bool) -> std::io::Result<Bytes> {
         self.stream.write_all(greeting).await?;
         while !whole(&self.buf) && self.buf.len() < 64 * 1024 {
             if self.fill().await? == 0 {
@@ -65,6 +65,28 @@ impl ServerConn {
             }
         }
         Ok(self.buf.split().freeze())
+    }
+
+    /// [`ServerConn::greet`] within `limit`, its answer judged by `greeted` (`None` while it
+    /// has not all come, else whether the server accepted the greeting).
+    ///
+    /// # Errors
+    ///
+    /// [`CONNECTION_LOST`]: the connection failed, the time ran out, or the server refused.
+    pub async fn greet_within(
+        &mut self,
+        greeting: &[u8],
+        greeted: fn(&[u8], &[u8]) -> Option<bool>,
+        limit: std::time::Duration,
+    ) -> Result<(), Lost> {
+        let answer = tokio::time::timeout(limit, self.greet(greeting, |a| greeted(greeting, a).is_some()))
+            .await
+            .map_err(|_| CONNECTION_LOST)?
+            .map_err(|_| CONNECTION_LOST)?;
+        match greeted(greeting, &answer) {
+            Some(true) => Ok(()),
+            _ => Err(CONNECTION_LOST),
+        }
     }
 
     /// The server's address.

@@ -25,6 +25,7 @@ use std::thread::LocalKey;
 use std::time::Duration;
 
 use bytes::{Buf as _, BytesMut};
+use keyroute_fleet::config::PoolConfig;
 use keyroute_fleet::idle::IdleTimer;
 use keyroute_fleet::metrics::{CommandMetrics, Outcome};
 use keyroute_fleet::pool::{InFlightBatch, Pool, Snapshot, WorkerState};
@@ -64,14 +65,15 @@ pub(crate) trait Protocol: Send + Sized + 'static {
     /// Whether `input` begins with a whole command (the next batch starts without a read).
     fn whole(&self, input: &[u8]) -> bool;
 
-    /// What a new server connection is sent first, for this client now.
-    fn greeting(&self) -> Option<Arc<[u8]>> {
+    /// What a new connection to a server of `pool` is sent first, for this client now.
+    fn greeting(&self, _pool: &PoolConfig) -> Option<Arc<[u8]>> {
         None
     }
 
-    /// Whether a greeting's answer has all come.
-    fn greeting_whole(_answer: &[u8]) -> bool {
-        true
+    /// The answer to `greeting`: `None` while it has not all come, else whether the server
+    /// accepted it.
+    fn greeted(_greeting: &[u8], _answer: &[u8]) -> Option<bool> {
+        Some(true)
     }
 
     /// Plans the first command of `input` (what the client sent, not yet served): parses it, and
@@ -398,8 +400,8 @@ async fn batch<P: Protocol>(
         attempts: config.retry.attempts.max(1) as usize,
         may_eject: snap.may_eject(),
         greeting: Greeting {
-            bytes: proto.greeting(),
-            whole: P::greeting_whole,
+            bytes: proto.greeting(config),
+            greeted: P::greeted,
             write_timeout: config.retry.per_try_timeout,
         },
         copies: crate::copies::of(&pool),

@@ -62,6 +62,7 @@ use std::time::Duration;
 
 use keyroute_cache_proto::commands::{self, Access};
 use keyroute_cache_proto::resp as codec;
+use keyroute_fleet::config::{PoolConfig, ReplicaReads};
 
 use smallvec::SmallVec;
 use tokio::time::Instant;
@@ -156,6 +157,8 @@ pub(crate) struct Redis {
     /// The proxy's greeting to each server it connects to, for each protocol the client may
     /// speak.
     greetings: [Option<Arc<[u8]>>; 2],
+    /// The same with `READONLY` (a cluster pool whose replicas serve reads), made on first use.
+    readonly: std::sync::OnceLock<[Option<Arc<[u8]>>; 2]>,
     /// The servers' password, which `MIGRATE` gives the new owner.
     server_password: Option<Arc<str>>,
     authenticated: bool,
@@ -173,6 +176,7 @@ impl Redis {
             max_item,
             password: password.map(Arc::from),
             greetings: [greeting(server_password, false), greeting(server_password, true)],
+            readonly: std::sync::OnceLock::new(),
             server_password: server_password.map(Arc::from),
             authenticated: password.is_none(),
             resp3: false,
@@ -330,12 +334,19 @@ impl Protocol for Redis {
         &SPARE
     }
 
-    fn greeting(&self) -> Option<Arc<[u8]>> {
-        self.greetings[usize::from(self.resp3)].clone()
+    fn greeting(&self, pool: &PoolConfig) -> Option<Arc<[u8]>> {
+        let greetings = match pool.cluster {
+            Some(c) if c.replica_reads != ReplicaReads::Never => self.readonly.get_or_init(|| {
+                let pw = self.server_password.as_deref();
+                [Some(readonly_greeting(pw, false)), Some(readonly_greeting(pw, true))]
+            }),
+            _ => &self.greetings,
+        };
+        greetings[usize::from(self.resp3)].clone()
     }
 
-    fn greeting_whole(answer: &[u8]) -> bool {
-        matches!(codec::reply_len(answer), Ok(Some(_)))
+    fn greeted(greeting: &[u8], answer: &[u8]) -> Option<bool> {
+        codec::greeted(greeting, answer)
     }
 
     async fn plan(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
@@ -454,6 +465,14 @@ fn greeting(password: Option<&str>, resp3: bool) -> Option<Arc<[u8]>> {
     let mut g = Vec::new();
     codec::command(&mut g, args.into_iter());
     Some(Arc::from(g))
+}
+
+/// [`greeting`] and then `READONLY`: a cluster's replica serves the reads of its master's slots
+/// (a master takes it and serves as before).
+fn readonly_greeting(password: Option<&str>, resp3: bool) -> Arc<[u8]> {
+    let mut g = greeting(password, resp3).map(|g| g.to_vec()).unwrap_or_default();
+    codec::command(&mut g, [&b"READONLY"[..]].into_iter());
+    Arc::from(g)
 }
 
 /// `HELLO [protover [AUTH username password] [SETNAME name]]`: its answer, and the protocol to
@@ -640,14 +659,21 @@ pub(crate) fn placed_part(strategy: keyroute::Strategy, key: &[u8]) -> &[u8] {
 /// [`read_through`]), or its placement on the batch's table; `None` when no server is available.
 async fn node_for(b: &mut Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<usize> {
     let hash = placed(b, key);
-    node_of(b, pw, hash, key).await
+    node_of(b, pw, hash, key, Access::Write).await
 }
 
 /// [`node_for`] of a key already placed (hashed once, and counted once in the pool's key
-/// statistics and hot-key detection).
-async fn node_of(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: &[u8]) -> Option<usize> {
+/// statistics and hot-key detection), for a command that reads it only or writes it (`access`: in
+/// a cluster pool, a read may go to a replica).
+async fn node_of(
+    b: &mut Batch<'_, Redis>,
+    pw: Option<&str>,
+    hash: Placed,
+    key: &[u8],
+    access: Access,
+) -> Option<usize> {
     if b.snap.config().cluster.is_some()
-        && let Some(node) = cluster_node(b, pw, key)
+        && let Some(node) = cluster_node(b, pw, key, hash, access)
     {
         return Some(node);
     }
@@ -657,19 +683,52 @@ async fn node_of(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: 
     b.pick(hash, &[], false).map(|d| d.node)
 }
 
-/// In a Redis Cluster pool, the member that serves `key`'s slot by the pool's map, if it knows
-/// one (the pool's refresh task starts here, with the servers' `AUTH`).
-fn cluster_node(b: &Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Option<usize> {
+/// In a Redis Cluster pool, the member that serves `key` (placed `hash`) by the pool's map, if it
+/// knows one: its slot's master, or for a read that may go to a replica, the least loaded of its
+/// slot's nodes (see [`crate::cluster::node`]). The pool's refresh task starts here, with the
+/// servers' `AUTH`; a write is noted, so that the key's reads go to its master for a while.
+fn cluster_node(b: &Batch<'_, Redis>, pw: Option<&str>, key: &[u8], hash: Placed, access: Access) -> Option<usize> {
     crate::cluster::start(&b.ctx.fleet, b.pool, || greeting(pw, false));
-    let master = crate::cluster::master(b.pool, keyroute::slots::key_slot(key))?;
-    b.snap.workers().iter().position(|w| w.address == master)
+    let slot = keyroute::slots::key_slot(key);
+    let reads = b.snap.config().cluster.map_or(ReplicaReads::Never, |c| c.replica_reads);
+    let mut readers = 1;
+    if reads != ReplicaReads::Never {
+        let pin = hash.0.unwrap_or(u64::from(slot));
+        if access == Access::Read {
+            let hot = hash.0.zip(b.snap.hot()).map_or(0, |(h, hot)| hot.replicas(h));
+            readers = crate::cluster::readers(b.pool, reads, hot, pin, b.now);
+        } else {
+            crate::cluster::written(b.pool, reads, pin, b.now);
+        }
+    }
+    crate::cluster::node(b.pool, b.snap, slot, readers, b.now)
 }
 
-/// A command of one key in a Redis Cluster pool: to its slot's master by the map (or, without
-/// one, where the pool's strategy places it: the cluster redirects it), the command kept for the
-/// redirection to follow.
-async fn cluster_one(b: &mut Batch<'_, Redis>, pw: Option<&str>, hash: Placed, key: &[u8], raw: &[u8]) -> Pending {
-    let to = cluster_node(b, pw, key);
+/// `node`, for a read of `slot` in a cluster pool, when it can be reached; else (a replica that
+/// cannot be: counted against it) the slot's master.
+async fn reachable(b: &mut Batch<'_, Redis>, node: Option<usize>, slot: u16) -> Option<usize> {
+    let node = node?;
+    if b.connect(node).await.is_some() {
+        return Some(node);
+    }
+    crate::cluster::node(b.pool, b.snap, slot, 1, b.now)
+}
+
+/// A command of one key in a Redis Cluster pool: to its slot's master by the map, or a replica for
+/// a read that may go to one (without a map, where the pool's strategy places it: the cluster
+/// redirects it), the command kept for the redirection to follow.
+async fn cluster_one(
+    b: &mut Batch<'_, Redis>,
+    pw: Option<&str>,
+    access: Access,
+    hash: Placed,
+    key: &[u8],
+    raw: &[u8],
+) -> Pending {
+    let mut to = cluster_node(b, pw, key, hash, access);
+    if access == Access::Read {
+        to = reachable(b, to, keyroute::slots::key_slot(key)).await;
+    }
     let Some((server, node)) = b.place(to, hash, false).await else {
         return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
     };
@@ -731,7 +790,7 @@ async fn one(
 ) -> Pending {
     let hash = placed(b, key);
     if b.snap.config().cluster.is_some() {
-        return cluster_one(b, pw, hash, key, raw).await;
+        return cluster_one(b, pw, access, hash, key, raw).await;
     }
     if b.snap.config().shadow.is_some() {
         let part = placed_part(b.snap.config().strategy, key);
@@ -894,14 +953,17 @@ async fn split(
         // One hash a key (twemproxy's placement is an MD5 of it), counted once.
         let hash = placed(b, key);
         let mut hot_hash = None;
+        // (A cluster's hot keys have no copies of the proxy's: its replicas are the cluster's.)
         if writes
+            && !cluster
             && let Some(h) = hash.0
             && let Some(r) = b.snap.hot().map(|hot| hot.replicas(h))
         {
             invalidate_copies(b, h, r, key).await;
             hot_hash = Some(h);
         }
-        let Some(node) = node_of(b, pw, hash, key).await else {
+        let access = if writes { Access::Write } else { Access::Read };
+        let Some(node) = node_of(b, pw, hash, key, access).await else {
             b.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
         };
@@ -917,7 +979,11 @@ async fn split(
     // Every server's connection first: a part sent is a reply owed, so nothing is sent unless
     // every part can be.
     let mut conns: SmallVec<[usize; 4]> = SmallVec::with_capacity(by_node.len());
-    for ((node, _), _) in &by_node {
+    for ((node, slot), _) in &mut by_node {
+        if cluster && !writes {
+            // A cluster's replica that cannot be reached: the slot's master.
+            *node = reachable(b, Some(*node), *slot).await.unwrap_or(*node);
+        }
         match b.connect(*node).await {
             Some(server) => conns.push(server),
             None => return Pending::Ready(b"-ERR keyroute: a server of these keys cannot be reached\r\n".to_vec()),

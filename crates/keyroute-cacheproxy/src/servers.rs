@@ -212,11 +212,13 @@ impl Servers {
         let open = async {
             let mut conn = ServerConn::open(w.address, connect).await?;
             if let Some(bytes) = &greeting.bytes {
-                // Redis's AUTH or HELLO: one whole reply, a status or (HELLO's) a map.
-                let answer = conn.greet(bytes, greeting.whole).await?;
-                if !(answer.starts_with(b"+") || answer.starts_with(b"%")) {
-                    let first = answer.split(|&b| b == b'\n').next().unwrap_or_default();
-                    tracing::warn!(server = %w.address, answer = %String::from_utf8_lossy(first).trim_end(), "the server refused the proxy's greeting (AUTH or HELLO)");
+                // Redis's AUTH, HELLO, READONLY: a reply each, a status or (HELLO's) a map.
+                let answer = conn.greet(bytes, |a| (greeting.greeted)(bytes, a).is_some()).await?;
+                if (greeting.greeted)(bytes, &answer) != Some(true) {
+                    // The refusal: the first error line (or the first line).
+                    let mut lines = answer.split(|&b| b == b'\n');
+                    let why = lines.clone().find(|l| l.starts_with(b"-")).or_else(|| lines.next()).unwrap_or_default();
+                    tracing::warn!(server = %w.address, answer = %String::from_utf8_lossy(why).trim_end(), "the server refused the proxy's greeting (AUTH, HELLO or READONLY)");
                     return Err(std::io::Error::other("refused the proxy's greeting"));
                 }
             }
@@ -242,10 +244,11 @@ impl Servers {
 /// What a new server connection is sent first, and how its answer is framed.
 #[derive(Clone)]
 pub(crate) struct Greeting {
-    /// Redis's `AUTH` or `HELLO 3`, whose answer must be a status (`+OK`) or a map (`HELLO`'s).
+    /// Redis's `AUTH`, `HELLO 3`, `READONLY`, whose answers must be statuses (`+OK`) or a map
+    /// (`HELLO`'s).
     pub(crate) bytes: Option<Arc<[u8]>>,
-    /// Whether what the server sent is its whole answer to the greeting.
-    pub(crate) whole: fn(&[u8]) -> bool,
+    /// The answer to the greeting: `None` while it has not all come, else whether it accepted.
+    pub(crate) greeted: fn(&[u8], &[u8]) -> Option<bool>,
     /// Each write on a shared connection must complete within this.
     pub(crate) write_timeout: Duration,
 }

@@ -168,8 +168,7 @@ async fn exchange(
         std::collections::hash_map::Entry::Vacant(v) => {
             let mut conn = ServerConn::open(addr, connect).await.map_err(lost::<std::io::Error>)?;
             if let Some(greeting) = list.first().and_then(|&i| copies[i].greeting.as_ref()) {
-                let whole = |a: &[u8]| matches!(resp::reply_len(a), Ok(Some(_)));
-                timeout(answer, conn.greet(greeting, whole)).await.map_err(lost)?.map_err(lost::<std::io::Error>)?;
+                conn.greet_within(greeting, resp::greeted, answer).await?;
             }
             v.insert(conn)
         }

@@ -50,7 +50,10 @@ fn check_validates_and_names_the_line() {
         "dns.toml",
         "memcached.toml",
         "memcached-replicated.toml",
+        "memcached-routes.toml",
+        "memcached-shadow.toml",
         "redis.toml",
+        "redis-cluster.toml",
     ] {
         let path = format!("{}/../../examples/{other}", env!("CARGO_MANIFEST_DIR"));
         let o = bin().args(["serve", "--config", &path, "--check"]).output().expect("run");

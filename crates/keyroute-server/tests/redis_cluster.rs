@@ -93,9 +93,14 @@ fn redis_cli(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_resharded_under_load_fails_no_command() {
-    let dir = std::env::temp_dir().join(format!("keyroute-cluster-{}", std::process::id()));
+fn port(a: &SocketAddr) -> String {
+    a.port().to_string()
+}
+
+/// Six nodes made a cluster of three masters, a replica each, by `redis-cli --cluster create`,
+/// their files in a directory of the test's `name`.
+async fn cluster_of_six(name: &str) -> (std::path::PathBuf, Vec<(Proc, SocketAddr)>) {
+    let dir = std::env::temp_dir().join(format!("keyroute-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let nodes: Vec<(Proc, SocketAddr)> = (0..6).map(|_| node(&dir)).collect();
     let addrs: Vec<String> = nodes.iter().map(|(_, a)| a.to_string()).collect();
@@ -103,11 +108,57 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
     create.extend(addrs.iter().map(String::as_str));
     create.extend(["--cluster-replicas", "1", "--cluster-yes"]);
     redis_cli(&create);
-    let port = |a: &SocketAddr| a.port().to_string();
     eventually(Duration::from_secs(20), "the cluster's state ok on every node", async || {
         nodes.iter().all(|(_, a)| redis_cli(&["-p", &port(a), "cluster", "info"]).contains("cluster_state:ok"))
     })
     .await;
+    // Every replica knows its master, and is in sync with it.
+    eventually(Duration::from_secs(20), "three replicas in sync", async || {
+        nodes.iter().filter(|(_, a)| redis_cli(&["-p", &port(a), "role"]).contains("connected")).count() == 3
+    })
+    .await;
+    (dir, nodes)
+}
+
+/// The master of `key`'s slot, of `masters`.
+fn master_of(masters: &[SocketAddr], key: &str) -> SocketAddr {
+    let slot = redis_cli(&["-p", &port(&masters[0]), "cluster", "keyslot", key]).trim().to_owned();
+    masters
+        .iter()
+        .copied()
+        .find(|m| {
+            let nodes = redis_cli(&["-p", &port(m), "cluster", "nodes"]);
+            nodes.lines().any(|l| l.contains("myself") && l.contains("master") && slot_in(l, &slot))
+        })
+        .expect("the slot's master")
+}
+
+/// The replica of master `m`, of `nodes`.
+fn replica_of(nodes: &[SocketAddr], m: SocketAddr) -> SocketAddr {
+    nodes
+        .iter()
+        .copied()
+        .find(|a| {
+            let role = redis_cli(&["-p", &port(a), "role"]);
+            role.starts_with("slave") && role.lines().nth(2) == Some(&port(&m))
+        })
+        .expect("a replica")
+}
+
+/// How many `GET`s the node at `a` has served.
+fn gets(a: &SocketAddr) -> u64 {
+    let stats = redis_cli(&["-p", &port(a), "info", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_resharded_under_load_fails_no_command() {
+    let (dir, nodes) = cluster_of_six("cluster").await;
+    let addrs: Vec<String> = nodes.iter().map(|(_, a)| a.to_string()).collect();
     // keyroute knows two seeds only; it finds the masters itself.
     let mut text = String::from(
         "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"redis\"\npool = \"cluster\"\n\n[[pool]]\nname = \"cluster\"\nstrategy = \"rendezvous\"\nconnect_timeout_ms = 500\n[pool.cluster]\nrefresh_ms = 1000\n[pool.retry]\nper_try_timeout_ms = 2000\n",
@@ -151,14 +202,7 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
     assert_eq!(masters.len(), 3);
     let id = |a: &SocketAddr| redis_cli(&["-p", &port(a), "cluster", "myid"]).trim().to_owned();
     let slot = redis_cli(&["-p", &port(&masters[0]), "cluster", "keyslot", "asked"]).trim().to_owned();
-    let owner = masters
-        .iter()
-        .copied()
-        .find(|m| {
-            let nodes = redis_cli(&["-p", &port(m), "cluster", "nodes"]);
-            nodes.lines().any(|l| l.contains("myself") && l.contains("master") && slot_in(l, &slot))
-        })
-        .expect("the slot's master");
+    let owner = master_of(&masters, "asked");
     let target = masters.iter().copied().find(|m| *m != owner).expect("another master");
     assert_eq!(ask(&mut c, &cmd(&["SET", "asked", "here"])).await, "+OK\r\n");
     redis_cli(&["-p", &port(&target), "cluster", "setslot", &slot, "importing", &id(&owner)]);
@@ -245,6 +289,134 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
     for (key, value) in &acked {
         let v = value.to_string();
         assert_eq!(ask(&mut c, &cmd(&["GET", key])).await, format!("${}\r\n{v}\r\n", v.len()), "{key}");
+    }
+    drop(nodes);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Reads from a cluster's replicas (`READONLY`): every read spread over its slot's master and
+/// replica (`replica_reads = "always"`), except a key written through keyroute within the last
+/// second (read from its master: a replica may not have the write yet); a hot key's reads spread,
+/// a cold key's on its master (`[pool.hot_keys]`, `replica_reads` "hot" by default); a replica
+/// killed: every read still answered, from its master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
+    let (dir, nodes) = cluster_of_six("replicas").await;
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|(_, a)| *a).collect();
+    let masters: Vec<SocketAddr> =
+        addrs.iter().copied().filter(|a| redis_cli(&["-p", &port(a), "role"]).starts_with("master")).collect();
+    assert_eq!(masters.len(), 3);
+    let replica_of = |m: SocketAddr| replica_of(&addrs, m);
+    let gateway = |pool: &str| {
+        let mut text = format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\nprotocol = \"redis\"\npool = \"cluster\"\n\n[[pool]]\nname = \"cluster\"\nstrategy = \"rendezvous\"\nconnect_timeout_ms = 500\n[pool.cluster]\nrefresh_ms = 1000\n{pool}\n[pool.retry]\nper_try_timeout_ms = 2000\n"
+        );
+        text.push_str(&format!("[[pool.worker]]\nname = \"seed\"\naddress = \"{}\"\n", addrs[0]));
+        text
+    };
+    // Every read may go to a replica.
+    let gw = start_gateway(&gateway("replica_reads = \"always\"")).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..100 {
+        assert_eq!(ask(&mut c, &cmd(&["SET", &format!("r{i}"), &format!("v{i}")])).await, "+OK\r\n");
+    }
+    // The map's nodes become the members (the refresh task starts with the first command).
+    eventually(Duration::from_secs(10), "masters and replicas as members", async || {
+        let (_, w) = admin(&gw, "GET", "/workers", "", None).await;
+        w["pools"][0]["workers"].as_array().map(Vec::len) == Some(6)
+    })
+    .await;
+    // Just written: read from the master only, whichever node is less loaded.
+    let key = "pinned";
+    let (m, r) = (master_of(&masters, key), replica_of(master_of(&masters, key)));
+    assert_eq!(ask(&mut c, &cmd(&["SET", key, "new"])).await, "+OK\r\n");
+    let (m0, r0) = (gets(&m), gets(&r));
+    for _ in 0..20 {
+        assert_eq!(ask(&mut c, &cmd(&["GET", key])).await, "$3\r\nnew\r\n");
+    }
+    assert_eq!((gets(&m) - m0, gets(&r) - r0), (20, 0), "a key just written is read from its master");
+    // A second later, its reads spread over the master and the replica, each a value written.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let before: Vec<u64> = addrs.iter().map(gets).collect();
+    for _ in 0..5 {
+        for i in 0..100 {
+            let v = format!("v{i}");
+            assert_eq!(ask(&mut c, &cmd(&["GET", &format!("r{i}")])).await, format!("${}\r\n{v}\r\n", v.len()));
+        }
+    }
+    let mget = ask(&mut c, &cmd(&["MGET", "r1", "r2", "r3", "nope"])).await;
+    assert_eq!(mget, "*4\r\n$2\r\nv1\r\n$2\r\nv2\r\n$2\r\nv3\r\n$-1\r\n");
+    let served: Vec<u64> = addrs.iter().zip(&before).map(|(a, b)| gets(a) - b).collect();
+    assert!(served.iter().all(|&n| n > 20), "every node, master or replica, served reads: {served:?}");
+    // A replica killed: every read still answered (from the master, or the next node).
+    let dead = replica_of(masters[0]);
+    let at = addrs.iter().position(|a| *a == dead).expect("its node");
+    let mut nodes = nodes;
+    drop(nodes.remove(at));
+    let live: Vec<SocketAddr> = nodes.iter().map(|(_, a)| *a).collect();
+    let replica_of = |m: SocketAddr| self::replica_of(&live, m);
+    for _ in 0..3 {
+        for i in 0..100 {
+            let v = format!("v{i}");
+            assert_eq!(ask(&mut c, &cmd(&["GET", &format!("r{i}")])).await, format!("${}\r\n{v}\r\n", v.len()));
+        }
+    }
+    drop(gw);
+
+    // Hot keys: a hot key's reads spread over its slot's nodes; a cold key's stay on its master.
+    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true";
+    let gw = start_gateway(&gateway(hot)).await;
+    let mut c = TcpStream::connect(gw.addr).await.expect("connect");
+    // Keys whose replica is alive.
+    let (hot_key, cold_key) = (0..)
+        .map(|i| (format!("viral{i}"), format!("cold{i}")))
+        .find(|(h, c)| {
+            [h, c].iter().all(|k| {
+                let m = master_of(&masters, k);
+                m != masters[0]
+            })
+        })
+        .expect("keys");
+    assert_eq!(ask(&mut c, &cmd(&["SET", &hot_key, "v1"])).await, "+OK\r\n");
+    assert_eq!(ask(&mut c, &cmd(&["SET", &cold_key, "c1"])).await, "+OK\r\n");
+    let mut replicas = 0;
+    for _ in 0..100 {
+        for _ in 0..50 {
+            assert_eq!(ask(&mut c, &cmd(&["GET", &hot_key])).await, "$2\r\nv1\r\n");
+        }
+        let (_, v) = admin(&gw, "GET", "/hotkeys", "", None).await;
+        replicas = v["pools"][0]["keys"]
+            .as_array()
+            .and_then(|ks| ks.iter().find(|k| k["key"] == hot_key.as_str()))
+            .and_then(|k| k["replicas"].as_u64())
+            .unwrap_or(0);
+        if replicas > 1 {
+            break;
+        }
+    }
+    assert!(replicas > 1, "the key became hot");
+    // (Past the second its write keeps its reads on its master.)
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (m, r) = (master_of(&masters, &hot_key), replica_of(master_of(&masters, &hot_key)));
+    let (m0, r0) = (gets(&m), gets(&r));
+    for _ in 0..100 {
+        assert_eq!(ask(&mut c, &cmd(&["GET", &hot_key])).await, "$2\r\nv1\r\n");
+    }
+    let (on_master, on_replica) = (gets(&m) - m0, gets(&r) - r0);
+    assert!(
+        on_master > 10 && on_replica > 10,
+        "a hot key's reads spread: {on_master} on its master, {on_replica} on its replica"
+    );
+    let (m, r) = (master_of(&masters, &cold_key), replica_of(master_of(&masters, &cold_key)));
+    let (m0, r0) = (gets(&m), gets(&r));
+    for _ in 0..20 {
+        assert_eq!(ask(&mut c, &cmd(&["GET", &cold_key])).await, "$2\r\nc1\r\n");
+    }
+    assert_eq!((gets(&m) - m0, gets(&r) - r0), (20, 0), "a cold key is read from its master");
+    // A write of the hot key is read back at once (from its master).
+    assert_eq!(ask(&mut c, &cmd(&["SET", &hot_key, "v2"])).await, "+OK\r\n");
+    for _ in 0..20 {
+        assert_eq!(ask(&mut c, &cmd(&["GET", &hot_key])).await, "$2\r\nv2\r\n");
     }
     drop(nodes);
     std::fs::remove_dir_all(&dir).ok();

@@ -59,6 +59,22 @@ pub struct PoolConfig {
 pub struct ClusterConfig {
     /// How often the slot map is asked for.
     pub refresh: Duration,
+    /// Which reads may go to a slot's replicas.
+    pub replica_reads: ReplicaReads,
+}
+
+/// `[pool.cluster] replica_reads`: which reading commands may go to a slot's replicas (connections
+/// to them are sent `READONLY`). A replica is as new as Redis's asynchronous replication has made
+/// it; a key written through the proxy is read from its master for a second after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaReads {
+    /// Every command to the slot's master.
+    Never,
+    /// A hot key's reads (`[pool.hot_keys]`) spread over its slot's master and replicas, the
+    /// least loaded first; other reads to the master.
+    Hot,
+    /// Every read spread over its slot's master and replicas, the least loaded first.
+    Always,
 }
 
 /// `[pool.shadow]`: a share of a cache pool's commands of one key, chosen by key hash (a key is

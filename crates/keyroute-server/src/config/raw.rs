@@ -201,6 +201,7 @@ pub(super) struct RawHandoff {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCluster {
     pub(super) refresh_ms: Option<Spanned<u64>>,
+    pub(super) replica_reads: Option<Spanned<String>>,
 }
 
 /// `[pool.shadow]`: a share of a cache pool's commands copied to another pool.

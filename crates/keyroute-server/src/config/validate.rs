@@ -1518,24 +1518,25 @@ fn validate_replication(
     Ok(Some(keyroute_fleet::config::ReplicationConfig { copies: copies as usize, repair }))
 }
 
-/// `[pool.cluster]`: its refresh (100 ms to 10 min, 5 s by default); not with what places keys
-/// by the pool's own table (hot keys, the handoff, replication) or copies them (a shadow). The
-/// listeners that may serve it are checked with them.
+/// `[pool.cluster]`: its refresh (100 ms to 10 min, 5 s by default) and replica reads (`hot` with
+/// hot keys, else `never`, by default); not with what places keys by the pool's own table (the
+/// handoff, replication) or copies them (a shadow). The listeners that may serve it are checked
+/// with them.
 fn validate_cluster(
     ctx: &Ctx<'_>,
     p: &RawPool,
     name: &str,
 ) -> Result<Option<keyroute_fleet::config::ClusterConfig>, ConfigError> {
+    use keyroute_fleet::config::ReplicaReads;
     let Some(c) = &p.cluster else { return Ok(None) };
     let field = |f: &str| format!("pool.{name}.cluster.{f}");
     let refresh = ranged(ctx, c.refresh_ms.as_ref(), 5_000, 100, 600_000, field("refresh_ms"))?;
     let at = c.refresh_ms.as_ref().map_or_else(|| p.name.span(), Spanned::span);
     for (what, set) in [
-        ("hot_keys", p.hot_keys.is_some()),
         ("handoff", p.handoff.is_some()),
         ("replication", p.replication.is_some()),
         ("shadow", p.shadow.is_some()),
-        // Its members are the cluster's masters: another source would overwrite them.
+        // Its members are the cluster's nodes: another source would overwrite them.
         ("membership", p.membership.is_some()),
     ] {
         if set {
@@ -1545,7 +1546,21 @@ fn validate_cluster(
             return ctx.err(Some(at), format!("pool.{name}.cluster"), msg);
         }
     }
-    Ok(Some(keyroute_fleet::config::ClusterConfig { refresh: Duration::from_millis(refresh) }))
+    let replica_reads = match c.replica_reads.as_ref().map(|v| (v, v.get_ref().as_str())) {
+        None if p.hot_keys.is_some() => ReplicaReads::Hot,
+        None | Some((_, "never")) => ReplicaReads::Never,
+        Some((_, "always")) => ReplicaReads::Always,
+        Some((v, "hot")) if p.hot_keys.is_none() => {
+            let msg = "\"hot\" spreads hot keys' reads: add [pool.hot_keys], or say \"never\" or \"always\"";
+            return ctx.err(Some(v.span()), field("replica_reads"), msg);
+        }
+        Some((_, "hot")) => ReplicaReads::Hot,
+        Some((v, other)) => {
+            let msg = format!("'{}' is not one of never, hot, always", other.escape_debug());
+            return ctx.err(Some(v.span()), field("replica_reads"), msg);
+        }
+    };
+    Ok(Some(keyroute_fleet::config::ClusterConfig { refresh: Duration::from_millis(refresh), replica_reads }))
 }
 
 /// `[pool.shadow]`: its share and queue (the pool it names is checked with the listeners).
