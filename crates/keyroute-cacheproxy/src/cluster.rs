@@ -12,12 +12,15 @@
 //!   yet a member), the command goes where the pool's strategy places it, and the cluster
 //!   redirects it.
 //! - **Reads from replicas** (`replica_reads`, `READONLY` sent on every connection of the pool):
-//!   `always`, every reading command; `hot`, a hot key's (`[pool.hot_keys]`, detected as in any
-//!   pool) over the first `r` of its slot's nodes, `r` its replica count. Such a read goes to the
-//!   least loaded (commands in flight) of the slot's healthy master and replicas, ties taken in
-//!   turn. A replica is as new as Redis's asynchronous replication made it; so that a client
-//!   reads what it wrote through this proxy, a key written through it is read from its master
-//!   for the next second ([`PIN`]).
+//!   `always`, every reading command of one key; `hot`, a hot key's (`[pool.hot_keys]`, detected
+//!   as in any pool) over the first `r` of its slot's nodes, `r` its replica count. Such a read
+//!   goes to the least loaded (commands in flight) of the slot's healthy master and replicas,
+//!   ties taken in turn. A replica is as new as Redis's asynchronous replication made it: a key
+//!   written through this proxy is read from its master for the next second ([`PIN`], from the
+//!   write's answer), and a replica's failure, error or miss (a null) is asked of the master (a
+//!   key newer than the replica, a slot being migrated, a replica still loading); a replica that
+//!   failed is not chosen for [`AVOID`]. Commands of several keys (`MGET`...) and `EVAL_RO` go to
+//!   masters.
 //! - **Redirections**: a `-MOVED SLOT HOST:PORT` reply sends the command again to that node (the
 //!   map is patched for the slot and refreshed); `-ASK SLOT HOST:PORT` sends it there after
 //!   `ASKING` (a slot being migrated: the map is not changed). Up to five hops; the client gets the
@@ -58,6 +61,9 @@ const HOPS: usize = 5;
 /// the write yet).
 pub(crate) const PIN: Duration = Duration::from_secs(1);
 
+/// How long a replica that failed is not chosen for reads (see [`avoid`]).
+const AVOID: Duration = Duration::from_secs(5);
+
 /// The keys' last writes are kept in this many places (by key hash; two keys that share one share
 /// their pin, which only sends a read to its master).
 const PINS: usize = 16_384;
@@ -74,6 +80,8 @@ pub(crate) struct Cluster {
     /// use (a pool whose replicas serve reads).
     written: std::sync::OnceLock<Box<[AtomicU32]>>,
     epoch: Instant,
+    /// Replicas not chosen for reads until then (see [`avoid`]).
+    avoided: arc_swap::ArcSwap<Vec<(SocketAddr, Instant)>>,
 }
 
 impl Default for Cluster {
@@ -85,6 +93,7 @@ impl Default for Cluster {
             turn: AtomicUsize::new(0),
             written: std::sync::OnceLock::new(),
             epoch: Instant::now(),
+            avoided: arc_swap::ArcSwap::from_pointee(Vec::new()),
         }
     }
 }
@@ -126,9 +135,15 @@ impl SlotMap {
         self.shards.iter().filter_map(|s| s.first().copied())
     }
 
-    /// Every node: the masters, then the replicas.
-    fn nodes(&self) -> impl Iterator<Item = SocketAddr> + '_ {
-        self.masters().chain(self.shards.iter().flat_map(|s| s.iter().skip(1).copied()))
+    /// Every node once: the masters, then the replicas.
+    fn nodes(&self) -> Vec<SocketAddr> {
+        let mut nodes: Vec<SocketAddr> = self.masters().collect();
+        for a in self.shards.iter().flat_map(|s| s.iter().skip(1)) {
+            if !nodes.contains(a) {
+                nodes.push(*a);
+            }
+        }
+        nodes
     }
 
     /// The shard whose master is `addr`, added (without replicas) when there is none.
@@ -209,9 +224,14 @@ pub(crate) fn node(pool: &Pool, snap: &Snapshot, slot: u16, readers: usize, now:
         return member(shard.first()?);
     }
     let start = state.cluster.turn.fetch_add(1, Relaxed);
+    let avoided = state.cluster.avoided.load();
     let mut best: Option<(u64, usize)> = None;
     for k in 0..n {
-        let Some(i) = member(&shard[(start + k) % n]) else { continue };
+        let addr = &shard[(start + k) % n];
+        if avoided.iter().any(|(a, until)| a == addr && *until > now) {
+            continue;
+        }
+        let Some(i) = member(addr) else { continue };
         let w = &snap.workers()[i];
         if w.state_with(now, Duration::ZERO) != State::Healthy {
             continue;
@@ -242,13 +262,25 @@ pub(crate) fn readers(pool: &Pool, reads: ReplicaReads, hot_replicas: usize, pin
     if pinned { 1 } else { readers }
 }
 
-/// Notes a write of the key hashed `pin` at `now`, in a pool whose replicas serve reads: its reads
-/// go to its master for the next [`PIN`].
-pub(crate) fn written(pool: &Pool, reads: ReplicaReads, pin: u64, now: Instant) {
-    if reads != ReplicaReads::Never {
-        let state = crate::state(pool);
-        state.cluster.pins()[(pin % PINS as u64) as usize].store(state.cluster.ms(now), Relaxed);
-    }
+/// Notes a write of the key hashed `pin` at `now` (when it is planned, and again when it is
+/// answered), in a pool whose replicas serve reads: its reads go to its master for the next
+/// [`PIN`].
+pub(crate) fn written(pool: &Pool, pin: u64, now: Instant) {
+    let state = crate::state(pool);
+    state.cluster.pins()[(pin % PINS as u64) as usize].store(state.cluster.ms(now), Relaxed);
+}
+
+/// A replica that could not be reached, or failed a read, is not chosen for reads until [`AVOID`]
+/// has passed (a Redis pool's members are not ejected by default: see the README's "a store fails
+/// where a cache fails over").
+pub(crate) fn avoid(pool: &Pool, addr: SocketAddr, now: Instant) {
+    let state = crate::state(pool);
+    state.cluster.avoided.rcu(|list| {
+        let mut list: Vec<(SocketAddr, Instant)> =
+            list.iter().copied().filter(|&(a, until)| a != addr && until > now).collect();
+        list.push((addr, now + AVOID));
+        list
+    });
 }
 
 /// Starts the pool's refresh task if it is not running (`greeting`: what a new connection is
@@ -305,8 +337,7 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
     let snap = pool.snapshot();
     let timeout = snap.config().retry.per_try_timeout;
     let connect = snap.config().connect_timeout;
-    let mut candidates: Vec<SocketAddr> =
-        state.cluster.map.load().as_ref().map(|m| m.nodes().collect()).unwrap_or_default();
+    let mut candidates: Vec<SocketAddr> = state.cluster.map.load().as_ref().map(|m| m.nodes()).unwrap_or_default();
     for w in snap.workers() {
         if !candidates.contains(&w.address) {
             candidates.push(w.address);
@@ -343,8 +374,7 @@ async fn discover(pool: &Pool, state: &crate::PoolState, greeting: Option<&[u8]>
 /// same), and the map is published.
 fn apply(pool: &Pool, state: &crate::PoolState, map: SlotMap) {
     let reads = pool.snapshot().config().cluster.map_or(ReplicaReads::Never, |c| c.replica_reads);
-    let nodes: Vec<SocketAddr> =
-        if reads == ReplicaReads::Never { map.masters().collect() } else { map.nodes().collect() };
+    let nodes: Vec<SocketAddr> = if reads == ReplicaReads::Never { map.masters().collect() } else { map.nodes() };
     let members: Vec<Member> = nodes
         .into_iter()
         .map(|a| Member {
@@ -487,7 +517,7 @@ mod tests {
         assert_eq!(map.shard(5), Some(&[a(7000), a(7100)][..]));
         assert_eq!(map.shard(16383), Some(&[a(7000), a(7100)][..]));
         assert_eq!(map.shard(100), Some(&[a(7001)][..]));
-        assert_eq!(map.nodes().collect::<Vec<_>>(), [a(7000), a(7001), a(7100)]);
+        assert_eq!(map.nodes(), [a(7000), a(7001), a(7100)]);
         assert_eq!(redirection(b"-MOVED 1 fe80::1:6381\r\n").map(|r| r.2.port()), Some(6381));
         assert_eq!(redirection(b"-MOVED 1 node-b:6381\r\n"), None);
         assert_eq!(

@@ -78,8 +78,9 @@ pub(crate) enum Pending {
     /// One reply from one server (`node` of the batch's snapshot); `written`, a key the command
     /// writes in a pool with hot keys (its hash and bytes), whose copies on replicas are deleted
     /// once the server answered (see [`crate::driver::delete_copies`]).
-    /// `raw`: in a Redis Cluster pool, the command as sent, for a redirection to follow.
-    One { server: usize, node: usize, written: Option<Written>, raw: Option<Box<[u8]>> },
+    /// `cluster`: in a Redis Cluster pool, what a redirection to follow, or a read a replica
+    /// could not answer, needs.
+    One { server: usize, node: usize, written: Option<Written>, cluster: Option<Box<Sent>> },
     /// A split command's parts: (server, node, the client's positions of its keys), and the keys
     /// it writes in a pool with hot keys, whose copies are deleted once the servers answered.
     Split { how: Merge, parts: Vec<(usize, usize, Positions)>, n: usize, written: Vec<(Written, usize)> },
@@ -88,6 +89,19 @@ pub(crate) enum Pending {
     HotGet { server: usize, node: usize, owner: usize, hash: u64, key: Vec<u8> },
     /// A reply read and dropped (a hot key's copy deleted on a replica).
     Discard { server: usize },
+}
+
+/// A command of one key sent in a Redis Cluster pool.
+pub(crate) struct Sent {
+    /// The command as sent.
+    raw: Box<[u8]>,
+    /// Its key's slot.
+    slot: u16,
+    /// A read sent to a replica: asked of the slot's master when the replica fails, answers an
+    /// error or misses (the key may be newer than the replica, or in a slot being migrated).
+    replica: bool,
+    /// A write in a pool whose replicas serve reads: its key's pin, set again when it is answered.
+    pin: Option<u64>,
 }
 
 /// A split command's part: the client's positions of its keys (a few, on the stack).
@@ -359,28 +373,32 @@ impl Protocol for Redis {
     async fn answer(&mut self, b: &mut Batch<'_, Self>, p: Pending, slot: &[Slot], arena: &[u8]) {
         match p {
             Pending::Ready(bytes) => b.out.extend_from_slice(&bytes),
-            Pending::One { node, written, raw, .. } => {
-                match &slot[0] {
-                    Ok(range) => {
+            Pending::One { node, written, cluster, .. } => {
+                match (&slot[0], cluster) {
+                    // A replica that failed, erred or missed: the master answers.
+                    (result, Some(sent)) if sent.replica && !replica_answered(result, arena) => {
+                        match result {
+                            Ok(_) => b.succeeded(node),
+                            Err(_) => {
+                                b.failed(node);
+                                crate::cluster::avoid(b.pool, b.worker(node).address, Instant::now());
+                            }
+                        }
+                        b.pool.metrics.replica_failovers.fetch_add(1, Relaxed);
+                        from_master(b, &sent).await;
+                    }
+                    (Ok(range), cluster) => {
                         b.succeeded(node);
                         let reply = &arena[range.clone()];
-                        match raw {
-                            // A Redis Cluster's redirection, followed.
-                            Some(raw) if crate::cluster::redirected(reply) => {
-                                // The protocol the batch's connections speak (the client's when
-                                // it was sent, whatever a later HELLO of the batch says).
-                                let greeting = b.s.greeting.bytes.clone();
-                                match crate::cluster::follow(b.pool, greeting.as_deref(), reply, &raw).await {
-                                    Some(last) => b.out.extend_from_slice(&last),
-                                    None => b.out.extend_from_slice(
-                                        b"-ERR keyroute: the cluster's redirection could not be followed\r\n",
-                                    ),
-                                }
-                            }
+                        match &cluster {
+                            Some(sent) if crate::cluster::redirected(reply) => followed(b, reply, &sent.raw).await,
                             _ => b.out.extend_from_slice(reply),
                         }
+                        if let Some(pin) = cluster.and_then(|c| c.pin) {
+                            crate::cluster::written(b.pool, pin, Instant::now());
+                        }
                     }
-                    Err(why) => server_error(b, node, why),
+                    (Err(why), _) => server_error(b, node, why),
                 }
                 // Answered or not, the write may have been applied.
                 if let Some((hash, key)) = written {
@@ -438,6 +456,59 @@ impl Protocol for Redis {
             *servers = Servers::shared();
             *side = Servers::default();
         }
+    }
+}
+
+/// Whether a replica's `result` answers the client: not a failure, an error or a null.
+fn replica_answered(result: &Slot, arena: &[u8]) -> bool {
+    let Ok(range) = result else { return false };
+    let reply = &arena[range.clone()];
+    !(reply.starts_with(b"-") || matches!(reply, b"$-1\r\n" | b"*-1\r\n" | b"_\r\n"))
+}
+
+/// A cluster's redirection `reply` to the command `raw`, followed, and its last node's reply
+/// answered (in the protocol of the batch's connections: the client's when it was sent, whatever
+/// a later `HELLO` of the batch says).
+async fn followed(b: &mut Batch<'_, Redis>, reply: &[u8], raw: &[u8]) {
+    let greeting = b.s.greeting.bytes.clone();
+    match crate::cluster::follow(b.pool, greeting.as_deref(), reply, raw).await {
+        Some(last) => b.out.extend_from_slice(&last),
+        None => b.out.extend_from_slice(b"-ERR keyroute: the cluster's redirection could not be followed\r\n"),
+    }
+}
+
+/// A read a replica could not answer, sent to its slot's master (a side connection: the batch's
+/// still has replies to give), and its reply (a redirection followed) answered.
+async fn from_master(b: &mut Batch<'_, Redis>, sent: &Sent) {
+    let Some(master) = crate::cluster::node(b.pool, b.snap, sent.slot, 1, b.now) else {
+        b.out.extend_from_slice(b"-ERR keyroute: no server available\r\n");
+        return;
+    };
+    let Some(j) = b.side(master).await else {
+        b.out.extend_from_slice(b"-ERR keyroute: server connection lost\r\n");
+        return;
+    };
+    let server = &mut b.side.0[j];
+    server.out.extend_from_slice(&sent.raw);
+    let mut reply = Vec::new();
+    let answered = match server.send_now(b.s.answer).await {
+        true => reply_into(server, b.s.answer, &mut reply).await,
+        false => Err("server connection lost"),
+    };
+    if answered.is_err() {
+        server.broken = true;
+    }
+    b.side.sweep();
+    match answered {
+        Ok(()) if crate::cluster::redirected(&reply) => {
+            b.succeeded(master);
+            followed(b, &reply, &sent.raw).await;
+        }
+        Ok(()) => {
+            b.succeeded(master);
+            b.out.extend_from_slice(&reply);
+        }
+        Err(why) => server_error(b, master, why),
     }
 }
 
@@ -673,7 +744,7 @@ async fn node_of(
     access: Access,
 ) -> Option<usize> {
     if b.snap.config().cluster.is_some()
-        && let Some(node) = cluster_node(b, pw, key, hash, access)
+        && let Some(node) = cluster_target(b, pw, (key, hash), access, false).node
     {
         return Some(node);
     }
@@ -683,40 +754,66 @@ async fn node_of(
     b.pick(hash, &[], false).map(|d| d.node)
 }
 
-/// In a Redis Cluster pool, the member that serves `key` (placed `hash`) by the pool's map, if it
-/// knows one: its slot's master, or for a read that may go to a replica, the least loaded of its
-/// slot's nodes (see [`crate::cluster::node`]). The pool's refresh task starts here, with the
-/// servers' `AUTH`; a write is noted, so that the key's reads go to its master for a while.
-fn cluster_node(b: &Batch<'_, Redis>, pw: Option<&str>, key: &[u8], hash: Placed, access: Access) -> Option<usize> {
+/// Where a command of one key goes in a Redis Cluster pool, by the pool's map (`None`s without
+/// one, or for a node not a member yet).
+struct Target {
+    /// The node: its slot's master, or for a read that may go to a replica, the least loaded of
+    /// its slot's nodes (see [`crate::cluster::node`]).
+    node: Option<usize>,
+    /// The slot's master.
+    master: Option<usize>,
+    /// A write in a pool whose replicas serve reads: the key's pin (see [`crate::cluster::written`]).
+    pin: Option<u64>,
+}
+
+/// The [`Target`] of `key` (placed `hash`) for a command that reads it only or writes it
+/// (`access`), which may go to a replica (`replicas`: a command of one key). The pool's refresh
+/// task starts here, with the servers' `AUTH`; a write's key is pinned to its master for a while.
+fn cluster_target(
+    b: &Batch<'_, Redis>,
+    pw: Option<&str>,
+    (key, hash): (&[u8], Placed),
+    access: Access,
+    replicas: bool,
+) -> Target {
     crate::cluster::start(&b.ctx.fleet, b.pool, || greeting(pw, false));
     let slot = keyroute::slots::key_slot(key);
     let reads = b.snap.config().cluster.map_or(ReplicaReads::Never, |c| c.replica_reads);
-    let mut readers = 1;
-    if reads != ReplicaReads::Never {
-        let pin = hash.0.unwrap_or(u64::from(slot));
-        if access == Access::Read {
-            let hot = hash.0.zip(b.snap.hot()).map_or(0, |(h, hot)| hot.replicas(h));
-            readers = crate::cluster::readers(b.pool, reads, hot, pin, b.now);
-        } else {
-            crate::cluster::written(b.pool, reads, pin, b.now);
-        }
+    let master = crate::cluster::node(b.pool, b.snap, slot, 1, b.now);
+    if reads == ReplicaReads::Never {
+        return Target { node: master, master, pin: None };
     }
-    crate::cluster::node(b.pool, b.snap, slot, readers, b.now)
+    let pin = hash.0.unwrap_or(u64::from(slot));
+    if access == Access::Write {
+        crate::cluster::written(b.pool, pin, Instant::now());
+        return Target { node: master, master, pin: Some(pin) };
+    }
+    let hot = hash.0.zip(b.snap.hot()).map_or(0, |(h, hot)| hot.replicas(h));
+    let readers = if replicas { crate::cluster::readers(b.pool, reads, hot, pin, Instant::now()) } else { 1 };
+    let node = if readers > 1 { crate::cluster::node(b.pool, b.snap, slot, readers, b.now) } else { master };
+    Target { node, master, pin: None }
 }
 
-/// `node`, for a read of `slot` in a cluster pool, when it can be reached; else (a replica that
-/// cannot be: counted against it) the slot's master.
-async fn reachable(b: &mut Batch<'_, Redis>, node: Option<usize>, slot: u16) -> Option<usize> {
-    let node = node?;
-    if b.connect(node).await.is_some() {
-        return Some(node);
+/// The node of a read: `node` when it is its slot's master (`master`), or a replica that can be
+/// reached; else (a replica that cannot be: counted against it, and not chosen for a while) the
+/// master.
+async fn reachable(b: &mut Batch<'_, Redis>, node: Option<usize>, master: Option<usize>) -> Option<usize> {
+    match node {
+        Some(n) if node != master => {
+            if b.connect(n).await.is_some() {
+                return node;
+            }
+            crate::cluster::avoid(b.pool, b.worker(n).address, Instant::now());
+            master
+        }
+        _ => node,
     }
-    crate::cluster::node(b.pool, b.snap, slot, 1, b.now)
 }
 
 /// A command of one key in a Redis Cluster pool: to its slot's master by the map, or a replica for
 /// a read that may go to one (without a map, where the pool's strategy places it: the cluster
-/// redirects it), the command kept for the redirection to follow.
+/// redirects it), the command kept for a redirection to follow, or for the master to answer what
+/// a replica could not.
 async fn cluster_one(
     b: &mut Batch<'_, Redis>,
     pw: Option<&str>,
@@ -725,15 +822,15 @@ async fn cluster_one(
     key: &[u8],
     raw: &[u8],
 ) -> Pending {
-    let mut to = cluster_node(b, pw, key, hash, access);
-    if access == Access::Read {
-        to = reachable(b, to, keyroute::slots::key_slot(key)).await;
-    }
+    let t = cluster_target(b, pw, (key, hash), access, true);
+    let to = reachable(b, t.node, t.master).await;
     let Some((server, node)) = b.place(to, hash, false).await else {
         return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
     };
     b.servers.0[server].out.extend_from_slice(raw);
-    Pending::One { server, node, written: None, raw: Some(raw.into()) }
+    let replica = to == Some(node) && to != t.master;
+    let sent = Sent { raw: raw.into(), slot: keyroute::slots::key_slot(key), replica, pin: t.pin };
+    Pending::One { server, node, written: None, cluster: Some(Box::new(sent)) }
 }
 
 /// A key whose owner joined the pool within its handoff window, and was another member's before:
@@ -820,7 +917,7 @@ async fn one(
     let owner = if replicas { hash.0.and_then(|h| Some((h, b.snap.policy().owner(h)?))) } else { None };
     match owner {
         Some((h, owner)) if owner != node => Pending::HotGet { server, node, owner, hash: h, key: key.to_vec() },
-        _ => Pending::One { server, node, written, raw: None },
+        _ => Pending::One { server, node, written, cluster: None },
     }
 }
 
@@ -962,7 +1059,9 @@ async fn split(
             invalidate_copies(b, h, r, key).await;
             hot_hash = Some(h);
         }
-        let access = if writes { Access::Write } else { Access::Read };
+        // (TOUCH changes what a cluster's replica would not: its key's master is pinned too.)
+        let touch = verb.eq_ignore_ascii_case(b"TOUCH");
+        let access = if writes || touch { Access::Write } else { Access::Read };
         let Some(node) = node_of(b, pw, hash, key, access).await else {
             b.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
@@ -979,11 +1078,7 @@ async fn split(
     // Every server's connection first: a part sent is a reply owed, so nothing is sent unless
     // every part can be.
     let mut conns: SmallVec<[usize; 4]> = SmallVec::with_capacity(by_node.len());
-    for ((node, slot), _) in &mut by_node {
-        if cluster && !writes {
-            // A cluster's replica that cannot be reached: the slot's master.
-            *node = reachable(b, Some(*node), *slot).await.unwrap_or(*node);
-        }
+    for ((node, _), _) in &by_node {
         match b.connect(*node).await {
             Some(server) => conns.push(server),
             None => return Pending::Ready(b"-ERR keyroute: a server of these keys cannot be reached\r\n".to_vec()),

@@ -133,6 +133,16 @@ fn master_of(masters: &[SocketAddr], key: &str) -> SocketAddr {
         .expect("the slot's master")
 }
 
+/// The redirections keyroute followed.
+async fn redirections(gw: &Gw) -> u64 {
+    let (_, m) = admin(gw, "GET", "/metrics", "", None).await;
+    let m = m.as_str().expect("text").to_owned();
+    m.lines()
+        .filter(|l| l.starts_with("keyroute_pool_cluster_redirections_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// The replica of master `m`, of `nodes`.
 fn replica_of(nodes: &[SocketAddr], m: SocketAddr) -> SocketAddr {
     nodes
@@ -297,8 +307,8 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
 /// Reads from a cluster's replicas (`READONLY`): every read spread over its slot's master and
 /// replica (`replica_reads = "always"`), except a key written through keyroute within the last
 /// second (read from its master: a replica may not have the write yet); a hot key's reads spread,
-/// a cold key's on its master (`[pool.hot_keys]`, `replica_reads` "hot" by default); a replica
-/// killed: every read still answered, from its master.
+/// a cold key's on its master (`[pool.hot_keys]`, `replica_reads = "hot"`); a replica's miss asked
+/// of its master; a replica killed: every read still answered, from its master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
     let (dir, nodes) = cluster_of_six("replicas").await;
@@ -329,8 +339,8 @@ async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
     // Just written: read from the master only, whichever node is less loaded.
     let key = "pinned";
     let (m, r) = (master_of(&masters, key), replica_of(master_of(&masters, key)));
-    assert_eq!(ask(&mut c, &cmd(&["SET", key, "new"])).await, "+OK\r\n");
     let (m0, r0) = (gets(&m), gets(&r));
+    assert_eq!(ask(&mut c, &cmd(&["SET", key, "new"])).await, "+OK\r\n");
     for _ in 0..20 {
         assert_eq!(ask(&mut c, &cmd(&["GET", key])).await, "$3\r\nnew\r\n");
     }
@@ -348,6 +358,18 @@ async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
     assert_eq!(mget, "*4\r\n$2\r\nv1\r\n$2\r\nv2\r\n$2\r\nv3\r\n$-1\r\n");
     let served: Vec<u64> = addrs.iter().zip(&before).map(|(a, b)| gets(a) - b).collect();
     assert!(served.iter().all(|&n| n > 20), "every node, master or replica, served reads: {served:?}");
+    // A replica's miss is asked of the master (the key may be newer than the replica): every read
+    // of a key that is nowhere reaches the master.
+    let (m, r) = (master_of(&masters, "absent"), replica_of(master_of(&masters, "absent")));
+    let (m0, r0) = (gets(&m), gets(&r));
+    for _ in 0..10 {
+        assert_eq!(ask(&mut c, &cmd(&["GET", "absent"])).await, "$-1\r\n");
+    }
+    let (on_master, on_replica) = (gets(&m) - m0, gets(&r) - r0);
+    assert!(
+        on_master == 10 && on_replica > 0,
+        "a miss asked again: {on_master} on the master, {on_replica} on the replica"
+    );
     // A replica killed: every read still answered (from the master, or the next node).
     let dead = replica_of(masters[0]);
     let at = addrs.iter().position(|a| *a == dead).expect("its node");
@@ -355,16 +377,20 @@ async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
     drop(nodes.remove(at));
     let live: Vec<SocketAddr> = nodes.iter().map(|(_, a)| *a).collect();
     let replica_of = |m: SocketAddr| self::replica_of(&live, m);
+    let (redirected, m0) = (redirections(&gw).await, gets(&masters[0]));
     for _ in 0..3 {
         for i in 0..100 {
             let v = format!("v{i}");
             assert_eq!(ask(&mut c, &cmd(&["GET", &format!("r{i}")])).await, format!("${}\r\n{v}\r\n", v.len()));
         }
     }
+    // Its slots' reads went to their master, not where the pool's strategy would have sent them.
+    assert_eq!(redirections(&gw).await, redirected, "no read was redirected");
+    assert!(gets(&masters[0]) - m0 > 30, "the dead replica's master served its reads");
     drop(gw);
 
     // Hot keys: a hot key's reads spread over its slot's nodes; a cold key's stay on its master.
-    let hot = "[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true";
+    let hot = "replica_reads = \"hot\"\n[pool.hot_keys]\nthreshold = 200.0\nper_worker = 100.0\nmax_replicas = 4\nwindow_ms = 100\nhold_ms = 30000\nsample_every = 1\nconfidence = 1\nshow_keys = true";
     let gw = start_gateway(&gateway(hot)).await;
     let mut c = TcpStream::connect(gw.addr).await.expect("connect");
     // Keys whose replica is alive.
@@ -395,6 +421,11 @@ async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
         }
     }
     assert!(replicas > 1, "the key became hot");
+    eventually(Duration::from_secs(10), "the live masters and replicas as members", async || {
+        let (_, w) = admin(&gw, "GET", "/workers", "", None).await;
+        w["pools"][0]["workers"].as_array().map(Vec::len) >= Some(5)
+    })
+    .await;
     // (Past the second its write keeps its reads on its master.)
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (m, r) = (master_of(&masters, &hot_key), replica_of(master_of(&masters, &hot_key)));
@@ -413,11 +444,14 @@ async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
         assert_eq!(ask(&mut c, &cmd(&["GET", &cold_key])).await, "$2\r\nc1\r\n");
     }
     assert_eq!((gets(&m) - m0, gets(&r) - r0), (20, 0), "a cold key is read from its master");
-    // A write of the hot key is read back at once (from its master).
+    // A write of the hot key is read back at once, from its master.
+    let (m, r) = (master_of(&masters, &hot_key), replica_of(master_of(&masters, &hot_key)));
+    let (m0, r0) = (gets(&m), gets(&r));
     assert_eq!(ask(&mut c, &cmd(&["SET", &hot_key, "v2"])).await, "+OK\r\n");
     for _ in 0..20 {
         assert_eq!(ask(&mut c, &cmd(&["GET", &hot_key])).await, "$2\r\nv2\r\n");
     }
+    assert_eq!((gets(&m) - m0, gets(&r) - r0), (20, 0), "a hot key just written is read from its master");
     drop(nodes);
     std::fs::remove_dir_all(&dir).ok();
 }

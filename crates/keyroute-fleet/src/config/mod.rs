@@ -63,9 +63,10 @@ pub struct ClusterConfig {
     pub replica_reads: ReplicaReads,
 }
 
-/// `[pool.cluster] replica_reads`: which reading commands may go to a slot's replicas (connections
-/// to them are sent `READONLY`). A replica is as new as Redis's asynchronous replication has made
-/// it; a key written through the proxy is read from its master for a second after.
+/// `[pool.cluster] replica_reads`: which reading commands of one key may go to a slot's replicas
+/// (connections to them are sent `READONLY`). A replica is as new as Redis's asynchronous
+/// replication has made it; a key written through the proxy is read from its master for a second
+/// after, and a replica's miss or error is asked of the master.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplicaReads {
     /// Every command to the slot's master.

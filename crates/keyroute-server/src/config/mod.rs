@@ -435,7 +435,7 @@ weight = 2
         assert_eq!(c.pools[0].cluster.map(|c| c.refresh), Some(Duration::from_secs(5)));
         let c = Config::parse(&listener("redis", "[pool.cluster]\nrefresh_ms = 250"), "k.toml").expect("valid");
         assert_eq!(c.pools[0].cluster.map(|c| c.refresh), Some(Duration::from_millis(250)));
-        // Replica reads: never by default, hot with hot keys (which a cluster pool keeps).
+        // Replica reads: never by default, hot keys (which a cluster pool keeps) or not.
         use keyroute_fleet::config::ReplicaReads;
         let reads = |section: &str| {
             let c = Config::parse(&listener("redis", section), "k.toml").expect(section);
@@ -444,8 +444,8 @@ weight = 2
         assert_eq!(reads("[pool.cluster]"), Some(ReplicaReads::Never));
         assert_eq!(reads("[pool.cluster]\nreplica_reads = \"always\""), Some(ReplicaReads::Always));
         let hot = "[pool.hot_keys]\nthreshold = 100\n";
-        assert_eq!(reads(&format!("[pool.cluster]\n{hot}")), Some(ReplicaReads::Hot));
-        assert_eq!(reads(&format!("[pool.cluster]\nreplica_reads = \"never\"\n{hot}")), Some(ReplicaReads::Never));
+        assert_eq!(reads(&format!("[pool.cluster]\n{hot}")), Some(ReplicaReads::Never));
+        assert_eq!(reads(&format!("[pool.cluster]\nreplica_reads = \"hot\"\n{hot}")), Some(ReplicaReads::Hot));
         for (text, line, field, needle) in [
             (listener("redis", "[pool.cluster]\nrefresh_ms = 10"), 12, "pool.thumbs.cluster.refresh_ms", "100..="),
             (

@@ -1518,8 +1518,8 @@ fn validate_replication(
     Ok(Some(keyroute_fleet::config::ReplicationConfig { copies: copies as usize, repair }))
 }
 
-/// `[pool.cluster]`: its refresh (100 ms to 10 min, 5 s by default) and replica reads (`hot` with
-/// hot keys, else `never`, by default); not with what places keys by the pool's own table (the
+/// `[pool.cluster]`: its refresh (100 ms to 10 min, 5 s by default) and replica reads (`never` by
+/// default; `hot` needs hot keys); not with what places keys by the pool's own table (the
 /// handoff, replication) or copies them (a shadow). The listeners that may serve it are checked
 /// with them.
 fn validate_cluster(
@@ -1547,7 +1547,7 @@ fn validate_cluster(
         }
     }
     let replica_reads = match c.replica_reads.as_ref().map(|v| (v, v.get_ref().as_str())) {
-        None if p.hot_keys.is_some() => ReplicaReads::Hot,
+        // Stale reads are a choice: never by default, hot keys or not.
         None | Some((_, "never")) => ReplicaReads::Never,
         Some((_, "always")) => ReplicaReads::Always,
         Some((v, "hot")) if p.hot_keys.is_none() => {
