@@ -27,14 +27,14 @@
 //!   last node's reply. A slot migrating under load (`redis-cli --cluster reshard`) is served
 //!   without an error.
 //! - **Commands of several keys** (`MGET`, `MSET`, `DEL`...) are split by slot, each slot's keys in
-//!   one command to its master; `MSETNX` and `EVAL` need all their keys in one slot (else Redis's
-//!   `CROSSSLOT`).
+//!   one command to its master, a part redirected followed as a command of one key is (a part
+//!   whose slot's keys are on both nodes of a migration answers Redis's `-TRYAGAIN`, and so does
+//!   one that cannot be followed); a command of several keys waits for the pool's first map, up to
+//!   a second, so that it is split on it. `MSETNX` and `EVAL` need all their keys in one slot
+//!   (else Redis's `CROSSSLOT`).
 //!
-//! Not done: following the redirection of a split command's part (a part redirected while its
-//! slot moves answers `-TRYAGAIN`, as Redis Cluster does for a command of several keys; a command
-//! of several keys waits for the pool's first map, up to a second, so that it is split on it);
-//! nodes named by host name (a map or redirection naming a master by one is not taken: the
-//! command answers an error; a replica named by one is left out).
+//! Not done: nodes named by host name (a map or redirection naming a master by one is not taken:
+//! the command answers an error; a replica named by one is left out).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -469,8 +469,8 @@ fn patch(pool: &Pool, slot: u16, addr: SocketAddr) {
     });
 }
 
-/// A split command's part redirected (its slot moved under it): refreshes the map, and gives the
-/// client `TRYAGAIN` (as Redis Cluster does for a command of several keys in a moving slot)
+/// A split command's part whose redirection could not be followed: refreshes the map, and gives
+/// the client `TRYAGAIN` (as Redis Cluster does for a command of several keys in a moving slot)
 /// rather than the redirection.
 pub(crate) fn part_redirected(pool: &Pool) -> &'static [u8] {
     refresh_soon(pool);

@@ -54,6 +54,7 @@
 //! one-key command goes to the key's next server; a server that fails after the command was sent
 //! answers `-ERR keyroute: server timeout` (or `connection lost`), counted.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -83,7 +84,15 @@ pub(crate) enum Pending {
     One { server: usize, node: usize, written: Option<Written>, cluster: Option<Box<Sent>> },
     /// A split command's parts: (server, node, the client's positions of its keys), and the keys
     /// it writes in a pool with hot keys, whose copies are deleted once the servers answered.
-    Split { how: Merge, parts: Vec<(usize, usize, Positions)>, n: usize, written: Vec<(Written, usize)> },
+    /// `raw`: in a Redis Cluster pool, each part's command as sent (in `parts`' order), for a
+    /// redirection to follow.
+    Split {
+        how: Merge,
+        parts: Vec<(usize, usize, Positions)>,
+        n: usize,
+        written: Vec<(Written, usize)>,
+        raw: Vec<Box<[u8]>>,
+    },
     /// A hot key's `GET` on a replica (`node`) that is not its owner: a miss there is read from
     /// the owner, answered, and copied to the replica.
     HotGet { server: usize, node: usize, owner: usize, hash: u64, key: Vec<u8> },
@@ -420,20 +429,28 @@ impl Protocol for Redis {
                 Err(why) => server_error(b, node, why),
             },
             Pending::Discard { .. } => {}
-            Pending::Split { how, parts, n, written } => {
+            Pending::Split { how, parts, n, written, raw } => {
                 let mut replies = Vec::with_capacity(parts.len());
                 let mut failure = None;
-                for ((_, node, positions), result) in parts.into_iter().zip(slot) {
+                for (k, ((_, node, positions), result)) in parts.into_iter().zip(slot).enumerate() {
                     match result {
                         Ok(range) => {
                             b.succeeded(node);
                             let reply = &arena[range.clone()];
-                            // A cluster part whose slot moved under it: TRYAGAIN, not the
-                            // redirection (the client speaks plain Redis).
-                            let reply = if crate::cluster::redirected(reply) {
-                                crate::cluster::part_redirected(b.pool)
-                            } else {
-                                reply
+                            // A cluster part whose slot moved under it: the redirection followed
+                            // (the node it names answers, an ASK's maybe -TRYAGAIN while the
+                            // slot's keys are on both nodes); one that cannot be followed answers
+                            // TRYAGAIN, never the redirection (the client speaks plain Redis).
+                            let reply = match raw.get(k) {
+                                _ if !crate::cluster::redirected(reply) => Cow::Borrowed(reply),
+                                Some(raw) => {
+                                    let greeting = b.s.greeting.bytes.clone();
+                                    match crate::cluster::follow(b.pool, greeting.as_deref(), reply, raw).await {
+                                        Some(last) if !crate::cluster::redirected(&last) => Cow::Owned(last),
+                                        _ => Cow::Borrowed(crate::cluster::part_redirected(b.pool)),
+                                    }
+                                }
+                                None => Cow::Borrowed(crate::cluster::part_redirected(b.pool)),
                             };
                             replies.push((reply, positions));
                         }
@@ -1085,14 +1102,20 @@ async fn split(
         }
     }
     let mut parts = Vec::with_capacity(by_node.len());
+    let mut raw = Vec::new();
     for (((node, _), positions), server) in by_node.into_iter().zip(conns) {
         b.sent(node);
         let words = std::iter::once(verb)
             .chain(positions.iter().flat_map(|&i| items[i * stride..(i + 1) * stride].iter().copied()));
-        codec::command(&mut b.servers.0[server].out, Counted(words, 1 + positions.len() * stride));
+        let out = &mut b.servers.0[server].out;
+        let at = out.len();
+        codec::command(out, Counted(words, 1 + positions.len() * stride));
+        if cluster {
+            raw.push(Box::from(&out[at..]));
+        }
         parts.push((server, node, positions));
     }
-    Pending::Split { how, parts, n, written }
+    Pending::Split { how, parts, n, written, raw }
 }
 
 /// An iterator whose length is known ahead (a command's words, for its array header).
@@ -1113,7 +1136,7 @@ impl<'a, I: Iterator<Item = &'a [u8]>> Iterator for Counted<I> {
 impl<'a, I: Iterator<Item = &'a [u8]>> ExactSizeIterator for Counted<I> {}
 
 /// A split command's reply from its servers' replies.
-fn merge(how: Merge, replies: &[(&[u8], Positions)], n: usize, failure: Option<&str>, out: &mut Vec<u8>) {
+fn merge(how: Merge, replies: &[(Cow<'_, [u8]>, Positions)], n: usize, failure: Option<&str>, out: &mut Vec<u8>) {
     if let Some(why) = failure {
         out.extend_from_slice(format!("-ERR keyroute: {why}\r\n").as_bytes());
         return;

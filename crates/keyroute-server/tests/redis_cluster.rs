@@ -133,6 +133,11 @@ fn master_of(masters: &[SocketAddr], key: &str) -> SocketAddr {
         .expect("the slot's master")
 }
 
+/// A key's Redis Cluster slot.
+fn slot_of(key: &str) -> u16 {
+    keyroute::slots::key_slot(key.as_bytes())
+}
+
 /// The redirections keyroute followed.
 async fn redirections(gw: &Gw) -> u64 {
     let (_, m) = admin(gw, "GET", "/metrics", "", None).await;
@@ -226,10 +231,12 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
         redis_cli(&["-p", &port(node), "cluster", "setslot", &slot, "node", &id(&target)]);
     }
     assert_eq!(ask(&mut c, &cmd(&["GET", "asked"])).await, "$4\r\nhere\r\n");
-    // A writer and a reader through keyroute while 3,000 slots move from one master to another.
+    // Writers and readers through keyroute (SET, GET, MSET, MGET) while 3,000 slots move from one
+    // master to another.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut load = tokio::task::JoinSet::new();
-    for role in ["writer", "reader"] {
+    // (MSET and MGET of keys in different slots: split, each part on its own slot's node.)
+    for role in ["writer", "reader", "mwriter", "mreader"] {
         let (stop, addr) = (stop.clone(), gw.addr);
         load.spawn(async move {
             let mut c = TcpStream::connect(addr).await.expect("connect");
@@ -242,6 +249,34 @@ async fn a_cluster_resharded_under_load_fails_no_command() {
                     if r == "+OK\r\n" {
                         acked.insert(key, i);
                     } else {
+                        failed.push(r);
+                    }
+                } else if role == "mwriter" {
+                    let (a, b) = (format!("mload{}", i % 1000), format!("mload{}", 1000 + i % 1000));
+                    if slot_of(&a) == slot_of(&b) {
+                        i += 1;
+                        continue;
+                    }
+                    let v = i.to_string();
+                    let r = ask(&mut c, &cmd(&["MSET", &a, &v, &b, &v])).await;
+                    if r == "+OK\r\n" {
+                        acked.insert(a, i);
+                        acked.insert(b, i);
+                    } else {
+                        failed.push(r);
+                    }
+                } else if role == "mreader" {
+                    let keys = [key.clone(), format!("load{}", (i + 7) % 2000), format!("mload{}", i % 2000)];
+                    // Keys of one slot, some moved and some not, are TRYAGAIN in Redis Cluster too.
+                    if slot_of(&keys[0]) == slot_of(&keys[1])
+                        || slot_of(&keys[1]) == slot_of(&keys[2])
+                        || slot_of(&keys[0]) == slot_of(&keys[2])
+                    {
+                        i += 1;
+                        continue;
+                    }
+                    let r = ask(&mut c, &cmd(&["MGET", &keys[0], &keys[1], &keys[2]])).await;
+                    if !r.starts_with("*3\r\n") {
                         failed.push(r);
                     }
                 } else {
