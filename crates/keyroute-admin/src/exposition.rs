@@ -181,7 +181,7 @@ const POOL_FAMILIES: [PoolRow; 9] = [
     ),
     (
         "keyroute_pool_replica_failovers",
-        "Replicated pools: reads that missed or failed on a key's first copy and were asked of the next.",
+        "Replicated pools: reads that missed or failed on a key's first copy and were asked of the next; Redis Cluster pools: reads a replica missed, refused or failed, asked of the master.",
         MetricType::Counter,
         |p| Value::Int(p.metrics.replica_failovers.load(Relaxed)),
     ),

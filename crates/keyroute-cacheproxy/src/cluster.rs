@@ -17,10 +17,12 @@
 //!   goes to the least loaded (commands in flight) of the slot's healthy master and replicas,
 //!   ties taken in turn. A replica is as new as Redis's asynchronous replication made it: a key
 //!   written through this proxy is read from its master for the next second ([`PIN`], from the
-//!   write's answer), and a replica's failure, error or miss (a null) is asked of the master (a
-//!   key newer than the replica, a slot being migrated, a replica still loading); a replica that
-//!   failed is not chosen for [`AVOID`]. Commands of several keys (`MGET`...) and `EVAL_RO` go to
-//!   masters.
+//!   write's answer), and a replica's failure, error or miss (a null: a key created since the
+//!   replica's copy, a slot being migrated, a replica still loading) is asked of the master; a
+//!   command after such a read in a client's pipeline that may write waits for the read's answer
+//!   (the master's answer never shows it). A replica that failed, or answers `LOADING` or
+//!   `MASTERDOWN`, is not chosen for [`AVOID`]. Commands of several keys (`MGET`...) and `EVAL_RO`
+//!   go to masters.
 //! - **Redirections**: a `-MOVED SLOT HOST:PORT` reply sends the command again to that node (the
 //!   map is patched for the slot and refreshed); `-ASK SLOT HOST:PORT` sends it there after
 //!   `ASKING` (a slot being migrated: the map is not changed). Up to five hops; the client gets the
@@ -29,7 +31,8 @@
 //! - **Commands of several keys** (`MGET`, `MSET`, `DEL`...) are split by slot, each slot's keys in
 //!   one command to its master, a part redirected followed as a command of one key is (a part
 //!   whose slot's keys are on both nodes of a migration answers Redis's `-TRYAGAIN`, and so does
-//!   one that cannot be followed); a command of several keys waits for the pool's first map, up to
+//!   one that could not be sent on; one sent on and not answered fails the command with `server
+//!   connection lost`: it may have run); a command of several keys waits for the pool's first map, up to
 //!   a second, so that it is split on it. `MSETNX` and `EVAL` need all their keys in one slot
 //!   (else Redis's `CROSSSLOT`).
 //!
@@ -409,24 +412,39 @@ pub(crate) fn redirected(reply: &[u8]) -> bool {
     reply.starts_with(b"-MOVED ") || reply.starts_with(b"-ASK ")
 }
 
-/// Follows a redirection `reply` to the command `raw` (see the module): the last node's reply,
-/// or `None` when a node could not be reached or the hops ran out.
-pub(crate) async fn follow(pool: &Pool, greeting: Option<&[u8]>, reply: &[u8], raw: &[u8]) -> Option<Vec<u8>> {
+/// Why a redirection was not followed to the end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unfollowed {
+    /// The command was not sent on: a node named by host name, one not reached, or the hops ran
+    /// out (every node that got it redirected it, and ran nothing).
+    NotSent,
+    /// The command was sent to a node that did not answer in time: it may have run.
+    Lost,
+}
+
+/// Follows a redirection `reply` to the command `raw` (see the module): the last node's reply.
+pub(crate) async fn follow(
+    pool: &Pool,
+    greeting: Option<&[u8]>,
+    reply: &[u8],
+    raw: &[u8],
+) -> Result<Vec<u8>, Unfollowed> {
     let snap = pool.snapshot();
     let (connect, timeout) = (snap.config().connect_timeout, snap.config().retry.per_try_timeout);
     let mut reply = reply.to_vec();
     for _ in 0..HOPS {
         if !redirected(&reply) {
-            return Some(reply);
+            return Ok(reply);
         }
         // A redirection keyroute cannot read (a host name) is not passed on: the client speaks
         // plain Redis.
-        let (ask, slot, addr) = redirection(&reply)?;
+        let (ask, slot, addr) = redirection(&reply).ok_or(Unfollowed::NotSent)?;
         pool.metrics.cluster_redirects[usize::from(ask)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if !ask {
             patch(pool, slot, addr);
             refresh_soon(pool);
         }
+        let mut sent = false;
         let exchange = async {
             let mut conn = ServerConn::open(addr, connect).await.ok()?;
             if let Some(g) = greeting {
@@ -437,6 +455,7 @@ pub(crate) async fn follow(pool: &Pool, greeting: Option<&[u8]>, reply: &[u8], r
                 resp::command(&mut request, [&b"ASKING"[..]].into_iter());
             }
             request.extend_from_slice(raw);
+            sent = true;
             conn.write(&request).await.ok()?;
             if ask {
                 let n = conn.frame(|b| resp::reply_len(b).map_err(|_| crate::conn::Garbled)).await.ok()?;
@@ -445,9 +464,10 @@ pub(crate) async fn follow(pool: &Pool, greeting: Option<&[u8]>, reply: &[u8], r
             let n = conn.frame(|b| resp::reply_len(b).map_err(|_| crate::conn::Garbled)).await.ok()?;
             Some(conn.buffered()[..n].to_vec())
         };
-        reply = tokio::time::timeout(timeout, exchange).await.ok()??;
+        let answered = tokio::time::timeout(timeout, exchange).await.ok().flatten();
+        reply = answered.ok_or(if sent { Unfollowed::Lost } else { Unfollowed::NotSent })?;
     }
-    None
+    if redirected(&reply) { Err(Unfollowed::NotSent) } else { Ok(reply) }
 }
 
 /// The map with `slot` served by `addr` (a `MOVED` says so before the next refresh does).

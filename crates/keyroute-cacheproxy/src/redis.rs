@@ -41,7 +41,8 @@
 //!   least loaded of its replicas (the first of its ranking), by the commands in flight on each; a
 //!   replica's miss is read from the owner (`GET` and `PTTL`), answered, and copied to the replica
 //!   with `SET ... PX` (at most 10 s, which bounds how stale a copy can be when its fill raced a
-//!   write). Any other command
+//!   write); a command pipelined after such a `GET` that may write waits for its answer, so the
+//!   owner's value never shows the client's later write. Any other command
 //!   that writes the key (and `DEL`, `UNLINK`, `MSET` of it) goes to the owner and deletes the
 //!   replicas' copies in the same batch, so no later read through the proxy sees a value older
 //!   than the last write it forwarded. Other reads of a hot key go to its owner. Copies are a
@@ -68,6 +69,7 @@ use keyroute_fleet::config::{PoolConfig, ReplicaReads};
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
+use crate::cluster::Unfollowed;
 use crate::conn::Lost;
 use crate::driver::{Batch, Lists, Placed, Planned, Protocol};
 use crate::servers::{Framing, Read, Server, Servers, Slot, answer_into, flush, frame};
@@ -86,12 +88,15 @@ pub(crate) enum Pending {
     /// it writes in a pool with hot keys, whose copies are deleted once the servers answered.
     /// `raw`: in a Redis Cluster pool, each part's command as sent (in `parts`' order), for a
     /// redirection to follow.
+    /// `pins`: the keys of a write in a cluster pool whose replicas serve reads (see
+    /// [`crate::cluster::written`]).
     Split {
         how: Merge,
         parts: Vec<(usize, usize, Positions)>,
         n: usize,
         written: Vec<(Written, usize)>,
         raw: Vec<Box<[u8]>>,
+        pins: Vec<u64>,
     },
     /// A hot key's `GET` on a replica (`node`) that is not its owner: a miss there is read from
     /// the owner, answered, and copied to the replica.
@@ -111,6 +116,19 @@ pub(crate) struct Sent {
     replica: bool,
     /// A write in a pool whose replicas serve reads: its key's pin, set again when it is answered.
     pin: Option<u64>,
+}
+
+impl Pending {
+    /// Whether the read is asked again of another server when its answer is a miss: a cluster
+    /// replica's (of its master), a hot key replica's (of its owner). What the batch sends after
+    /// it must not write, or the second answer could see a later command of the client.
+    fn reasks(&self) -> bool {
+        match self {
+            Pending::HotGet { .. } => true,
+            Pending::One { cluster: Some(sent), .. } => sent.replica,
+            _ => false,
+        }
+    }
 }
 
 /// A split command's part: the client's positions of its keys (a few, on the stack).
@@ -190,6 +208,9 @@ pub(crate) struct Redis {
     switched: bool,
     /// The class of the command planned last (see [`commands::classes`]).
     class: u16,
+    /// A read planned in this batch may be asked again of another server when it is answered
+    /// (see [`Pending::reasks`]).
+    reask: bool,
 }
 
 impl Redis {
@@ -205,6 +226,7 @@ impl Redis {
             resp3: false,
             switched: false,
             class: 0,
+            reask: false,
         }
     }
 }
@@ -373,9 +395,17 @@ impl Protocol for Redis {
     }
 
     async fn plan(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
+        // A read of this batch may be asked again of another server when it is answered (a
+        // cluster replica's miss, a hot key replica's): a command that may write waits for the
+        // next batch, after that read's answer, which then never sees it.
+        if self.reask && !matches!(self.route_key(input), Some((_, true))) {
+            return Planned::Wait;
+        }
+        let before = b.pending.len();
         let mut ranges = std::mem::take(&mut b.lists.ranges);
         let planned = self.plan_with(input, b, &mut ranges).await;
         b.lists.ranges = ranges;
+        self.reask |= b.pending.get(before..).is_some_and(|p| p.iter().any(Pending::reasks));
         planned
     }
 
@@ -383,11 +413,20 @@ impl Protocol for Redis {
         match p {
             Pending::Ready(bytes) => b.out.extend_from_slice(&bytes),
             Pending::One { node, written, cluster, .. } => {
+                let pin = cluster.as_ref().and_then(|c| c.pin);
                 match (&slot[0], cluster) {
                     // A replica that failed, erred or missed: the master answers.
                     (result, Some(sent)) if sent.replica && !replica_answered(result, arena) => {
                         match result {
-                            Ok(_) => b.succeeded(node),
+                            // A replica still loading, or cut from its master: not chosen for a
+                            // while (a client's bad command, WRONGTYPE..., counts against none).
+                            Ok(range) => {
+                                b.succeeded(node);
+                                let reply = &arena[range.clone()];
+                                if reply.starts_with(b"-LOADING") || reply.starts_with(b"-MASTERDOWN") {
+                                    crate::cluster::avoid(b.pool, b.worker(node).address, Instant::now());
+                                }
+                            }
                             Err(_) => {
                                 b.failed(node);
                                 crate::cluster::avoid(b.pool, b.worker(node).address, Instant::now());
@@ -403,11 +442,13 @@ impl Protocol for Redis {
                             Some(sent) if crate::cluster::redirected(reply) => followed(b, reply, &sent.raw).await,
                             _ => b.out.extend_from_slice(reply),
                         }
-                        if let Some(pin) = cluster.and_then(|c| c.pin) {
-                            crate::cluster::written(b.pool, pin, Instant::now());
-                        }
                     }
                     (Err(why), _) => server_error(b, node, why),
+                }
+                // A write's key read from its master for a while from now, answered or not (it
+                // may have run).
+                if let Some(pin) = pin {
+                    crate::cluster::written(b.pool, pin, Instant::now());
                 }
                 // Answered or not, the write may have been applied.
                 if let Some((hash, key)) = written {
@@ -429,7 +470,7 @@ impl Protocol for Redis {
                 Err(why) => server_error(b, node, why),
             },
             Pending::Discard { .. } => {}
-            Pending::Split { how, parts, n, written, raw } => {
+            Pending::Split { how, parts, n, written, raw, pins } => {
                 let mut replies = Vec::with_capacity(parts.len());
                 let mut failure = None;
                 for (k, ((_, node, positions), result)) in parts.into_iter().zip(slot).enumerate() {
@@ -446,8 +487,15 @@ impl Protocol for Redis {
                                 Some(raw) => {
                                     let greeting = b.s.greeting.bytes.clone();
                                     match crate::cluster::follow(b.pool, greeting.as_deref(), reply, raw).await {
-                                        Some(last) if !crate::cluster::redirected(&last) => Cow::Owned(last),
-                                        _ => Cow::Borrowed(crate::cluster::part_redirected(b.pool)),
+                                        Ok(last) => Cow::Owned(last),
+                                        Err(Unfollowed::NotSent) => {
+                                            Cow::Borrowed(crate::cluster::part_redirected(b.pool))
+                                        }
+                                        // Sent on and lost: it may have run, so not "try again".
+                                        Err(Unfollowed::Lost) => {
+                                            failure = Some(crate::conn::CONNECTION_LOST);
+                                            continue;
+                                        }
                                     }
                                 }
                                 None => Cow::Borrowed(crate::cluster::part_redirected(b.pool)),
@@ -461,6 +509,10 @@ impl Protocol for Redis {
                     }
                 }
                 merge(how, &replies, n, failure, b.out);
+                let now = Instant::now();
+                for pin in pins {
+                    crate::cluster::written(b.pool, pin, now);
+                }
                 for ((hash, key), writer) in written {
                     delete_copies(b, hash, writer, &key).await;
                 }
@@ -469,6 +521,7 @@ impl Protocol for Redis {
     }
 
     fn after(&mut self, servers: &mut Servers, side: &mut Servers) {
+        self.reask = false;
         if std::mem::take(&mut self.switched) {
             *servers = Servers::shared();
             *side = Servers::default();
@@ -489,8 +542,11 @@ fn replica_answered(result: &Slot, arena: &[u8]) -> bool {
 async fn followed(b: &mut Batch<'_, Redis>, reply: &[u8], raw: &[u8]) {
     let greeting = b.s.greeting.bytes.clone();
     match crate::cluster::follow(b.pool, greeting.as_deref(), reply, raw).await {
-        Some(last) => b.out.extend_from_slice(&last),
-        None => b.out.extend_from_slice(b"-ERR keyroute: the cluster's redirection could not be followed\r\n"),
+        Ok(last) => b.out.extend_from_slice(&last),
+        Err(Unfollowed::NotSent) => {
+            b.out.extend_from_slice(b"-ERR keyroute: the cluster's redirection could not be followed\r\n")
+        }
+        Err(Unfollowed::Lost) => b.out.extend_from_slice(b"-ERR keyroute: server connection lost\r\n"),
     }
 }
 
@@ -783,6 +839,17 @@ struct Target {
     pin: Option<u64>,
 }
 
+/// Whether the batch's pool is a cluster whose replicas serve reads.
+fn replica_reads(b: &Batch<'_, Redis>) -> bool {
+    b.snap.config().cluster.is_some_and(|c| c.replica_reads != ReplicaReads::Never)
+}
+
+/// The place of `key`'s last write among the pool's pins: its placement hash (its hash tag's),
+/// or its slot when the strategy has none.
+fn pin_of(hash: Placed, key: &[u8]) -> u64 {
+    hash.0.unwrap_or_else(|| u64::from(keyroute::slots::key_slot(key)))
+}
+
 /// The [`Target`] of `key` (placed `hash`) for a command that reads it only or writes it
 /// (`access`), which may go to a replica (`replicas`: a command of one key). The pool's refresh
 /// task starts here, with the servers' `AUTH`; a write's key is pinned to its master for a while.
@@ -800,7 +867,7 @@ fn cluster_target(
     if reads == ReplicaReads::Never {
         return Target { node: master, master, pin: None };
     }
-    let pin = hash.0.unwrap_or(u64::from(slot));
+    let pin = pin_of(hash, key);
     if access == Access::Write {
         crate::cluster::written(b.pool, pin, Instant::now());
         return Target { node: master, master, pin: Some(pin) };
@@ -845,7 +912,8 @@ async fn cluster_one(
         return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
     };
     b.servers.0[server].out.extend_from_slice(raw);
-    let replica = to == Some(node) && to != t.master;
+    // (A read on a replica, by the map: a failed master's read placed by the strategy too.)
+    let replica = access == Access::Read && t.master.is_some() && Some(node) != t.master && replica_reads(b);
     let sent = Sent { raw: raw.into(), slot: keyroute::slots::key_slot(key), replica, pin: t.pin };
     Pending::One { server, node, written: None, cluster: Some(Box::new(sent)) }
 }
@@ -1062,6 +1130,7 @@ async fn split(
     let n = items.len() / stride;
     let writes = matches!(how, Merge::Ok) || verb.eq_ignore_ascii_case(b"DEL") || verb.eq_ignore_ascii_case(b"UNLINK");
     let mut written = Vec::new();
+    let mut pins = Vec::new();
     for i in 0..n {
         let key = items[i * stride];
         // One hash a key (twemproxy's placement is an MD5 of it), counted once.
@@ -1079,6 +1148,9 @@ async fn split(
         // (TOUCH changes what a cluster's replica would not: its key's master is pinned too.)
         let touch = verb.eq_ignore_ascii_case(b"TOUCH");
         let access = if writes || touch { Access::Write } else { Access::Read };
+        if access == Access::Write && replica_reads(b) {
+            pins.push(pin_of(hash, key));
+        }
         let Some(node) = node_of(b, pw, hash, key, access).await else {
             b.pool.metrics.no_worker.fetch_add(1, Relaxed);
             return Pending::Ready(b"-ERR keyroute: no server available\r\n".to_vec());
@@ -1115,7 +1187,7 @@ async fn split(
         }
         parts.push((server, node, positions));
     }
-    Pending::Split { how, parts, n, written, raw }
+    Pending::Split { how, parts, n, written, raw, pins }
 }
 
 /// An iterator whose length is known ahead (a command's words, for its array header).

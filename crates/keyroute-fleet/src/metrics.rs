@@ -210,7 +210,7 @@ pub struct PoolMetrics {
     /// Cache listeners: copies on a key's previous server invalidated by a write during the warm-up.
     pub warm_invalidations: AtomicU64,
     /// Replicated pools: reads that missed or failed on a key's first copy and were asked of the
-    /// next.
+    /// next; Redis Cluster pools: reads a replica missed, refused or failed, asked of the master.
     pub replica_failovers: AtomicU64,
     /// Replicated pools: values added back to copies that missed them (repair on read).
     pub replica_repairs: AtomicU64,

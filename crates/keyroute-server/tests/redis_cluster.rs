@@ -46,12 +46,27 @@ fn reply_len(buf: &[u8]) -> Option<usize> {
 }
 
 async fn ask(s: &mut TcpStream, request: &[u8]) -> String {
+    ask_n(s, request, 1).await
+}
+
+/// `request` sent, and `n` replies read.
+async fn ask_n(s: &mut TcpStream, request: &[u8], n: usize) -> String {
     s.write_all(request).await.expect("write");
     let mut buf = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        if let Some(n) = reply_len(&buf) {
-            return String::from_utf8_lossy(&buf[..n]).into_owned();
+        let mut at = 0;
+        for _ in 0..n {
+            match reply_len(&buf[at..]) {
+                Some(len) => at += len,
+                None => {
+                    at = usize::MAX;
+                    break;
+                }
+            }
+        }
+        if at != usize::MAX {
+            return String::from_utf8_lossy(&buf[..at]).into_owned();
         }
         let mut chunk = [0u8; 4096];
         let n = tokio::time::timeout_at(deadline, s.read(&mut chunk)).await.expect("a reply in time").expect("read");
@@ -405,6 +420,14 @@ async fn replicas_serve_reads_and_a_hot_keys_spread_over_its_slot() {
         on_master == 10 && on_replica > 0,
         "a miss asked again: {on_master} on the master, {on_replica} on the replica"
     );
+    // A read and a write of one key pipelined: the read never sees the write, even when a
+    // replica's miss is asked again of the master (the write waits for that answer).
+    for i in 0..20 {
+        let key = format!("piped{i}");
+        let mut request = cmd(&["GET", &key]);
+        request.extend(cmd(&["SET", &key, "later"]));
+        assert_eq!(ask_n(&mut c, &request, 2).await, "$-1\r\n+OK\r\n", "{key}");
+    }
     // A replica killed: every read still answered (from the master, or the next node).
     let dead = replica_of(masters[0]);
     let at = addrs.iter().position(|a| *a == dead).expect("its node");
