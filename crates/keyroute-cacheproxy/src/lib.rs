@@ -68,8 +68,12 @@ pub fn spawn<H: Send + 'static>(stream: TcpStream, ctx: Arc<Context>, listener: 
     let client = driver::Client::new(stream, &ctx.stop);
     match listener.protocol {
         CacheProtocol::Memcached => {
-            let proto =
-                memcached::Memcached { max_item: listener.max_item_bytes, broadcast: listener.broadcast, class: 0 };
+            let proto = memcached::Memcached {
+                max_item: listener.max_item_bytes,
+                broadcast: listener.broadcast,
+                class: 0,
+                reask: false,
+            };
             tokio::spawn(driver::serve(client, ctx, proto, held));
         }
         CacheProtocol::Redis => {

@@ -808,7 +808,7 @@ async fn node_for(b: &mut Batch<'_, Redis>, pw: Option<&str>, key: &[u8]) -> Opt
 
 /// [`node_for`] of a key already placed (hashed once, and counted once in the pool's key
 /// statistics and hot-key detection), for a command that reads it only or writes it (`access`: in
-/// a cluster pool, a read may go to a replica).
+/// a cluster pool whose replicas serve reads, a write pins its key to its master).
 async fn node_of(
     b: &mut Batch<'_, Redis>,
     pw: Option<&str>,

@@ -84,6 +84,9 @@ pub(crate) struct Memcached {
     pub(crate) broadcast: bool,
     /// The class of the command planned last (see [`CLASSES`]).
     pub(crate) class: u16,
+    /// A read planned in this batch may be asked again of another server when it is answered
+    /// (see [`Pending::reasks`]).
+    pub(crate) reask: bool,
 }
 
 /// The classes a memcached listener's commands are counted by: each command it takes, and
@@ -180,6 +183,19 @@ pub(crate) enum Pending {
     /// A command of every server: each reachable server's answer (server, node), and how many
     /// could not be reached.
     Broadcast { every: Every, parts: Vec<(usize, usize)>, unreachable: usize, noreply: bool },
+}
+
+impl Pending {
+    /// Whether a miss (or failure) of the read is asked again of another server when it is
+    /// answered: what the batch sends after it must not write, or the second answer could see a
+    /// later command of the client.
+    fn reasks(&self) -> bool {
+        match self {
+            Pending::Warm { .. } | Pending::Copies { .. } => true,
+            Pending::Multi { keys, .. } => keys.iter().any(|(_, f)| !matches!(f, Fallback::None)),
+            _ => false,
+        }
+    }
 }
 
 /// How a memcached answer is framed: a retrieval's (`VALUE` blocks to `END`), its kind, and
@@ -289,72 +305,21 @@ impl Protocol for Memcached {
     }
 
     async fn plan(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
-        let Some((n, line)) = codec::line(input) else {
-            self.class = CLASSES.len() as u16 - 1;
-            if input.len() > codec::MAX_LINE {
-                b.pending.push(Pending::Ready(b"CLIENT_ERROR line too long\r\n"));
-                return Planned::Close;
-            }
+        // A read of this batch may be asked again of another server when it is answered (a
+        // replicated key's next copy, a hot key's owner, a joined server's previous one): a
+        // command that may write waits for the next batch, after that read's answer, which then
+        // never sees it.
+        if self.reask && !codec::line(input).is_some_and(|(_, line)| reads_only(line)) {
             return Planned::Wait;
-        };
-        self.class = class_of(line);
-        match codec::parse(line, self.max_item) {
-            Err(Refused::Unframed) => {
-                b.pending.push(Pending::Owned(Refused::Unframed.line()));
-                Planned::Close
-            }
-            Err(refused @ (Refused::TooLarge { skip } | Refused::FormatSkip { skip })) => {
-                // The refused command's block is skipped, never read as commands.
-                b.pending.push(Pending::Owned(refused.line()));
-                Planned::Skip { n, skip }
-            }
-            Err(r) => {
-                b.pending.push(Pending::Owned(r.line()));
-                Planned::Next(n)
-            }
-            Ok(Command::Quit) => Planned::Close,
-            Ok(Command::Version) => {
-                let version = format!("VERSION keyroute-{}\r\n", env!("CARGO_PKG_VERSION"));
-                b.pending.push(Pending::Owned(version.into_bytes()));
-                Planned::Next(n)
-            }
-            Ok(Command::MetaNoop) => {
-                b.pending.push(Pending::Ready(b"MN\r\n"));
-                Planned::Next(n)
-            }
-            Ok(Command::Broadcast { cmd, noreply }) => {
-                let p = if self.broadcast {
-                    broadcast::plan(b, cmd, noreply).await
-                } else {
-                    Pending::Owned(Refused::NotProxied(cmd.name()).line())
-                };
-                b.pending.push(p);
-                Planned::Next(n)
-            }
-            Ok(Command::Keyed { key, data, quiet, answer }) => {
-                // The whole command (line and data) must be here before it is sent.
-                let total = n + data.map_or(0, |d| d + 2);
-                if input.len() < total {
-                    return Planned::Wait;
-                }
-                if data.is_some_and(|d| &input[n + d..total] != b"\r\n") {
-                    // As memcached: the declared bytes and two more are taken as the block, and
-                    // what follows is the next command.
-                    b.pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
-                    return Planned::Next(total);
-                }
-                keyed(b, &key, &input[..total], line.trim_ascii_start().starts_with(b"mg "), quiet, answer).await;
-                Planned::Next(total)
-            }
-            Ok(Command::Retrieve { kind, exptime, keys }) => {
-                let p = match keys.single() {
-                    Some(key) => retrieve_one(b, kind, key, &input[..n]).await,
-                    None => retrieve_many(b, kind, exptime, keys).await,
-                };
-                b.pending.push(p);
-                Planned::Next(n)
-            }
         }
+        let before = b.pending.len();
+        let planned = self.plan_command(input, b).await;
+        self.reask |= b.pending.get(before..).is_some_and(|p| p.iter().any(Pending::reasks));
+        planned
+    }
+
+    fn after(&mut self, _servers: &mut crate::servers::Servers, _side: &mut crate::servers::Servers) {
+        self.reask = false;
     }
 
     async fn answer(&mut self, b: &mut Batch<'_, Self>, p: Pending, slot: &[Slot], arena: &[u8]) {
@@ -456,6 +421,78 @@ impl Protocol for Memcached {
                     }
                 }
                 b.out.extend_from_slice(b"END\r\n");
+            }
+        }
+    }
+}
+
+impl Memcached {
+    /// Plans the first command of `input` (see [`Protocol::plan`]).
+    async fn plan_command(&mut self, input: &[u8], b: &mut Batch<'_, Self>) -> Planned {
+        let Some((n, line)) = codec::line(input) else {
+            self.class = CLASSES.len() as u16 - 1;
+            if input.len() > codec::MAX_LINE {
+                b.pending.push(Pending::Ready(b"CLIENT_ERROR line too long\r\n"));
+                return Planned::Close;
+            }
+            return Planned::Wait;
+        };
+        self.class = class_of(line);
+        match codec::parse(line, self.max_item) {
+            Err(Refused::Unframed) => {
+                b.pending.push(Pending::Owned(Refused::Unframed.line()));
+                Planned::Close
+            }
+            Err(refused @ (Refused::TooLarge { skip } | Refused::FormatSkip { skip })) => {
+                // The refused command's block is skipped, never read as commands.
+                b.pending.push(Pending::Owned(refused.line()));
+                Planned::Skip { n, skip }
+            }
+            Err(r) => {
+                b.pending.push(Pending::Owned(r.line()));
+                Planned::Next(n)
+            }
+            Ok(Command::Quit) => Planned::Close,
+            Ok(Command::Version) => {
+                let version = format!("VERSION keyroute-{}\r\n", env!("CARGO_PKG_VERSION"));
+                b.pending.push(Pending::Owned(version.into_bytes()));
+                Planned::Next(n)
+            }
+            Ok(Command::MetaNoop) => {
+                b.pending.push(Pending::Ready(b"MN\r\n"));
+                Planned::Next(n)
+            }
+            Ok(Command::Broadcast { cmd, noreply }) => {
+                let p = if self.broadcast {
+                    broadcast::plan(b, cmd, noreply).await
+                } else {
+                    Pending::Owned(Refused::NotProxied(cmd.name()).line())
+                };
+                b.pending.push(p);
+                Planned::Next(n)
+            }
+            Ok(Command::Keyed { key, data, quiet, answer }) => {
+                // The whole command (line and data) must be here before it is sent.
+                let total = n + data.map_or(0, |d| d + 2);
+                if input.len() < total {
+                    return Planned::Wait;
+                }
+                if data.is_some_and(|d| &input[n + d..total] != b"\r\n") {
+                    // As memcached: the declared bytes and two more are taken as the block, and
+                    // what follows is the next command.
+                    b.pending.push(Pending::Ready(b"CLIENT_ERROR bad data chunk\r\n"));
+                    return Planned::Next(total);
+                }
+                keyed(b, &key, &input[..total], line.trim_ascii_start().starts_with(b"mg "), quiet, answer).await;
+                Planned::Next(total)
+            }
+            Ok(Command::Retrieve { kind, exptime, keys }) => {
+                let p = match keys.single() {
+                    Some(key) => retrieve_one(b, kind, key, &input[..n]).await,
+                    None => retrieve_many(b, kind, exptime, keys).await,
+                };
+                b.pending.push(p);
+                Planned::Next(n)
             }
         }
     }

@@ -20,8 +20,10 @@
 //! - **`get`**, of one key or many, reads the first copy; a miss or a failure there is asked of
 //!   the next copy, in order (`keyroute_pool_replica_failovers_total`), and with `repair` (on by
 //!   default) a value found on a later copy is added (`ms ... ME`, so that a write that got there
-//!   first wins) to the copies that answered a miss (`keyroute_pool_replica_repairs_total`).
-//!   `gets`, `gat`, `gats` and `mg` read the first copy only: their answers are one server's.
+//!   first wins) to the copies that answered a miss (`keyroute_pool_replica_repairs_total`). A
+//!   command pipelined after such a `get` that may write waits for the `get`'s answer, so that
+//!   the next copy's answer never shows the client's later write. `gets`, `gat`, `gats` and `mg`
+//!   read the first copy only: their answers are one server's.
 //!
 //! Left as mcrouter leaves it: a copy that was down while a key was written can hold the older
 //! value when it comes back, until the key expires or is written again.
