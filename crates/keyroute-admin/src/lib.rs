@@ -746,8 +746,6 @@ fn drain(pool: Arc<Pool>, name: &str) -> Response<ProxyBody> {
     json(StatusCode::ACCEPTED, serde_json::json!({ "draining": name, "pool": pool_name }))
 }
 
-/// A pool's hot keys (also the dashboard's): each with its key text when a sampled request showed it, hash, measured rate,
-/// replica count and replicas (the first of its ranking), plus the cache's figures.
 /// `GET /slowlog`: a cache pool's recent commands over its threshold (`[pool.slow_log]`), newest
 /// first; keys as their placement hash unless the pool shows key text.
 fn slow_log(pool: &Pool) -> serde_json::Value {
@@ -761,6 +759,8 @@ fn slow_log(pool: &Pool) -> serde_json::Value {
     })
 }
 
+/// A pool's hot keys (also the dashboard's): each with its key text when a sampled request showed it, hash, measured rate,
+/// replica count and replicas (the first of its ranking), plus the cache's figures.
 fn hot_keys(pool: &Pool, http: Option<&keyroute_gateway::routing::HttpPool>) -> serde_json::Value {
     let snap = pool.snapshot();
     let Some(hot) = snap.hot() else {

@@ -110,6 +110,101 @@ impl Cluster {
     fn ms(&self, now: Instant) -> u32 {
         (now.saturating_duration_since(self.epoch).as_millis() as u32).max(1)
     }
+
+    /// The members of `snap` a command of `slot` goes to by the pool's map: the node, and the
+    /// slot's master. The node is the master, or, for a read that may go to `readers` > 1 of the
+    /// slot's nodes (its master first, then its replicas), the least loaded of those that are
+    /// healthy members and not avoided (commands in flight; ties taken in turn). `None`s without
+    /// a map, or for a node not a member (yet).
+    pub(crate) fn node(
+        &self,
+        snap: &Snapshot,
+        slot: u16,
+        readers: usize,
+        now: Instant,
+    ) -> (Option<usize>, Option<usize>) {
+        let map = self.map.load();
+        let Some(shard) = map.as_ref().and_then(|m| m.shard(slot)) else { return (None, None) };
+        let member = |a: &SocketAddr| snap.workers().iter().position(|w| w.address == *a);
+        let master = shard.first().and_then(member);
+        let n = readers.min(shard.len());
+        if n <= 1 {
+            return (master, master);
+        }
+        let start = self.turn.fetch_add(1, Relaxed);
+        let avoided = self.avoided.load();
+        let mut best: Option<(u64, usize)> = None;
+        for k in 0..n {
+            let addr = &shard[(start + k) % n];
+            if avoided.iter().any(|(a, until)| a == addr && *until > now) {
+                continue;
+            }
+            let Some(i) = member(addr) else { continue };
+            let w = &snap.workers()[i];
+            if w.state_with(now, Duration::ZERO) != State::Healthy {
+                continue;
+            }
+            let load = w.in_flight();
+            if best.is_none_or(|(least, _)| load < least) {
+                best = Some((load, i));
+            }
+        }
+        (best.map(|(_, i)| i).or(master), master)
+    }
+
+    /// How many of a slot's nodes a command of one key may go to (see [`Cluster::node`]): 1 (its
+    /// master) but for a read in a pool whose replicas serve reads (`hot`: `hot_replicas`, the
+    /// key's replica count when it is hot), of a key not written through the proxy within
+    /// [`PIN`] (`pin`: its hash).
+    pub(crate) fn readers(&self, reads: ReplicaReads, hot_replicas: usize, pin: u64, now: Instant) -> usize {
+        let readers = match reads {
+            ReplicaReads::Never => return 1,
+            ReplicaReads::Hot => hot_replicas,
+            ReplicaReads::Always => usize::MAX,
+        };
+        if readers <= 1 {
+            return 1;
+        }
+        let at = self.pins()[(pin % PINS as u64) as usize].load(Relaxed);
+        let pinned = at != 0 && self.ms(now).wrapping_sub(at) < PIN.as_millis() as u32;
+        if pinned { 1 } else { readers }
+    }
+
+    /// Notes a write of the key hashed `pin` at `now` (when it is planned, and again when it is
+    /// answered), in a pool whose replicas serve reads: its reads go to its master for the next
+    /// [`PIN`].
+    pub(crate) fn written(&self, pin: u64, now: Instant) {
+        self.pins()[(pin % PINS as u64) as usize].store(self.ms(now), Relaxed);
+    }
+
+    /// A replica that could not be reached, or failed a read, is not chosen for reads until
+    /// [`AVOID`] has passed (a Redis pool's members are not ejected by default: see the README's
+    /// "a store fails where a cache fails over").
+    pub(crate) fn avoid(&self, addr: SocketAddr, now: Instant) {
+        self.avoided.rcu(|list| {
+            let mut list: Vec<(SocketAddr, Instant)> =
+                list.iter().copied().filter(|&(a, until)| a != addr && until > now).collect();
+            list.push((addr, now + AVOID));
+            list
+        });
+    }
+
+    /// Starts `pool`'s refresh task if it is not running (`greeting`: what a new connection is
+    /// sent first, the servers' `AUTH`, made only then: this is asked for every command).
+    pub(crate) fn start(&self, fleet: &Arc<Fleet>, pool: &Arc<Pool>, greeting: impl FnOnce() -> Option<Arc<[u8]>>) {
+        if !self.running.load(Relaxed) && self.running.compare_exchange(false, true, SeqCst, SeqCst).is_ok() {
+            tokio::spawn(run(Arc::clone(fleet), Arc::downgrade(pool), greeting()));
+        }
+    }
+
+    /// Waits (at most `limit`) for the pool's first slot map: a command of several keys is split
+    /// by slot, and a part sent where the map does not say would come back redirected.
+    pub(crate) async fn first_map(&self, limit: Duration) {
+        let until = tokio::time::Instant::now() + limit;
+        while self.map.load().is_none() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 /// Which nodes serve each slot.
@@ -211,99 +306,6 @@ fn bulk(reply: &[u8]) -> Option<&[u8]> {
     let body = reply.strip_prefix(b"$")?;
     let at = body.iter().position(|&b| b == b'\n')?;
     body.get(at + 1..)?.strip_suffix(b"\r\n")
-}
-
-/// The member of `snap` a command of `slot` goes to by the pool's map: the slot's master, or, for
-/// a read that may go to `readers` > 1 of the slot's nodes (its master first, then its replicas),
-/// the least loaded of those that are healthy members (commands in flight; ties taken in turn).
-/// `None` without a map, or when the node is not a member (yet).
-pub(crate) fn node(pool: &Pool, snap: &Snapshot, slot: u16, readers: usize, now: Instant) -> Option<usize> {
-    let state = crate::state(pool);
-    let map = state.cluster.map.load();
-    let shard = map.as_ref()?.shard(slot)?;
-    let member = |a: &SocketAddr| snap.workers().iter().position(|w| w.address == *a);
-    let n = readers.min(shard.len());
-    if n <= 1 {
-        return member(shard.first()?);
-    }
-    let start = state.cluster.turn.fetch_add(1, Relaxed);
-    let avoided = state.cluster.avoided.load();
-    let mut best: Option<(u64, usize)> = None;
-    for k in 0..n {
-        let addr = &shard[(start + k) % n];
-        if avoided.iter().any(|(a, until)| a == addr && *until > now) {
-            continue;
-        }
-        let Some(i) = member(addr) else { continue };
-        let w = &snap.workers()[i];
-        if w.state_with(now, Duration::ZERO) != State::Healthy {
-            continue;
-        }
-        let load = w.in_flight();
-        if best.is_none_or(|(least, _)| load < least) {
-            best = Some((load, i));
-        }
-    }
-    best.map(|(_, i)| i).or_else(|| member(shard.first()?))
-}
-
-/// How many of a slot's nodes a command of one key may go to (see [`node`]): 1 (its master) but
-/// for a read in a pool whose replicas serve reads (`hot`: `hot_replicas`, the key's replica count
-/// when it is hot), of a key not written through the proxy within [`PIN`] (`pin`: its hash).
-pub(crate) fn readers(pool: &Pool, reads: ReplicaReads, hot_replicas: usize, pin: u64, now: Instant) -> usize {
-    let readers = match reads {
-        ReplicaReads::Never => return 1,
-        ReplicaReads::Hot => hot_replicas,
-        ReplicaReads::Always => usize::MAX,
-    };
-    if readers <= 1 {
-        return 1;
-    }
-    let state = crate::state(pool);
-    let at = state.cluster.pins()[(pin % PINS as u64) as usize].load(Relaxed);
-    let pinned = at != 0 && state.cluster.ms(now).wrapping_sub(at) < PIN.as_millis() as u32;
-    if pinned { 1 } else { readers }
-}
-
-/// Notes a write of the key hashed `pin` at `now` (when it is planned, and again when it is
-/// answered), in a pool whose replicas serve reads: its reads go to its master for the next
-/// [`PIN`].
-pub(crate) fn written(pool: &Pool, pin: u64, now: Instant) {
-    let state = crate::state(pool);
-    state.cluster.pins()[(pin % PINS as u64) as usize].store(state.cluster.ms(now), Relaxed);
-}
-
-/// A replica that could not be reached, or failed a read, is not chosen for reads until [`AVOID`]
-/// has passed (a Redis pool's members are not ejected by default: see the README's "a store fails
-/// where a cache fails over").
-pub(crate) fn avoid(pool: &Pool, addr: SocketAddr, now: Instant) {
-    let state = crate::state(pool);
-    state.cluster.avoided.rcu(|list| {
-        let mut list: Vec<(SocketAddr, Instant)> =
-            list.iter().copied().filter(|&(a, until)| a != addr && until > now).collect();
-        list.push((addr, now + AVOID));
-        list
-    });
-}
-
-/// Starts the pool's refresh task if it is not running (`greeting`: what a new connection is
-/// sent first, the servers' `AUTH`, made only then: this is asked for every command).
-pub(crate) fn start(fleet: &Arc<Fleet>, pool: &Arc<Pool>, greeting: impl FnOnce() -> Option<Arc<[u8]>>) {
-    let state = crate::state(pool);
-    if !state.cluster.running.load(Relaxed)
-        && state.cluster.running.compare_exchange(false, true, SeqCst, SeqCst).is_ok()
-    {
-        tokio::spawn(run(Arc::clone(fleet), Arc::downgrade(pool), greeting()));
-    }
-}
-
-/// Waits (at most `limit`) for the pool's first slot map: a command of several keys is split by
-/// slot, and a part sent where the map does not say would come back redirected.
-pub(crate) async fn first_map(pool: &Pool, limit: Duration) {
-    let until = tokio::time::Instant::now() + limit;
-    while crate::state(pool).cluster.map.load().is_none() && tokio::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Asks the pool's refresh task for a new map now (after a redirection).

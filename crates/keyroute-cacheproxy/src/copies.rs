@@ -34,14 +34,6 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-/// The copies of `pool`'s hot keys: the pool's protocol slot (made on first use), which the cache
-/// listeners serving the pool share. Only the cache listeners use a pool's slot (the HTTP
-/// gateway keeps its per-pool state in its routes), so the fallback, a registry of its own per
-/// call, is never taken.
-pub(crate) fn of(pool: &keyroute_fleet::pool::Pool) -> Arc<Copies> {
-    Arc::clone(&crate::state(pool).copies)
-}
-
 /// The longest a hot key's copy on a replica lives: Redis copies are set with `PX` of at most
 /// this, memcached copies with `T` of at most this many seconds. It bounds how long the registry
 /// remembers a copy, and how stale a copy made by another gateway can be.

@@ -33,9 +33,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::Context;
-use crate::copies::Copies;
 use crate::servers::{Framing, Greeting, Read, Servers, Slot, flush, read_all};
+use crate::{Context, PoolState};
 
 /// The most commands served in one batch.
 pub(crate) const BATCH: usize = 1024;
@@ -140,8 +139,9 @@ pub(crate) struct Settings {
     pub(crate) may_eject: bool,
     /// What a new server connection is sent first.
     pub(crate) greeting: Greeting,
-    /// Where the pool's hot keys have copies (the pool's, across its snapshots).
-    pub(crate) copies: Arc<Copies>,
+    /// What the cache listeners keep for the pool across its snapshots (found once a batch):
+    /// where its hot keys have copies, its shadow's queue, its cluster's map.
+    pub(crate) state: Arc<PoolState>,
 }
 
 /// What planning and answering a batch share: the pool and the one snapshot the batch is placed
@@ -324,7 +324,7 @@ impl<P: Protocol> Batch<'_, P> {
     pub(crate) fn copy_holders(&self, h: u64, replicas: usize, except: usize) -> Vec<usize> {
         let mut nodes: Vec<usize> = self.snap.policy().ranked(h).take(replicas).filter(|&i| i != except).collect();
         if self.snap.hot().is_some() {
-            for a in self.s.copies.holders(h, self.now) {
+            for a in self.s.state.copies.holders(h, self.now) {
                 if let Some(i) = self.snap.workers().iter().position(|w| w.address == a)
                     && i != except
                     && !nodes.contains(&i)
@@ -404,7 +404,7 @@ async fn batch<P: Protocol>(
             greeted: P::greeted,
             write_timeout: config.retry.per_try_timeout,
         },
-        copies: crate::copies::of(&pool),
+        state: crate::state(&pool),
     };
     let Client { io, input, out, servers, side } = c;
     if out.capacity() == 0 {
@@ -665,7 +665,7 @@ pub(crate) async fn delete_copies<P: Protocol, F: Framing>(
     if b.snap.hot().is_none() && b.snap.config().replication.is_none() {
         return;
     }
-    let holders = b.s.copies.written(hash, Instant::now()).await;
+    let holders = b.s.state.copies.written(hash, Instant::now()).await;
     let writer = b.snap.workers().get(writer).map(|w| w.address);
     for addr in holders.into_iter().filter(|a| Some(*a) != writer) {
         let Some(node) = b.snap.workers().iter().position(|w| w.address == addr) else { continue };

@@ -64,8 +64,9 @@ pub struct Context {
 /// The task is the protocol's driver itself, made here with its client: the task holds its
 /// future for as long as the connection lives, and a wrapper around it would hold the
 /// connection's values twice.
-pub fn spawn<H: Send + 'static>(stream: TcpStream, ctx: Arc<Context>, listener: &CacheListener, held: H) {
+pub fn spawn<H: Send + 'static>(stream: TcpStream, ctx: Arc<Context>, held: H) {
     let client = driver::Client::new(stream, &ctx.stop);
+    let listener = &ctx.listener;
     match listener.protocol {
         CacheProtocol::Memcached => {
             let proto = memcached::Memcached {
@@ -103,7 +104,7 @@ pub fn check(listener: &CacheListener, pool: &Pool) -> Arc<dyn Check> {
 /// where its hot keys have copies, and its shadow's queue.
 #[derive(Default)]
 pub(crate) struct PoolState {
-    pub(crate) copies: Arc<copies::Copies>,
+    pub(crate) copies: copies::Copies,
     pub(crate) shadow: shadow::Shadow,
     pub(crate) cluster: cluster::Cluster,
 }

@@ -89,7 +89,7 @@ pub(crate) enum Pending {
     /// `raw`: in a Redis Cluster pool, each part's command as sent (in `parts`' order), for a
     /// redirection to follow.
     /// `pins`: the keys of a write in a cluster pool whose replicas serve reads (see
-    /// [`crate::cluster::written`]).
+    /// [`crate::cluster::Cluster::written`]).
     Split {
         how: Merge,
         parts: Vec<(usize, usize, Positions)>,
@@ -424,12 +424,12 @@ impl Protocol for Redis {
                                 b.succeeded(node);
                                 let reply = &arena[range.clone()];
                                 if reply.starts_with(b"-LOADING") || reply.starts_with(b"-MASTERDOWN") {
-                                    crate::cluster::avoid(b.pool, b.worker(node).address, Instant::now());
+                                    b.s.state.cluster.avoid(b.worker(node).address, Instant::now());
                                 }
                             }
                             Err(_) => {
                                 b.failed(node);
-                                crate::cluster::avoid(b.pool, b.worker(node).address, Instant::now());
+                                b.s.state.cluster.avoid(b.worker(node).address, Instant::now());
                             }
                         }
                         b.pool.metrics.replica_failovers.fetch_add(1, Relaxed);
@@ -448,7 +448,7 @@ impl Protocol for Redis {
                 // A write's key read from its master for a while from now, answered or not (it
                 // may have run).
                 if let Some(pin) = pin {
-                    crate::cluster::written(b.pool, pin, Instant::now());
+                    b.s.state.cluster.written(pin, Instant::now());
                 }
                 // Answered or not, the write may have been applied.
                 if let Some((hash, key)) = written {
@@ -511,7 +511,7 @@ impl Protocol for Redis {
                 merge(how, &replies, n, failure, b.out);
                 let now = Instant::now();
                 for pin in pins {
-                    crate::cluster::written(b.pool, pin, now);
+                    b.s.state.cluster.written(pin, now);
                 }
                 for ((hash, key), writer) in written {
                     delete_copies(b, hash, writer, &key).await;
@@ -553,7 +553,7 @@ async fn followed(b: &mut Batch<'_, Redis>, reply: &[u8], raw: &[u8]) {
 /// A read a replica could not answer, sent to its slot's master (a side connection: the batch's
 /// still has replies to give), and its reply (a redirection followed) answered.
 async fn from_master(b: &mut Batch<'_, Redis>, sent: &Sent) {
-    let Some(master) = crate::cluster::node(b.pool, b.snap, sent.slot, 1, b.now) else {
+    let Some(master) = b.s.state.cluster.node(b.snap, sent.slot, 1, b.now).1 else {
         b.out.extend_from_slice(b"-ERR keyroute: no server available\r\n");
         return;
     };
@@ -831,11 +831,11 @@ async fn node_of(
 /// one, or for a node not a member yet).
 struct Target {
     /// The node: its slot's master, or for a read that may go to a replica, the least loaded of
-    /// its slot's nodes (see [`crate::cluster::node`]).
+    /// its slot's nodes (see [`crate::cluster::Cluster::node`]).
     node: Option<usize>,
     /// The slot's master.
     master: Option<usize>,
-    /// A write in a pool whose replicas serve reads: the key's pin (see [`crate::cluster::written`]).
+    /// A write in a pool whose replicas serve reads: the key's pin (see [`crate::cluster::Cluster::written`]).
     pin: Option<u64>,
 }
 
@@ -860,22 +860,23 @@ fn cluster_target(
     access: Access,
     replicas: bool,
 ) -> Target {
-    crate::cluster::start(&b.ctx.fleet, b.pool, || greeting(pw, false));
+    let cluster = &b.s.state.cluster;
+    cluster.start(&b.ctx.fleet, b.pool, || greeting(pw, false));
     let slot = keyroute::slots::key_slot(key);
     let reads = b.snap.config().cluster.map_or(ReplicaReads::Never, |c| c.replica_reads);
-    let master = crate::cluster::node(b.pool, b.snap, slot, 1, b.now);
-    if reads == ReplicaReads::Never {
-        return Target { node: master, master, pin: None };
+    let (mut readers, mut pin) = (1, None);
+    if reads != ReplicaReads::Never {
+        let p = pin_of(hash, key);
+        if access == Access::Write {
+            cluster.written(p, Instant::now());
+            pin = Some(p);
+        } else if replicas {
+            let hot = hash.0.zip(b.snap.hot()).map_or(0, |(h, hot)| hot.replicas(h));
+            readers = cluster.readers(reads, hot, p, Instant::now());
+        }
     }
-    let pin = pin_of(hash, key);
-    if access == Access::Write {
-        crate::cluster::written(b.pool, pin, Instant::now());
-        return Target { node: master, master, pin: Some(pin) };
-    }
-    let hot = hash.0.zip(b.snap.hot()).map_or(0, |(h, hot)| hot.replicas(h));
-    let readers = if replicas { crate::cluster::readers(b.pool, reads, hot, pin, Instant::now()) } else { 1 };
-    let node = if readers > 1 { crate::cluster::node(b.pool, b.snap, slot, readers, b.now) } else { master };
-    Target { node, master, pin: None }
+    let (node, master) = cluster.node(b.snap, slot, readers, b.now);
+    Target { node, master, pin }
 }
 
 /// The node of a read: `node` when it is its slot's master (`master`), or a replica that can be
@@ -887,7 +888,7 @@ async fn reachable(b: &mut Batch<'_, Redis>, node: Option<usize>, master: Option
             if b.connect(n).await.is_some() {
                 return node;
             }
-            crate::cluster::avoid(b.pool, b.worker(n).address, Instant::now());
+            b.s.state.cluster.avoid(b.worker(n).address, Instant::now());
             master
         }
         _ => node,
@@ -1030,7 +1031,7 @@ async fn hot_fill(b: &mut Batch<'_, Redis>, (hash, key): (u64, &[u8]), owner: us
     // Recorded before the owner is read: a write acknowledged from now on deletes this copy, or
     // makes the fill drop it.
     let holder = b.snap.workers()[replica].address;
-    let fill = b.snap.hot().map(|_| b.s.copies.begin_fill(hash, holder, Instant::now()));
+    let fill = b.snap.hot().map(|_| b.s.state.copies.begin_fill(hash, holder, Instant::now()));
     let Some(j) = b.side(owner).await else { return false };
     codec::command(&mut b.side.0[j].out, [&b"GET"[..], key].into_iter());
     codec::command(&mut b.side.0[j].out, [&b"PTTL"[..], key].into_iter());
@@ -1053,7 +1054,7 @@ async fn hot_fill(b: &mut Batch<'_, Redis>, (hash, key): (u64, &[u8]), owner: us
     // The copy lands only if no write was acknowledged since the owner was read, and no write's
     // deletes are sent until it has landed.
     let Some(fill) = fill else { return true };
-    let Some(landing) = b.s.copies.landing(fill).await else { return true };
+    let Some(landing) = b.s.state.copies.landing(fill).await else { return true };
     // On a side connection too: the replica's batch connection still has this batch's replies
     // to give.
     if let Some(k) = b.side(replica).await {
@@ -1067,7 +1068,7 @@ async fn hot_fill(b: &mut Batch<'_, Redis>, (hash, key): (u64, &[u8]), owner: us
         }
         b.side.sweep();
     }
-    b.s.copies.landed(landing, Instant::now());
+    b.s.state.copies.landed(landing, Instant::now());
     true
 }
 
@@ -1124,8 +1125,8 @@ async fn split(
     let cluster = b.snap.config().cluster.is_some();
     if cluster {
         // Split on the cluster's map: its first one is waited for (a second at most).
-        crate::cluster::start(&b.ctx.fleet, b.pool, || greeting(pw, false));
-        crate::cluster::first_map(b.pool, Duration::from_secs(1)).await;
+        b.s.state.cluster.start(&b.ctx.fleet, b.pool, || greeting(pw, false));
+        b.s.state.cluster.first_map(Duration::from_secs(1)).await;
     }
     let n = items.len() / stride;
     let writes = matches!(how, Merge::Ok) || verb.eq_ignore_ascii_case(b"DEL") || verb.eq_ignore_ascii_case(b"UNLINK");

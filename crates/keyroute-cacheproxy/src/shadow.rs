@@ -94,8 +94,7 @@ pub(crate) fn offer<P: Protocol>(
         b.pool.metrics.shadow[2].fetch_add(1, Relaxed);
         return;
     }
-    let state = crate::state(b.pool);
-    let queue = state.shadow.queue.get_or_init(|| {
+    let queue = b.s.state.shadow.queue.get_or_init(|| {
         let (tx, rx) = mpsc::channel(config.queue);
         tokio::spawn(run(Arc::clone(&b.ctx.fleet), b.pool.name.clone(), rx));
         tx

@@ -573,17 +573,11 @@ async fn accept_loop(
             let l = &shared.listeners[i];
             let metrics = Arc::clone(&shared.listener_metrics[i]);
             let listener = match &l.serves {
-                Serves::Cache(cache) => {
-                    let listener = Arc::new(cache.clone());
-                    Listener::Cache(
-                        Arc::new(keyroute_cacheproxy::Context {
-                            fleet: Arc::clone(&shared.fleet),
-                            listener: Arc::clone(&listener),
-                            stop: shared.stop_accepting.subscribe(),
-                        }),
-                        listener,
-                    )
-                }
+                Serves::Cache(cache) => Listener::Cache(Arc::new(keyroute_cacheproxy::Context {
+                    fleet: Arc::clone(&shared.fleet),
+                    listener: Arc::new(cache.clone()),
+                    stop: shared.stop_accepting.subscribe(),
+                })),
                 Serves::Http(h) => Listener::Http(Arc::new(Settings {
                     header_timeout: h.header_timeout,
                     send_timeout: h.send_timeout,
@@ -745,7 +739,7 @@ async fn accept_loop(
             Listener::Http(settings) => {
                 connection::spawn(stream, remote, Arc::clone(settings), held);
             }
-            Listener::Cache(ctx, config) => keyroute_cacheproxy::spawn(stream, Arc::clone(ctx), config, held),
+            Listener::Cache(ctx) => keyroute_cacheproxy::spawn(stream, Arc::clone(ctx), held),
         }
     }
 }
@@ -785,7 +779,7 @@ enum Listener {
     /// the admin API.
     Http(Arc<Settings>),
     /// memcached or Redis, on the cache proxy's driver.
-    Cache(Arc<keyroute_cacheproxy::Context>, Arc<keyroute_cacheproxy::CacheListener>),
+    Cache(Arc<keyroute_cacheproxy::Context>),
 }
 
 impl GatewayHandle {

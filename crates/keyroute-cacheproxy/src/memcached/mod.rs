@@ -775,7 +775,7 @@ async fn fill_from(
 ) {
     let fill = copy.filter(|_| b.snap.hot().is_some()).map(|h| {
         let holder = b.snap.workers()[joined].address;
-        (h, b.s.copies.begin_fill(h, holder, Instant::now()))
+        (h, b.s.state.copies.begin_fill(h, holder, Instant::now()))
     });
     let Ok(Some(mut value)) = read_value(b, key, previous).await else { return };
     if answer {
@@ -790,7 +790,7 @@ async fn fill_from(
                 _ => max,
             }
             .to_string();
-            match b.s.copies.landing(fill).await {
+            match b.s.state.copies.landing(fill).await {
                 Some(landing) => Some(landing),
                 None => return,
             }
@@ -800,7 +800,7 @@ async fn fill_from(
     b.pool.metrics.warm_fills.fetch_add(1, Relaxed);
     let added = add_value(b, key, &value, joined).await;
     if let Some(landing) = landing {
-        b.s.copies.landed(landing, Instant::now());
+        b.s.state.copies.landed(landing, Instant::now());
     } else if added && let Some(p) = b.side(previous).await {
         // Stored, or the new owner had a newer value: the previous one is superseded.
         let server = &mut b.side.0[p];

@@ -263,7 +263,7 @@ pub(super) async fn resolve(b: &mut Batch<'_, Memcached>, mut todo: Vec<Todo<'_>
             for &i in &list {
                 let h = b.snap.policy().key_hash(todo[i].key);
                 for &m in todo[i].missed.iter().filter(|_| repair) {
-                    fills.push(Some((i, m, b.s.copies.begin_fill(h, b.worker(m).address, now))));
+                    fills.push(Some((i, m, b.s.state.copies.begin_fill(h, b.worker(m).address, now))));
                 }
             }
             let keys: Vec<&[u8]> = list.iter().map(|&i| todo[i].key).collect();
@@ -280,11 +280,11 @@ pub(super) async fn resolve(b: &mut Batch<'_, Memcached>, mut todo: Vec<Todo<'_>
                         found[i] = Some(block);
                         let mine: Vec<_> = fills.iter_mut().filter_map(|f| f.take_if(|(j, ..)| *j == i)).collect();
                         for (_, m, fill) in mine {
-                            let Some(landing) = b.s.copies.landing(fill).await else { continue };
+                            let Some(landing) = b.s.state.copies.landing(fill).await else { continue };
                             if add_value(b, todo[i].key, &value, m).await {
                                 b.pool.metrics.replica_repairs.fetch_add(1, Relaxed);
                             }
-                            b.s.copies.landed(landing, tokio::time::Instant::now());
+                            b.s.state.copies.landed(landing, tokio::time::Instant::now());
                         }
                         todo[i].rest = &[];
                     }

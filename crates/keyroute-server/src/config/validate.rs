@@ -211,11 +211,7 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     for (at, pool) in pools.iter().enumerate() {
         let (Some(shadow), Some(raw_shadow)) = (&pool.shadow, raw.pool[at].shadow.as_ref()) else { continue };
         let field = format!("pool.{}.shadow.pool", pool.name);
-        let Some(target) = pools.iter().position(|p| p.name == shadow.pool) else {
-            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
-            let msg = format!("no pool named '{}' (pools: {})", shadow.pool.escape_debug(), known.join(", "));
-            return ctx.err(Some(raw_shadow.pool.span()), field, msg);
-        };
+        let target = pool_index(ctx, &pools, &raw_shadow.pool, field.clone())?;
         let served = |i: usize| {
             let mut cache = listeners.iter().filter_map(|l| l.cache());
             cache.find(|c| c.pools().any(|p| p == pools[i].name)).map(|c| c.protocol)
@@ -242,11 +238,7 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
         }
         let at_span = raw.pool[at].cluster.as_ref().and_then(|c| c.refresh_ms.as_ref().map(Spanned::span));
         let at_span = at_span.unwrap_or_else(|| raw.pool[at].name.span());
-        let other = listeners.iter().find(|l| match (l.cache(), l.http()) {
-            (Some(c), _) => c.pools().any(|p| p == pool.name) && c.protocol != CacheProtocol::Redis,
-            (_, Some(h)) => h.routes.iter().any(|route| route.pool == at),
-            _ => false,
-        });
+        let other = served_otherwise(&listeners, (at, &pool.name), CacheProtocol::Redis);
         let shadowed = pools.iter().any(|p| p.shadow.as_ref().is_some_and(|s| s.pool == pool.name));
         let msg = match (other, shadowed) {
             (Some(l), _) => format!(
@@ -262,11 +254,7 @@ pub(super) fn validate(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigEr
     // listener's doing, and anything else would reach one copy.
     for (at, pool) in pools.iter().enumerate() {
         let Some(r) = raw.pool[at].replication.as_ref().filter(|_| pool.replication.is_some()) else { continue };
-        let other = listeners.iter().find(|l| match (l.cache(), l.http()) {
-            (Some(c), _) => c.pools().any(|p| p == pool.name) && c.protocol != CacheProtocol::Memcached,
-            (_, Some(h)) => h.routes.iter().any(|route| route.pool == at),
-            _ => false,
-        });
+        let other = served_otherwise(&listeners, (at, &pool.name), CacheProtocol::Memcached);
         if let Some(l) = other {
             let msg = format!(
                 "pool '{}' is replicated, which only a memcached listener does, and listener '{}' serves it otherwise",
@@ -463,14 +451,7 @@ fn validate_cache_listener(
         return ctx.err(span, field(f), "a memcached or Redis listener speaks no HTTP: this setting does not apply");
     }
     let pool = match &l.pool {
-        Some(p) => match pools.iter().position(|x| x.name == *p.get_ref()) {
-            Some(i) => i,
-            None => {
-                let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
-                let msg = format!("no pool named '{}' (pools: {})", p.get_ref().escape_debug(), known.join(", "));
-                return ctx.err(Some(p.span()), field("pool"), msg);
-            }
-        },
+        Some(p) => pool_index(ctx, pools, p, field("pool"))?,
         None if pools.len() == 1 => 0,
         None => {
             return ctx.err(
@@ -517,14 +498,7 @@ fn validate_cache_listener(
         b => b.as_ref().is_some_and(|b| *b.get_ref()),
     };
     let pool = pools[pool].name.clone();
-    let pool_named = |p: &Spanned<String>, f: String| match pools.iter().find(|x| x.name == *p.get_ref()) {
-        Some(x) => Ok(x.name.clone()),
-        None => {
-            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
-            let msg = format!("no pool named '{}' (pools: {})", p.get_ref().escape_debug(), known.join(", "));
-            ctx.err(Some(p.span()), f, msg)
-        }
-    };
+    let pool_named = |p: &Spanned<String>, f: String| pool_index(ctx, pools, p, f).map(|i| pools[i].name.clone());
     let read_pool = l.read_pool.as_ref().map(|p| pool_named(p, field("read_pool"))).transpose()?;
     let mut routes: Vec<keyroute_cacheproxy::KeyRoute> = Vec::new();
     for (i, r) in l.prefix_route.iter().enumerate() {
@@ -560,14 +534,7 @@ fn validate_routes(
     let field = |f: &str| format!("listener.{name}.{f}");
     let mut routes = Vec::new();
     for r in &l.route {
-        let Some(pool) = pools.iter().position(|p| p.name == *r.pool.get_ref()) else {
-            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
-            return ctx.err(
-                Some(r.pool.span()),
-                field("route.pool"),
-                format!("no pool named '{}' (pools: {})", r.pool.get_ref(), known.join(", ")),
-            );
-        };
+        let pool = pool_index(ctx, pools, &r.pool, field("route.pool"))?;
         let path_prefix = r.path_prefix.as_ref().map_or("/".to_owned(), |p| p.get_ref().clone());
         if !path_prefix.starts_with('/') {
             let span = r.path_prefix.as_ref().map(Spanned::span);
@@ -1310,6 +1277,37 @@ fn validate_compat(
         }
     }
     Ok(o)
+}
+
+/// The index of the pool `name` names (at `field`), or the error that lists the pools.
+fn pool_index(
+    ctx: &Ctx<'_>,
+    pools: &[PoolConfig],
+    name: &Spanned<String>,
+    field: String,
+) -> Result<usize, ConfigError> {
+    match pools.iter().position(|p| p.name == *name.get_ref()) {
+        Some(i) => Ok(i),
+        None => {
+            let known: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+            let msg = format!("no pool named '{}' (pools: {})", name.get_ref().escape_debug(), known.join(", "));
+            ctx.err(Some(name.span()), field, msg)
+        }
+    }
+}
+
+/// The listener that sends to pool `at` (named `name`) in another way than a `protocol`
+/// listener: a cache listener of another protocol, or an HTTP listener's route.
+fn served_otherwise<'l>(
+    listeners: &'l [ListenerConfig],
+    (at, name): (usize, &str),
+    protocol: CacheProtocol,
+) -> Option<&'l ListenerConfig> {
+    listeners.iter().find(|l| match (l.cache(), l.http()) {
+        (Some(c), _) => c.pools().any(|p| p == name) && c.protocol != protocol,
+        (_, Some(h)) => h.routes.iter().any(|route| route.pool == at),
+        _ => false,
+    })
 }
 
 /// A `u64` field within `lo..=hi`, or its default.
